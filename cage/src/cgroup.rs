@@ -1,0 +1,363 @@
+//! One cgroup per launch, on cgroup v2 (unified) or v1 (one directory per controller hierarchy),
+//! detected at run time. Ceilings are written before the cage's first process joins; at the end
+//! everything in it is killed and the directories removed. On v1 the launch cgroup nests under the
+//! supervisor's own cgroup in each hierarchy so host accounting still covers it; on v2 it goes
+//! under a configurable root (default `/sys/fs/cgroup/chio`) because v2 forbids processes in
+//! inner nodes.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::plan::Limits;
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// A controller the cage may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    /// memory (+swap).
+    Memory,
+    /// pids.
+    Pids,
+    /// cpu bandwidth.
+    Cpu,
+    /// cpu accounting (v1 only; v2 has cpu.stat always).
+    Cpuacct,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+            Controller::Cpuacct => "cpuacct",
+        }
+    }
+}
+
+/// Resource use read from the cgroup at the end.
+#[derive(Debug, Default, Clone)]
+pub struct Usage {
+    /// Peak memory in bytes.
+    pub peak_memory: u64,
+    /// CPU time in microseconds.
+    pub cpu_us: u64,
+    /// The memory ceiling was hit (OOM kill or allocation failure).
+    pub memory_hit: bool,
+    /// The pids ceiling refused a fork.
+    pub pids_hit: bool,
+}
+
+/// The cgroup of one launch.
+#[derive(Debug)]
+pub struct LaunchCgroup {
+    /// "v1" or "v2".
+    pub version: &'static str,
+    /// Directory per controller (v1), or the single directory under every controller (v2).
+    dirs: Vec<(Controller, PathBuf)>,
+    /// Ceilings that could not be applied because the controller is missing.
+    pub missing: Vec<String>,
+}
+
+fn statfs_magic(p: &Path) -> Option<i64> {
+    let c = crate::path::cstring(p).ok()?;
+    // SAFETY: statfs is plain data filled by the kernel.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_type as i64)
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value)
+        .map_err(|e| io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", path.display())))
+}
+
+fn needed(limits: &Limits) -> Vec<Controller> {
+    let mut c = vec![Controller::Cpuacct];
+    if limits.memory_bytes.is_some() {
+        c.push(Controller::Memory);
+    }
+    if limits.pids.is_some() {
+        c.push(Controller::Pids);
+    }
+    if limits.cpu_millis.is_some() {
+        c.push(Controller::Cpu);
+    }
+    c
+}
+
+impl LaunchCgroup {
+    /// Create the launch cgroup `name` and write the ceilings. `v2_root` forces v2 under that
+    /// directory (a delegated subtree, or a private cgroup2 mount in tests).
+    pub fn create(name: &str, limits: &Limits, v2_root: Option<&Path>) -> io::Result<LaunchCgroup> {
+        if let Some(root) = v2_root {
+            return Self::create_v2(root, name, limits);
+        }
+        match statfs_magic(Path::new("/sys/fs/cgroup")) {
+            Some(CGROUP2_SUPER_MAGIC) => Self::create_v2(Path::new("/sys/fs/cgroup/chio"), name, limits),
+            _ => Self::create_v1(name, limits),
+        }
+    }
+
+    fn create_v2(root: &Path, name: &str, limits: &Limits) -> io::Result<LaunchCgroup> {
+        if statfs_magic(root.parent().unwrap_or(root)) != Some(CGROUP2_SUPER_MAGIC) {
+            return Err(io::Error::other(format!("{} is not on a cgroup2 filesystem", root.display())));
+        }
+        if !root.exists() {
+            fs::create_dir(root)?;
+        }
+        let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let wanted = ["memory", "pids", "cpu"];
+        // Enabling in the parent first lets the root expose them; failures leave them missing.
+        for c in wanted.iter().filter(|c| !available.split_whitespace().any(|a| a == **c)) {
+            if let Some(parent) = root.parent() {
+                let _ = write(&parent.join("cgroup.subtree_control"), &format!("+{c}"));
+            }
+        }
+        let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        for c in wanted.iter().filter(|c| available.split_whitespace().any(|a| a == **c)) {
+            let _ = write(&root.join("cgroup.subtree_control"), &format!("+{c}"));
+        }
+        let dir = root.join(name);
+        fs::create_dir(&dir)?;
+        let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        let has = |c: Controller| c == Controller::Cpuacct || enabled.split_whitespace().any(|a| a == c.name());
+        let mut cg =
+            LaunchCgroup { version: "v2", dirs: vec![(Controller::Cpuacct, dir.clone())], missing: Vec::new() };
+        for c in needed(limits) {
+            if has(c) {
+                if c != Controller::Cpuacct {
+                    cg.dirs.push((c, dir.clone()));
+                }
+            } else {
+                cg.missing.push(c.name().to_string());
+            }
+        }
+        if let Err(e) = cg.write_v2_limits(&dir, limits) {
+            let _ = cg.remove();
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    fn write_v2_limits(&self, dir: &Path, limits: &Limits) -> io::Result<()> {
+        if let (Some(m), true) = (limits.memory_bytes, self.has(Controller::Memory)) {
+            write(&dir.join("memory.max"), &m.to_string())?;
+            let swap = dir.join("memory.swap.max");
+            if swap.exists() {
+                write(&swap, &limits.swap_bytes.to_string())?;
+            }
+        }
+        if let (Some(p), true) = (limits.pids, self.has(Controller::Pids)) {
+            write(&dir.join("pids.max"), &p.to_string())?;
+        }
+        if let (Some(c), true) = (limits.cpu_millis, self.has(Controller::Cpu)) {
+            write(&dir.join("cpu.max"), &format!("{} {CPU_PERIOD_US}", c * CPU_PERIOD_US / 1000))?;
+        }
+        Ok(())
+    }
+
+    fn create_v1(name: &str, limits: &Limits) -> io::Result<LaunchCgroup> {
+        let own = fs::read_to_string("/proc/self/cgroup")?;
+        let mut cg = LaunchCgroup { version: "v1", dirs: Vec::new(), missing: Vec::new() };
+        for c in needed(limits) {
+            let mount = Path::new("/sys/fs/cgroup").join(c.name());
+            if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
+                cg.missing.push(c.name().to_string());
+                continue;
+            }
+            let rel = own_path_v1(&own, c.name()).unwrap_or_default();
+            // Co-mounted hierarchies (cpu,cpuacct) reach one directory through two names.
+            let mount = fs::canonicalize(&mount)?;
+            let dir = mount.join(rel.trim_start_matches('/')).join(name);
+            if cg.dirs.iter().any(|(_, d)| *d == dir) {
+                cg.dirs.push((c, dir));
+                continue;
+            }
+            if let Err(e) = fs::create_dir(&dir) {
+                let _ = cg.remove();
+                return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
+            }
+            cg.dirs.push((c, dir));
+        }
+        if let Err(e) = cg.write_v1_limits(limits) {
+            let _ = cg.remove();
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    fn write_v1_limits(&self, limits: &Limits) -> io::Result<()> {
+        if let (Some(m), Some(d)) = (limits.memory_bytes, self.dir(Controller::Memory)) {
+            write(&d.join("memory.limit_in_bytes"), &m.to_string())?;
+            let memsw = d.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &(m + limits.swap_bytes).to_string())?;
+            } else if host_has_swap() {
+                return Err(io::Error::other(
+                    "the host has swap but no memory.memsw accounting, so the swap ceiling cannot be enforced",
+                ));
+            }
+        }
+        if let (Some(p), Some(d)) = (limits.pids, self.dir(Controller::Pids)) {
+            write(&d.join("pids.max"), &p.to_string())?;
+        }
+        if let (Some(c), Some(d)) = (limits.cpu_millis, self.dir(Controller::Cpu)) {
+            write(&d.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write(&d.join("cpu.cfs_quota_us"), &(c * CPU_PERIOD_US / 1000).to_string())?;
+        }
+        Ok(())
+    }
+
+    fn has(&self, c: Controller) -> bool {
+        self.dirs.iter().any(|(k, _)| *k == c)
+    }
+
+    fn dir(&self, c: Controller) -> Option<&Path> {
+        self.dirs.iter().find(|(k, _)| *k == c).map(|(_, d)| d.as_path())
+    }
+
+    fn unique_dirs(&self) -> Vec<&Path> {
+        let mut v: Vec<&Path> = self.dirs.iter().map(|(_, d)| d.as_path()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Number of distinct hierarchies the launch cgroup lives in.
+    pub fn hierarchies(&self) -> usize {
+        self.unique_dirs().len()
+    }
+
+    /// Directories of this launch, for the record.
+    pub fn paths(&self) -> Vec<String> {
+        self.unique_dirs().iter().map(|d| d.display().to_string()).collect()
+    }
+
+    /// Move `pid` into the launch cgroup (every hierarchy on v1).
+    pub fn add(&self, pid: libc::pid_t) -> io::Result<()> {
+        for d in self.unique_dirs() {
+            write(&d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Resource use so far.
+    pub fn usage(&self) -> Usage {
+        let mut u = Usage::default();
+        if self.version == "v2" {
+            let Some(d) = self.dirs.first().map(|(_, d)| d.as_path()) else {
+                return u;
+            };
+            u.cpu_us = keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0);
+            u.peak_memory = read_u64(&d.join("memory.peak")).unwrap_or(0);
+            u.memory_hit = keyed(&d.join("memory.events"), "oom_kill").unwrap_or(0) > 0
+                || keyed(&d.join("memory.events"), "max").unwrap_or(0) > 0;
+            u.pids_hit = keyed(&d.join("pids.events"), "max").unwrap_or(0) > 0;
+            return u;
+        }
+        if let Some(d) = self.dir(Controller::Cpuacct) {
+            u.cpu_us = read_u64(&d.join("cpuacct.usage")).unwrap_or(0) / 1000;
+        }
+        if let Some(d) = self.dir(Controller::Memory) {
+            u.peak_memory = read_u64(&d.join("memory.max_usage_in_bytes")).unwrap_or(0);
+            u.memory_hit = read_u64(&d.join("memory.failcnt")).unwrap_or(0) > 0
+                || keyed(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0) > 0;
+        }
+        if let Some(d) = self.dir(Controller::Pids) {
+            u.pids_hit = keyed(&d.join("pids.events"), "max").unwrap_or(0) > 0;
+        }
+        u
+    }
+
+    /// Kill every process in the cgroup (v2: cgroup.kill; v1: SIGKILL each listed pid until empty).
+    pub fn kill_all(&self) {
+        for d in self.unique_dirs() {
+            if self.version == "v2" && write(&d.join("cgroup.kill"), "1").is_ok() {
+                continue;
+            }
+            for pid in procs(d) {
+                // SAFETY: plain kill of a pid read from our own cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+
+    /// Kill what is left, wait (bounded) for the cgroup to empty, and remove every directory.
+    pub fn remove(&self) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut last_err = None;
+        for d in self.unique_dirs() {
+            loop {
+                match fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        self.kill_all();
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => {
+                        last_err = Some(io::Error::new(e.kind(), format!("removing {}: {e}", d.display())));
+                        break;
+                    }
+                }
+            }
+        }
+        last_err.map_or(Ok(()), Err)
+    }
+}
+
+/// The supervisor's own path in the v1 hierarchy that carries `controller`.
+fn own_path_v1(proc_cgroup: &str, controller: &str) -> Option<String> {
+    proc_cgroup.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        ctrls.split(',').any(|c| c == controller).then(|| path.to_string())
+    })
+}
+
+fn host_has_swap() -> bool {
+    fs::read_to_string("/proc/swaps").map(|s| s.lines().count() > 1).unwrap_or(false)
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+fn keyed(p: &Path, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(p).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+fn procs(d: &Path) -> Vec<libc::pid_t> {
+    fs::read_to_string(d.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_v1_membership() {
+        let text = "9:name=systemd:/\n4:memory:/a/b\n1:cpu,cpuacct:/c\n0::/\n";
+        assert_eq!(own_path_v1(text, "memory").as_deref(), Some("/a/b"));
+        assert_eq!(own_path_v1(text, "cpuacct").as_deref(), Some("/c"));
+        assert_eq!(own_path_v1(text, "pids"), None);
+    }
+}

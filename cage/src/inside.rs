@@ -1,0 +1,532 @@
+//! Code that runs inside the cage: the init (PID 1 of the new pid namespace) and the target's
+//! pre-exec setup. Neither ever returns; every failure is reported on the status channel with
+//! its stage and the process exits, so the target never runs after a failed step.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::channel::{self, CageMsg, GO};
+use crate::identity;
+use crate::landlock::{fs as lfs, net as lnet, Ruleset};
+use crate::mounts::Prepared;
+use crate::path;
+use crate::plan::{CagePlan, Mode, NetMode, Stage};
+use crate::record::Reported;
+use crate::seccomp::{self, Filters};
+use crate::sys;
+
+/// Signals the init forwards to the target.
+const FORWARDED: [libc::c_int; 8] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+    libc::SIGCONT,
+];
+
+/// Everything the cage processes inherit from the supervisor (by fork).
+pub struct Ctx<'a> {
+    /// The plan.
+    pub plan: &'a CagePlan,
+    /// Detached mounts to attach.
+    pub prepared: &'a Prepared,
+    /// Compiled seccomp filters.
+    pub filters: &'a Filters,
+    /// Landlock ABI to build for (0 = none).
+    pub landlock_abi: u32,
+    /// Cage end of the status channel.
+    pub sock: RawFd,
+    /// Write end of the stdout pipe.
+    pub stdout_w: RawFd,
+    /// Write end of the stderr pipe.
+    pub stderr_w: RawFd,
+    /// Write end of the result pipe (init → supervisor: how the target ended).
+    pub result_w: RawFd,
+}
+
+/// How a stage failed.
+struct Fail {
+    stage: Stage,
+    code: &'static str,
+    detail: String,
+}
+
+fn fail(stage: Stage, code: &'static str, detail: impl std::fmt::Display) -> Fail {
+    Fail { stage, code, detail: detail.to_string() }
+}
+
+impl Ctx<'_> {
+    fn inject(&self, stage: Stage) -> Result<(), Fail> {
+        if self.plan.inject_failure == Some(stage) {
+            return Err(fail(
+                stage,
+                "injected_failure",
+                format!("test-only failure injected at stage {}", stage.name()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn report(&self, f: &Fail) {
+        let msg = CageMsg::Failed { stage: f.stage, code: f.code.to_string(), detail: f.detail.clone() };
+        let _ = channel::send(self.sock, &msg, &[]);
+    }
+}
+
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and runs no destructors or atexit handlers of the supervisor.
+    unsafe { libc::_exit(code) }
+}
+
+/// The cage's init. Called in the child of clone(NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS).
+pub fn init_main(ctx: &Ctx<'_>) -> ! {
+    // SAFETY: plain prctl; the supervisor is our parent.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    // The supervisor says go once we are in the launch cgroup.
+    match channel::recv_byte(ctx.sock) {
+        Ok(Some(GO)) => {}
+        _ => exit_now(1),
+    }
+    match init_setup(ctx) {
+        Ok(target) => reap(ctx, target),
+        Err(f) => {
+            ctx.report(&f);
+            exit_now(1)
+        }
+    }
+}
+
+fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
+    ctx.inject(Stage::Namespaces)?;
+    // SAFETY: plain syscall; we are already in the launch cgroup, which becomes the namespace root.
+    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
+        return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
+    }
+    ctx.inject(Stage::Mounts)?;
+    ctx.prepared.attach(&ctx.plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
+    ctx.inject(Stage::Pivot)?;
+    ctx.prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
+    ctx.inject(Stage::Network)?;
+    // SAFETY: static NUL-terminated name of the given length.
+    if unsafe { libc::sethostname(c"chio".as_ptr(), 4) } != 0 {
+        return Err(fail(Stage::Network, "hostname_failed", io::Error::last_os_error()));
+    }
+    if ctx.plan.net == NetMode::Loopback {
+        loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
+    }
+    // SAFETY: plain syscall; the init leads a new session so the target has no controlling tty.
+    unsafe { libc::setsid() };
+    block_forwarded_signals();
+    // SAFETY: single-threaded; the child only runs target_main and exits/execs.
+    match unsafe { libc::fork() } {
+        -1 => Err(fail(Stage::Namespaces, "fork_failed", io::Error::last_os_error())),
+        0 => target_main(ctx),
+        pid => Ok(pid),
+    }
+}
+
+/// Block the signals the init waits for with sigwaitinfo (and SIGCHLD).
+fn block_forwarded_signals() {
+    // SAFETY: sigset manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// The init after the target exists: shed privileges, forward signals, reap, and report the
+/// target's end. When the init exits the kernel kills everything left in the namespace.
+fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
+    // Keep only the result pipe (as fd 3): the status channel must reach EOF, and the output
+    // pipes must close when the target's tree is gone.
+    // SAFETY: plain fd syscalls on fds we own.
+    unsafe {
+        if ctx.result_w != 3 && libc::dup2(ctx.result_w, 3) < 0 {
+            libc::kill(target, libc::SIGKILL);
+            exit_now(1);
+        }
+    }
+    let _ = sys::close_from(4);
+    let last = identity::last_cap();
+    let shed = identity::drop_bounding_and_lock(last)
+        .and_then(|_| identity::clear_caps())
+        .and_then(|_| identity::no_new_privs())
+        .map_err(|e| e.to_string())
+        .and_then(|_| seccomp::install(ctx.filters));
+    if shed.is_err() {
+        // SAFETY: plain kill of our own child.
+        unsafe { libc::kill(target, libc::SIGKILL) };
+        exit_now(1);
+    }
+    // SAFETY: sigset built locally; wait4/kill/write on our own children and fd.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        loop {
+            let sig = libc::sigwaitinfo(&set, std::ptr::null_mut());
+            if sig == libc::SIGCHLD {
+                loop {
+                    let mut status = 0;
+                    let mut ru: libc::rusage = std::mem::zeroed();
+                    let pid = libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru);
+                    if pid <= 0 {
+                        break;
+                    }
+                    if pid == target {
+                        write_result(status);
+                        libc::_exit(0);
+                    }
+                }
+            } else if sig > 0 {
+                libc::kill(target, sig);
+            }
+        }
+    }
+}
+
+/// Result record: kind (0 exit, 1 signal), value, cpu µs, max RSS KiB of the reaped tree.
+fn write_result(status: libc::c_int) {
+    // SAFETY: getrusage into a local struct; write of a local buffer to our result fd.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        let (kind, value) = if libc::WIFSIGNALED(status) {
+            (1i64, i64::from(libc::WTERMSIG(status)))
+        } else {
+            (0i64, i64::from(libc::WEXITSTATUS(status)))
+        };
+        let cpu = (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1_000_000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+        let mut buf = [0u8; 32];
+        for (i, v) in [kind, value, cpu, ru.ru_maxrss].iter().enumerate() {
+            buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        libc::write(3, buf.as_ptr().cast(), buf.len());
+    }
+}
+
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: a throwaway socket and an ifreq for "lo".
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req);
+        if r == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = io::Error::last_os_error();
+        libc::close(s);
+        if r != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// The target's pre-exec setup, in the child of the init.
+fn target_main(ctx: &Ctx<'_>) -> ! {
+    let sock = match arrange_fds(ctx) {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.report(&fail(Stage::Identity, "fd_setup_failed", e));
+            exit_now(125)
+        }
+    };
+    let ctx = Ctx { sock, ..*ctx };
+    match target_setup(&ctx) {
+        Ok(()) => exit_now(125),
+        Err(f) => {
+            ctx.report(&f);
+            let code = match f.code {
+                "target_not_found" => 127,
+                "target_not_executable" => 126,
+                _ => 125,
+            };
+            exit_now(code)
+        }
+    }
+}
+
+/// stdout/stderr onto the pipes, the status channel at fd 3, everything else closed.
+fn arrange_fds(ctx: &Ctx<'_>) -> io::Result<RawFd> {
+    // SAFETY: fd syscalls on fds inherited from the supervisor.
+    unsafe {
+        if libc::dup2(ctx.stdout_w, 1) < 0 || libc::dup2(ctx.stderr_w, 2) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if ctx.sock != 3 && libc::dup3(ctx.sock, 3, libc::O_CLOEXEC) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    sys::close_from(4)?;
+    Ok(3)
+}
+
+fn reset_signals() {
+    // SAFETY: resetting dispositions and the mask of this process before exec.
+    unsafe {
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+fn target_setup(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    let plan = ctx.plan;
+    reset_signals();
+    let mut reported = Reported {
+        proc_verified: true,
+        loopback_up: plan.net == NetMode::Loopback,
+        mounts: ctx.prepared.described.clone(),
+        seccomp_filter_sha256: ctx.filters.sha256.clone(),
+        ..Reported::default()
+    };
+    ctx.inject(Stage::Identity)?;
+    identity::set_rlimits(&plan.limits).map_err(|e| fail(Stage::Identity, "rlimit_failed", e))?;
+    let last = identity::last_cap();
+    ctx.inject(Stage::Capabilities)?;
+    identity::drop_bounding_and_lock(last).map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    identity::set_ids(plan.uid, plan.gid).map_err(|e| fail(Stage::Identity, "identity_failed", e))?;
+    identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    reported.capabilities_cleared = identity::caps_all_clear(last);
+    if !reported.capabilities_cleared {
+        return Err(fail(Stage::Capabilities, "capabilities_remain", "a capability set is not empty after dropping"));
+    }
+    reported.securebits = identity::securebits();
+    identity::no_new_privs().map_err(|e| fail(Stage::Identity, "no_new_privs_failed", e))?;
+    let cwd = path::cstring(&plan.cwd).map_err(|e| fail(Stage::Identity, "cwd_unavailable", e))?;
+    // SAFETY: NUL-terminated path.
+    if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(fail(Stage::Identity, "cwd_unavailable", format!("cannot enter {}: {e}", plan.cwd.display())));
+    }
+    ctx.inject(Stage::Landlock)?;
+    apply_landlock(ctx, &mut reported)?;
+    ctx.inject(Stage::Target)?;
+    let target = find_target(plan)?;
+    let mut fds = vec![target.exec_fd.as_raw_fd()];
+    if let Some(s) = &target.script_fd {
+        fds.push(s.as_raw_fd());
+    }
+    let ready = CageMsg::Ready {
+        reported,
+        exec_path: target.exec_path.to_string_lossy().into_owned(),
+        script_path: target.script_path.as_ref().map(|p| p.to_string_lossy().into_owned()),
+    };
+    channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
+    drop(target.script_fd);
+    ctx.inject(Stage::Seccomp)?;
+    seccomp::install(ctx.filters).map_err(|e| fail(Stage::Seccomp, "seccomp_failed", e))?;
+    // The supervisor has verified the digest and attached ptrace; anything but GO stops here.
+    match channel::recv_byte(ctx.sock) {
+        Ok(Some(GO)) => {}
+        _ => exit_now(125),
+    }
+    ctx.inject(Stage::Exec)?;
+    let err = exec(&target.argv, &plan.env, target.exec_fd.as_raw_fd());
+    let code = match err.raw_os_error() {
+        Some(libc::ENOENT) => "target_not_found",
+        Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM) => "target_not_executable",
+        _ => "exec_failed",
+    };
+    Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
+}
+
+fn apply_landlock(ctx: &Ctx<'_>, reported: &mut Reported) -> Result<(), Fail> {
+    let abi = ctx.landlock_abi;
+    reported.landlock_abi = abi;
+    let status = |ok: bool| if ok { "FullyEnforced" } else { "NotEnforced" }.to_string();
+    if abi == 0 {
+        reported.landlock_fs = status(false);
+        reported.landlock_net = status(false);
+        reported.landlock_scope = status(false);
+        return match ctx.plan.mode {
+            Mode::Enforced => Err(fail(Stage::Landlock, "landlock_unsupported", "the host has no landlock")),
+            Mode::Shadow => Ok(()),
+        };
+    }
+    let build = || -> io::Result<Ruleset> {
+        let rs = Ruleset::new(abi)?;
+        rs.allow_path(c"/", lfs::READ)?;
+        for p in &ctx.prepared.access.read_exec {
+            rs.allow_path(p, lfs::READ | lfs::EXECUTE)?;
+        }
+        for p in &ctx.prepared.access.read_write_exec {
+            rs.allow_path(p, lfs::READ | lfs::WRITE | lfs::EXECUTE)?;
+        }
+        rs.allow_path(c"/tmp", lfs::READ | lfs::WRITE)?;
+        rs.allow_path(c"/dev/shm", lfs::READ | lfs::WRITE)?;
+        rs.allow_path(c"/dev", lfs::READ_FILE | lfs::WRITE_FILE | lfs::IOCTL_DEV)?;
+        if rs.net {
+            for port in &ctx.plan.tcp_connect {
+                rs.allow_port(*port, lnet::CONNECT_TCP)?;
+            }
+            for port in &ctx.plan.tcp_bind {
+                rs.allow_port(*port, lnet::BIND_TCP)?;
+            }
+        }
+        Ok(rs)
+    };
+    let rs = build().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
+    reported.landlock_fs = if abi >= 4 { "FullyEnforced" } else { "PartiallyEnforced" }.to_string();
+    reported.landlock_net = status(rs.net);
+    reported.landlock_scope = status(rs.scoped);
+    rs.restrict_self().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
+    Ok(())
+}
+
+/// The executable to run: the file itself, or the interpreter of a `#!` script.
+struct Resolved {
+    exec_fd: OwnedFd,
+    exec_path: PathBuf,
+    script_fd: Option<OwnedFd>,
+    script_path: Option<PathBuf>,
+    argv: Vec<OsString>,
+}
+
+/// Open `p` inside the cage root (after pivot_root, "/" is the cage's root).
+fn open_in_root(p: &Path) -> io::Result<OwnedFd> {
+    let root = path::open_host(Path::new("/"), libc::O_DIRECTORY)?;
+    path::resolve_in(root.as_fd(), p, libc::O_RDONLY)
+}
+
+fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
+    let Some(argv0) = plan.argv.first() else {
+        return Err(fail(Stage::Target, "target_not_found", "empty command"));
+    };
+    let not_found =
+        |what: &Path| fail(Stage::Target, "target_not_found", format!("{}: not found in the cage", what.display()));
+    let path = if argv0.as_bytes().contains(&b'/') {
+        let p = plan.cwd.join(argv0);
+        open_checked(&p).map(|fd| (fd, p))?
+    } else {
+        search_path(plan, argv0).ok_or_else(|| not_found(Path::new(argv0)))?
+    };
+    let (fd, p) = path;
+    let mut head = [0u8; 256];
+    // SAFETY: pread into a local buffer.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), head.as_mut_ptr().cast(), head.len(), 0) };
+    let head = &head[..n.max(0) as usize];
+    if !head.starts_with(b"#!") {
+        return Ok(Resolved { exec_fd: fd, exec_path: p, script_fd: None, script_path: None, argv: plan.argv.clone() });
+    }
+    let (interp, arg) = parse_shebang(head)
+        .ok_or_else(|| fail(Stage::Target, "target_not_executable", format!("{}: malformed #! line", p.display())))?;
+    let interp_fd = open_checked(Path::new(&interp)).map_err(|f| Fail {
+        code: "target_not_executable",
+        detail: format!("{}: interpreter {}", p.display(), f.detail),
+        ..f
+    })?;
+    let mut argv = vec![interp.clone()];
+    argv.extend(arg);
+    argv.push(p.clone().into_os_string());
+    argv.extend(plan.argv.iter().skip(1).cloned());
+    Ok(Resolved {
+        exec_fd: interp_fd,
+        exec_path: PathBuf::from(interp),
+        script_fd: Some(fd),
+        script_path: Some(p),
+        argv,
+    })
+}
+
+/// Open a candidate executable inside the root; it must be a regular file.
+fn open_checked(p: &Path) -> Result<OwnedFd, Fail> {
+    let fd = open_in_root(p).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => {
+            fail(Stage::Target, "target_not_found", format!("{}: {e}", p.display()))
+        }
+        _ => fail(Stage::Target, "target_not_executable", format!("{}: {e}", p.display())),
+    })?;
+    let st = sys::fstat(fd.as_fd()).map_err(|e| fail(Stage::Target, "target_not_executable", e))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(fail(Stage::Target, "target_not_executable", format!("{}: not a regular file", p.display())));
+    }
+    Ok(fd)
+}
+
+fn search_path(plan: &CagePlan, name: &OsStr) -> Option<(OwnedFd, PathBuf)> {
+    let path =
+        plan.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).unwrap_or_else(|| "/usr/bin:/bin".into());
+    for dir in path.as_bytes().split(|b| *b == b':').filter(|d| d.starts_with(b"/")) {
+        let candidate = Path::new(OsStr::from_bytes(dir)).join(name);
+        if let Ok(fd) = open_checked(&candidate) {
+            return Some((fd, candidate));
+        }
+    }
+    None
+}
+
+/// `#!interp [one-arg]` as the kernel parses it.
+fn parse_shebang(head: &[u8]) -> Option<(OsString, Option<OsString>)> {
+    let line = head.get(2..)?.split(|b| *b == b'\n').next()?;
+    let line = line.trim_ascii();
+    if line.is_empty() {
+        return None;
+    }
+    let (interp, rest) = match line.iter().position(|b| *b == b' ' || *b == b'\t') {
+        Some(i) => (&line[..i], line[i..].trim_ascii()),
+        None => (line, &b""[..]),
+    };
+    let arg = (!rest.is_empty()).then(|| OsStr::from_bytes(rest).to_os_string());
+    Some((OsStr::from_bytes(interp).to_os_string(), arg))
+}
+
+fn exec(argv: &[OsString], env: &[(OsString, OsString)], fd: RawFd) -> io::Error {
+    let cargs: Vec<CString> = argv.iter().filter_map(|a| CString::new(a.as_bytes()).ok()).collect();
+    let cenv: Vec<CString> = env
+        .iter()
+        .filter_map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).ok()
+        })
+        .collect();
+    let mut argp: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+    argp.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|c| c.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    sys::execveat_fd(fd, &argp, &envp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shebang_parsing_matches_the_kernel() {
+        let (i, a) = parse_shebang(b"#!/bin/sh\necho").unwrap();
+        assert_eq!((i.as_os_str(), a), (OsStr::new("/bin/sh"), None));
+        let (i, a) = parse_shebang(b"#! /usr/bin/env  python3 -u \n").unwrap();
+        assert_eq!(i, "/usr/bin/env");
+        assert_eq!(a.unwrap(), "python3 -u");
+        assert!(parse_shebang(b"#!\n").is_none());
+    }
+}

@@ -1,0 +1,75 @@
+//! A small process that outlives a killed supervisor: it waits for EOF on a pipe only the
+//! supervisor holds, then kills whatever is left in the launch cgroup and removes it. The cage's
+//! processes already die with the supervisor (PDEATHSIG on the init, EXITKILL on the traced
+//! target); cgroup directories do not, which is what this is for.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::cgroup::LaunchCgroup;
+use crate::sys;
+
+/// The supervisor's side: closing the lifeline tells the janitor to clean up and exit.
+pub struct Janitor {
+    lifeline: Option<OwnedFd>,
+    pid: libc::pid_t,
+}
+
+impl Janitor {
+    /// Normal end: the supervisor already removed the cgroup; let the janitor go and reap it.
+    pub fn release(mut self) {
+        self.lifeline = None;
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+/// Fork the janitor for `cg`. Must be called single-threaded.
+pub fn spawn(cg: &LaunchCgroup) -> io::Result<Janitor> {
+    let mut fds = [0; 2];
+    // SAFETY: valid array; CLOEXEC so no exec'd program keeps the lifeline.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fds.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the caller is single-threaded; the child only runs `watch`.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            drop(w);
+            watch(r, cg)
+        }
+        pid => {
+            drop(r);
+            Ok(Janitor { lifeline: Some(w), pid })
+        }
+    }
+}
+
+fn watch(r: OwnedFd, cg: &LaunchCgroup) -> ! {
+    // SAFETY: fd and signal housekeeping in our own single-threaded child.
+    unsafe {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        for fd in 0..3 {
+            libc::dup2(null, fd);
+        }
+        libc::dup2(r.as_raw_fd(), 3);
+    }
+    let _ = sys::close_from(4);
+    let mut b = 0u8;
+    loop {
+        // SAFETY: one-byte read from our pipe.
+        let n = unsafe { libc::read(3, (&mut b as *mut u8).cast(), 1) };
+        if n == 0 || (n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+            break;
+        }
+    }
+    let _ = cg.remove();
+    // SAFETY: leave without running the supervisor's destructors.
+    unsafe { libc::_exit(0) }
+}

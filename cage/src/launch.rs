@@ -1,0 +1,501 @@
+//! The supervisor side of a launch (DESIGN §3): resolve, cgroup, clone the cage, verify the
+//! target the cage opened, hold it under ptrace to its exec, check every fact at the exec stop,
+//! then supervise it to the end and clean up. Any missing fact in enforced mode kills the cage
+//! before the target's first instruction.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use crate::cgroup::LaunchCgroup;
+use crate::channel::{self, CageMsg, ABORT, GO};
+use crate::inside::{self, Ctx};
+use crate::janitor;
+use crate::landlock;
+use crate::mounts::Prepared;
+use crate::observe::{self, Expect};
+use crate::plan::{CagePlan, Mode, Stage};
+use crate::record::{self, CgroupFacts, Failure, LaunchRecord, State, Target, SCHEMA};
+use crate::seccomp::{self, Filters};
+use crate::supervise::{self, Sinks};
+use crate::sys;
+
+/// Namespaces every cage gets.
+pub const NAMESPACES: [&str; 6] = ["mnt", "pid", "net", "ipc", "uts", "cgroup"];
+const CLONE_FLAGS: libc::c_ulong =
+    (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
+        as libc::c_ulong;
+/// How long the cage may take from clone to the exec stop.
+const SETUP_TIMEOUT_MS: i32 = 30_000;
+
+/// A launch refused or failed before the target ran.
+#[derive(Debug)]
+struct Stop {
+    state: State,
+    stage: Stage,
+    code: String,
+    detail: String,
+}
+
+fn stop(stage: Stage, code: &str, detail: impl std::fmt::Display) -> Stop {
+    let state = if code.ends_with("_unsupported") || code == "cgroup_controller_missing" {
+        State::Unsupported
+    } else {
+        State::BootstrapFailed
+    };
+    Stop { state, stage, code: code.to_string(), detail: detail.to_string() }
+}
+
+fn new_record(plan: &CagePlan) -> LaunchRecord {
+    LaunchRecord {
+        schema: SCHEMA.to_string(),
+        state: State::BootstrapFailed,
+        mode: plan.mode,
+        not_confined: Vec::new(),
+        failure: None,
+        argv: plan.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+        target: None,
+        observed: None,
+        reported: None,
+        namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
+        net: plan.net,
+        cgroup: None,
+        limits: plan.limits.clone(),
+        outcome: None,
+        started_at: record::now_rfc3339(),
+        exec_observed_at: None,
+        ended_at: None,
+    }
+}
+
+/// Run `plan` to completion: the target's stdout/stderr go to `sinks` (capped), and the record
+/// says what was enforced and how it ended. The calling process must be single-threaded.
+pub fn launch(plan: &CagePlan, sinks: &mut Sinks<'_>) -> LaunchRecord {
+    let mut rec = new_record(plan);
+    if let Err(s) = run(plan, sinks, &mut rec) {
+        rec.state = s.state;
+        rec.failure = Some(Failure { code: s.code, stage: s.stage, detail: s.detail });
+    }
+    rec.ended_at = Some(record::now_rfc3339());
+    rec
+}
+
+fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
+    let reject = |code: &str, detail: String| Stop {
+        state: State::Rejected,
+        stage: Stage::Resolve,
+        code: code.to_string(),
+        detail,
+    };
+    if plan.argv.is_empty() {
+        return Err(reject("empty_command", "no command to run".into()));
+    }
+    if !plan.cwd.is_absolute() {
+        return Err(reject("bad_cwd", format!("working directory {} is not absolute", plan.cwd.display())));
+    }
+    if let Some(d) = &plan.expect_sha256 {
+        if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(reject("bad_digest", format!("expected digest {d:?} is not 64 lowercase hex digits")));
+        }
+    }
+    match sys::thread_count() {
+        Ok(1) => Ok(()),
+        Ok(n) => Err(reject(
+            "multithreaded_supervisor",
+            format!("launch must be called from a single-threaded process (this one has {n} threads)"),
+        )),
+        Err(e) => Err(reject("multithreaded_supervisor", format!("cannot count threads: {e}"))),
+    }
+}
+
+fn inject(plan: &CagePlan, stage: Stage) -> Result<(), Stop> {
+    if plan.inject_failure == Some(stage) {
+        return Err(stop(stage, "injected_failure", format!("test-only failure injected at stage {}", stage.name())));
+    }
+    Ok(())
+}
+
+/// Shadow mode records a missing fact and goes on; enforced mode stops.
+fn require(plan: &CagePlan, rec: &mut LaunchRecord, ok: bool, s: Stop) -> Result<(), Stop> {
+    if ok {
+        return Ok(());
+    }
+    match plan.mode {
+        Mode::Enforced => Err(s),
+        Mode::Shadow => {
+            rec.not_confined.push(format!("{}: {}", s.code, s.detail));
+            Ok(())
+        }
+    }
+}
+
+fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result<(), Stop> {
+    check_plan(plan)?;
+    inject(plan, Stage::Resolve)?;
+    ensure_stdio();
+    ensure_staging(&plan.staging_dir).map_err(|e| stop(Stage::Resolve, "staging_unavailable", e))?;
+    let prepared = Prepared::build(plan).map_err(|e| {
+        let code = if e.kind() == io::ErrorKind::NotFound { "path_not_found" } else { "resolve_failed" };
+        stop(Stage::Resolve, code, e)
+    })?;
+    let abi = plan.landlock_abi_cap.map_or(landlock::abi(), |cap| landlock::abi().min(cap));
+    require(
+        plan,
+        rec,
+        abi >= 4,
+        stop(
+            Stage::Landlock,
+            "landlock_unsupported",
+            format!("the host's landlock ABI is {abi}; enforced mode needs 4 or newer"),
+        ),
+    )?;
+    let filters = seccomp::build().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
+    inject(plan, Stage::Cgroup)?;
+    let name = format!("chio-{}-{:016x}", std::process::id(), random_u64());
+    let cg = LaunchCgroup::create(&name, &plan.limits, plan.cgroup_v2_root.as_deref())
+        .map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+    let janitor = janitor::spawn(&cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e));
+    let result = janitor.and_then(|j| {
+        let r = with_cgroup(plan, sinks, rec, &prepared, &filters, abi, &cg, &name);
+        cleanup(&cg, rec);
+        j.release();
+        r
+    });
+    if result.is_err() {
+        let _ = cg.remove();
+    }
+    result
+}
+
+fn cleanup(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
+    cg.kill_all();
+    let usage = cg.usage();
+    if let Some(o) = rec.outcome.as_mut() {
+        if usage.cpu_us > 0 {
+            o.cpu_ms = usage.cpu_us / 1000;
+        }
+        if usage.peak_memory > 0 {
+            o.peak_memory_bytes = usage.peak_memory;
+        }
+        if usage.memory_hit {
+            o.limit_hit.push("memory".into());
+        }
+        if usage.pids_hit {
+            o.limit_hit.push("pids".into());
+        }
+    }
+    if let Err(e) = cg.remove() {
+        rec.not_confined.push(format!("cgroup_not_removed: {e}"));
+    }
+}
+
+/// Pipes and the status channel of one launch.
+struct Wiring {
+    sup_sock: OwnedFd,
+    cage_sock: OwnedFd,
+    stdout: (OwnedFd, OwnedFd),
+    stderr: (OwnedFd, OwnedFd),
+    result: (OwnedFd, OwnedFd),
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid 2-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fds from the kernel.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn with_cgroup(
+    plan: &CagePlan,
+    sinks: &mut Sinks<'_>,
+    rec: &mut LaunchRecord,
+    prepared: &Prepared,
+    filters: &Filters,
+    abi: u32,
+    cg: &LaunchCgroup,
+    name: &str,
+) -> Result<(), Stop> {
+    rec.cgroup = Some(CgroupFacts { version: cg.version.to_string(), paths: cg.paths() });
+    require(
+        plan,
+        rec,
+        cg.missing.is_empty(),
+        stop(
+            Stage::Cgroup,
+            "cgroup_controller_missing",
+            format!("the host's cgroup {} lacks controllers {:?} needed for the ceilings", cg.version, cg.missing),
+        ),
+    )?;
+    let io_err = |e: io::Error| stop(Stage::Namespaces, "setup_failed", e);
+    let (sup_sock, cage_sock) = channel::pair().map_err(io_err)?;
+    let w = Wiring {
+        sup_sock,
+        cage_sock,
+        stdout: pipe().map_err(io_err)?,
+        stderr: pipe().map_err(io_err)?,
+        result: pipe().map_err(io_err)?,
+    };
+    inject(plan, Stage::Namespaces)?;
+    let ctx = Ctx {
+        plan,
+        prepared,
+        filters,
+        landlock_abi: abi,
+        sock: w.cage_sock.as_raw_fd(),
+        stdout_w: w.stdout.1.as_raw_fd(),
+        stderr_w: w.stderr.1.as_raw_fd(),
+        result_w: w.result.1.as_raw_fd(),
+    };
+    let init = match sys::clone_fork(CLONE_FLAGS) {
+        Ok(0) => inside::init_main(&ctx),
+        Ok(pid) => pid,
+        Err(e) => return Err(stop(Stage::Namespaces, "namespace_failed", e)),
+    };
+    // From here the init exists: every error path must kill it before returning.
+    let Wiring { sup_sock, cage_sock, stdout, stderr, result } = w;
+    drop((cage_sock, stdout.1, stderr.1, result.1));
+    let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e));
+    let started = pidfd.and_then(|pidfd| {
+        let r = start_cage(plan, rec, cg, name, init, &sup_sock).map(|t| (t, pidfd));
+        if r.is_err() {
+            kill_and_reap(init);
+        }
+        r
+    });
+    let (exec_at, pidfd) = started?;
+    let outcome = supervise::run(supervise::Run {
+        init,
+        pidfd: pidfd.as_fd(),
+        stdout: stdout.0,
+        stderr: stderr.0,
+        result: result.0,
+        deadline: exec_at + std::time::Duration::from_millis(plan.limits.wall_ms),
+        output_limit: plan.limits.output_bytes,
+        started: exec_at,
+        sinks,
+    });
+    rec.outcome = Some(outcome);
+    Ok(())
+}
+
+/// From "init exists" to "target detached after a verified exec". Returns the exec time.
+fn start_cage(
+    plan: &CagePlan,
+    rec: &mut LaunchRecord,
+    cg: &LaunchCgroup,
+    name: &str,
+    init: libc::pid_t,
+    sock: &OwnedFd,
+) -> Result<Instant, Stop> {
+    cg.add(init).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+    channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
+    let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
+    let (reported, exec_path, script_path) = match ready.msg {
+        Some(CageMsg::Ready { reported, exec_path, script_path }) => (reported, exec_path, script_path),
+        Some(CageMsg::Failed { stage, code, detail }) => return Err(stop(stage, &code, detail)),
+        None => return Err(stop(Stage::Namespaces, "cage_died", "the cage exited during setup without a report")),
+    };
+    rec.reported = Some(reported);
+    let tpid =
+        ready.pid.ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no credentials"))?;
+    let mut fds = ready.fds.into_iter();
+    let exec_fd =
+        fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
+    let mut target = describe(&exec_fd, &exec_path)?;
+    let exe_id = (target.device, target.inode);
+    if let (Some(script_fd), Some(sp)) = (fds.next(), script_path) {
+        let script = describe(&script_fd, &sp)?;
+        target = Target { interpreter: Some(Box::new(target)), ..script };
+    }
+    let verified = verify_digest(plan, &target);
+    rec.target = Some(target);
+    if let Err(s) = verified.and_then(|_| inject(plan, Stage::Verify)) {
+        let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
+        return Err(s);
+    }
+    seize(tpid)?;
+    channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e))?;
+    wait_exec(tpid, sock)?;
+    let exec_at = Instant::now();
+    rec.exec_observed_at = Some(record::now_rfc3339());
+    let host_ns = observe::own_namespaces();
+    let mut observed = observe::read(tpid, &host_ns);
+    observed.status_channel_eof = eof_within(sock, 2000);
+    let cwd = plan.cwd.to_string_lossy();
+    let expect =
+        Expect { exe: exe_id, uid: plan.uid, gid: plan.gid, cgroup: Some((name, cg.hierarchies())), cwd: &cwd };
+    let mut problems = observe::violations(&observed, &expect);
+    if plan.inject_failure == Some(Stage::Observe) {
+        problems.push("test-only failure injected at stage observe".into());
+    }
+    rec.observed = Some(observed);
+    if !problems.is_empty() {
+        match plan.mode {
+            Mode::Enforced => return Err(stop(Stage::Observe, "fact_mismatch", problems.join("; "))),
+            Mode::Shadow => rec.not_confined.extend(problems),
+        }
+    }
+    rec.state = if rec.not_confined.is_empty() { State::FullyEnforced } else { State::NotConfined };
+    // SAFETY: detaching our tracee; it continues from the exec stop.
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, tpid, 0, 0) };
+    Ok(exec_at)
+}
+
+fn describe(fd: &OwnedFd, path: &str) -> Result<Target, Stop> {
+    let st = sys::fstat(fd.as_fd()).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
+    let sha256 = hash_fd(fd).map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?;
+    Ok(Target { path: path.to_string(), sha256, device: st.st_dev, inode: st.st_ino, interpreter: None })
+}
+
+fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {
+    match &plan.expect_sha256 {
+        Some(want) if *want != target.sha256 => Err(stop(
+            Stage::Verify,
+            "digest_mismatch",
+            format!("{} has SHA-256 {} but the plan requires {want}", target.path, target.sha256),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// SHA-256 of the whole file behind `fd` (pread from offset 0: the fd's offset is shared).
+fn hash_fd(fd: &OwnedFd) -> io::Result<String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut off: i64 = 0;
+    loop {
+        // SAFETY: pread into a buffer of the given length.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n as usize]);
+        off += n as i64;
+    }
+    Ok(seccomp::hex(&h.finalize()))
+}
+
+fn seize(tpid: libc::pid_t) -> Result<(), Stop> {
+    let opts = libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL;
+    // SAFETY: PTRACE_SEIZE of the target, which is blocked waiting for our GO.
+    if unsafe { libc::ptrace(libc::PTRACE_SEIZE, tpid, 0, opts as libc::c_ulong) } != 0 {
+        return Err(stop(Stage::Exec, "ptrace_failed", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Wait for the target's exec stop; an exit instead means exec failed (the cage says why).
+fn wait_exec(tpid: libc::pid_t, sock: &OwnedFd) -> Result<(), Stop> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our tracee.
+        let r = unsafe { libc::waitpid(tpid, &mut status, libc::__WALL) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(stop(Stage::Exec, "ptrace_failed", e));
+        }
+        if libc::WIFSTOPPED(status) {
+            if status >> 8 == libc::SIGTRAP | (libc::PTRACE_EVENT_EXEC << 8) {
+                return Ok(());
+            }
+            // A signal-delivery or group stop before exec: pass the signal on.
+            let sig = libc::WSTOPSIG(status);
+            let inject = if sig == libc::SIGTRAP || sig == libc::SIGSTOP { 0 } else { sig };
+            // SAFETY: continuing our tracee.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, tpid, 0, inject as libc::c_ulong) };
+            continue;
+        }
+        // The target exited before exec: its report explains why.
+        return match recv_timeout(sock, 1000) {
+            Ok(channel::Received { msg: Some(CageMsg::Failed { stage, code, detail }), .. }) => {
+                Err(stop(stage, &code, detail))
+            }
+            _ => Err(stop(Stage::Exec, "exec_failed", format!("the target ended before exec (status {status:#x})"))),
+        };
+    }
+}
+
+fn poll_in(fd: RawFd, ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+fn recv_timeout(sock: &OwnedFd, ms: i32) -> Result<channel::Received, Stop> {
+    match poll_in(sock.as_raw_fd(), ms) {
+        Ok(true) => channel::recv(sock.as_fd()).map_err(|e| stop(Stage::Namespaces, "channel_failed", e)),
+        Ok(false) => Err(stop(Stage::Namespaces, "setup_timeout", format!("no word from the cage within {ms} ms"))),
+        Err(e) => Err(stop(Stage::Namespaces, "channel_failed", e)),
+    }
+}
+
+/// True when the peer end is closed everywhere within `ms`.
+fn eof_within(sock: &OwnedFd, ms: i32) -> bool {
+    matches!(poll_in(sock.as_raw_fd(), ms), Ok(true))
+        && matches!(channel::recv(sock.as_fd()), Ok(channel::Received { msg: None, .. }))
+}
+
+fn kill_and_reap(pid: libc::pid_t) {
+    // SAFETY: killing and reaping our own child (the cage's init; its namespace dies with it).
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+        }
+    }
+}
+
+/// Make sure fds 0-2 are open so no setup fd can land on them.
+fn ensure_stdio() {
+    for fd in 0..3 {
+        // SAFETY: F_GETFD probe, then open of /dev/null which takes the lowest free fd.
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) < 0 {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
+}
+
+fn ensure_staging(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom into a local buffer; a short read leaves zeros, which only weakens the
+    // uniqueness of a cgroup name already made unique by our pid.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    u64::from_le_bytes(b)
+}

@@ -1,0 +1,26 @@
+//! chio-cage: the Linux mechanics of the chio native cage. A fully resolved [`CagePlan`] in; a
+//! [`LaunchRecord`] out, after the target ran inside namespaces, a read-only root, landlock,
+//! seccomp, dropped capabilities and cgroup ceilings — each observed at the target's exec.
+//!
+//! [`launch`] forks, so it must be called from a single-threaded process (it checks).
+
+pub mod cgroup;
+pub mod channel;
+pub mod identity;
+mod inside;
+mod janitor;
+pub mod landlock;
+mod launch;
+pub mod mounts;
+pub mod observe;
+pub mod path;
+pub mod plan;
+pub mod record;
+pub mod seccomp;
+pub mod supervise;
+pub mod sys;
+
+pub use launch::{launch, NAMESPACES};
+pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
+pub use record::{LaunchRecord, State};
+pub use supervise::Sinks;

@@ -1,0 +1,434 @@
+//! The cage's filesystem, built with the fd-based mount API.
+//!
+//! The supervisor prepares everything as *detached* mounts before the cage exists: a small tmpfs
+//! skeleton that becomes `/`, one read-only clone per top-level entry of the root filesystem, the
+//! workspace, the binds, `/tmp`, `/dev` with individual device nodes and `/dev/shm`. Sources are
+//! opened as fds (never re-walked by path), so what is mounted is what was checked. The cage's
+//! init then attaches the trees inside its private mount namespace, mounts a fresh procfs,
+//! seals the skeleton read-only and pivots into it.
+//!
+//! Mount points live in the skeleton we created, not in the image: an image whose `/proc`, `/dev`
+//! or `/tmp` is a symlink to a host path is simply not consulted for those names.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::path::{self, cstring};
+use crate::plan::{CagePlan, RootSpec};
+use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
+/// Names the cage always provides itself, whatever the image has there.
+const RESERVED: [&str; 4] = ["proc", "dev", "tmp", "workspace"];
+/// Host directories making up the default root.
+const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/// Host `/etc` entries the default root carries (no shadow, no secrets).
+const HOST_ETC: [&str; 11] = [
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "hosts",
+    "localtime",
+    "os-release",
+    "ssl",
+];
+/// Device nodes bound into `/dev`.
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Where a detached tree is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parent {
+    Root,
+    Etc,
+    Dev,
+}
+
+/// One detached tree and its place.
+struct Attach {
+    parent: Parent,
+    name: CString,
+    tree: OwnedFd,
+}
+
+/// A bind whose destination lies inside an attached tree: resolved inside the new root.
+struct NestedBind {
+    dest: PathBuf,
+    tree: OwnedFd,
+    is_dir: bool,
+}
+
+/// The permissions landlock grants, by in-cage path.
+#[derive(Debug, Default, Clone)]
+pub struct Access {
+    /// Read + execute (top-level directories of the root, read-only binds).
+    pub read_exec: Vec<CString>,
+    /// Read + write + execute (workspace, writable binds).
+    pub read_write_exec: Vec<CString>,
+}
+
+/// Everything the cage's init needs to build its root.
+pub struct Prepared {
+    skeleton: OwnedFd,
+    etc: Option<OwnedFd>,
+    dev: OwnedFd,
+    attach: Vec<Attach>,
+    nested: Vec<NestedBind>,
+    /// Landlock grants by path.
+    pub access: Access,
+    /// Human-readable list of mounts, for the record.
+    pub described: Vec<String>,
+}
+
+fn err_at(what: &str, p: impl AsRef<Path>, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", p.as_ref().display()))
+}
+
+fn tmpfs(size: u64, mode: &str, attrs: u64) -> io::Result<OwnedFd> {
+    let size = CString::new(size.to_string()).map_err(io::Error::other)?;
+    let mode = CString::new(mode).map_err(io::Error::other)?;
+    sys::fs_mount(c"tmpfs", &[(c"size", &size), (c"mode", &mode)], attrs)
+}
+
+/// Clone the tree at `fd` and set its attributes.
+fn clone_tree(fd: BorrowedFd<'_>, attrs: u64) -> io::Result<OwnedFd> {
+    let tree = sys::open_tree_clone(fd)?;
+    sys::mount_setattr_tree(tree.as_fd(), attrs)?;
+    Ok(tree)
+}
+
+/// Entries of a directory fd: (name, file type bits from lstat).
+fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
+    let fd = sys::openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    // SAFETY: fdopendir takes ownership of a valid directory fd; closedir releases it.
+    let d = unsafe { libc::fdopendir(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+    if d.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: d is a valid DIR*; the entry is copied before the next readdir.
+        let ent = unsafe { libc::readdir(d) };
+        if ent.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated.
+        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_owned();
+        if name.as_bytes() == b"." || name.as_bytes() == b".." {
+            continue;
+        }
+        out.push(name);
+    }
+    // SAFETY: d is valid and not used afterwards.
+    unsafe { libc::closedir(d) };
+    let mut typed = Vec::with_capacity(out.len());
+    for name in out {
+        let mode = fstatat_nofollow(dir, &name)?.st_mode & libc::S_IFMT;
+        typed.push((name, mode));
+    }
+    typed.sort();
+    Ok(typed)
+}
+
+fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, name and out-pointer.
+    if unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+impl Prepared {
+    /// Prepare the detached trees for `plan` (supervisor side, before the cage exists).
+    pub fn build(plan: &CagePlan) -> io::Result<Prepared> {
+        let skeleton = tmpfs(1 << 20, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+        let dev = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        let mut p = Prepared {
+            skeleton,
+            etc: None,
+            dev,
+            attach: Vec::new(),
+            nested: Vec::new(),
+            access: Access::default(),
+            described: Vec::new(),
+        };
+        let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
+        match &plan.root {
+            RootSpec::Directory(dir) => p.add_root_dir(dir, &top_binds)?,
+            RootSpec::HostSystem => p.add_host_system(&top_binds)?,
+        }
+        p.add_special(plan)?;
+        if let Some(ws) = &plan.workspace {
+            let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
+            let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+            sys::mkdirat(p.skeleton.as_fd(), c"workspace", 0o755)?;
+            p.push(Parent::Root, c"workspace".into(), tree, format!("/workspace rw bind of {}", ws.display()));
+            p.access.read_write_exec.push(c"/workspace".into());
+        }
+        for b in &plan.binds {
+            p.add_bind(b)?;
+        }
+        Ok(p)
+    }
+
+    fn push(&mut self, parent: Parent, name: CString, tree: OwnedFd, what: String) {
+        self.attach.push(Attach { parent, name, tree });
+        self.described.push(what);
+    }
+
+    fn add_root_dir(&mut self, dir: &Path, skip: &[&OsStr]) -> io::Result<()> {
+        let root = path::open_host(dir, libc::O_DIRECTORY).map_err(|e| err_at("opening rootfs", dir, e))?;
+        for (name, kind) in list_dir(root.as_fd())? {
+            let n = OsStr::from_bytes(name.as_bytes());
+            if RESERVED.iter().any(|r| OsStr::new(r) == n) || skip.contains(&n) {
+                continue;
+            }
+            self.add_entry(root.as_fd(), Parent::Root, &name, kind, dir)?;
+        }
+        Ok(())
+    }
+
+    /// Bind, copy (symlinks) or skip one top-level entry of a source directory.
+    fn add_entry(
+        &mut self,
+        src: BorrowedFd<'_>,
+        parent: Parent,
+        name: &CStr,
+        kind: u32,
+        from: &Path,
+    ) -> io::Result<()> {
+        let target = match parent {
+            Parent::Root => self.skeleton.as_fd(),
+            Parent::Etc => self.etc.as_ref().map_or(self.skeleton.as_fd(), |f| f.as_fd()),
+            Parent::Dev => self.dev.as_fd(),
+        };
+        let shown = from.join(OsStr::from_bytes(name.to_bytes()));
+        match kind {
+            libc::S_IFDIR => {
+                let fd = sys::openat(src, name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY, 0)?;
+                let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                sys::mkdirat(target, name, 0o755)?;
+                if parent == Parent::Root {
+                    let mut p = b"/".to_vec();
+                    p.extend_from_slice(name.to_bytes());
+                    self.access.read_exec.push(CString::new(p).map_err(io::Error::other)?);
+                }
+                self.push(parent, name.into(), tree, format!("ro bind of {}", shown.display()));
+            }
+            libc::S_IFREG => {
+                let fd = sys::openat(src, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+                let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                sys::mkfileat(target, name)?;
+                self.push(parent, name.into(), tree, format!("ro bind of {}", shown.display()));
+            }
+            libc::S_IFLNK => {
+                let link = sys::readlinkat(src, name)?;
+                sys::symlinkat(&CString::new(link).map_err(io::Error::other)?, target, name)?;
+            }
+            // Devices, FIFOs and sockets of an image are never exposed.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn add_host_system(&mut self, skip: &[&OsStr]) -> io::Result<()> {
+        let root = path::open_host(Path::new("/"), libc::O_DIRECTORY)?;
+        for name in HOST_DIRS {
+            let c = cstring(name)?;
+            if skip.contains(&OsStr::new(name)) {
+                continue;
+            }
+            match fstatat_nofollow(root.as_fd(), &c) {
+                Ok(st) => self.add_entry(root.as_fd(), Parent::Root, &c, st.st_mode & libc::S_IFMT, Path::new("/"))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(err_at("reading host", format!("/{name}"), e)),
+            }
+        }
+        if skip.contains(&OsStr::new("etc")) {
+            return Ok(());
+        }
+        let etc = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        let host_etc = path::open_host(Path::new("/etc"), libc::O_DIRECTORY)?;
+        self.etc = Some(etc);
+        for name in HOST_ETC {
+            let c = cstring(name)?;
+            if let Ok(st) = fstatat_nofollow(host_etc.as_fd(), &c) {
+                self.add_entry(host_etc.as_fd(), Parent::Etc, &c, st.st_mode & libc::S_IFMT, Path::new("/etc"))?;
+            }
+        }
+        sys::mkdirat(self.skeleton.as_fd(), c"etc", 0o755)?;
+        Ok(())
+    }
+
+    /// `/proc`, `/tmp` and `/dev` mount points; `/dev` contents.
+    fn add_special(&mut self, plan: &CagePlan) -> io::Result<()> {
+        let sk = self.skeleton.as_fd();
+        sys::mkdirat(sk, c"proc", 0o555)?;
+        sys::mkdirat(sk, c"dev", 0o755)?;
+        sys::mkdirat(sk, c"tmp", 0o1777)?;
+        let tmp = tmpfs(plan.limits.tmp_bytes, "1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        self.push(Parent::Root, c"tmp".into(), tmp, format!("/tmp tmpfs size={} noexec", plan.limits.tmp_bytes));
+        let host_dev = path::open_host(Path::new("/dev"), libc::O_DIRECTORY)?;
+        for name in DEVICES {
+            let c = cstring(name)?;
+            let fd = sys::openat(host_dev.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+            if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFCHR {
+                return Err(io::Error::other(format!("/dev/{name} on the host is not a character device")));
+            }
+            let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
+            sys::mkfileat(self.dev.as_fd(), &c)?;
+            self.push(Parent::Dev, c, tree, format!("/dev/{name} device bind"));
+        }
+        for (name, target) in [
+            (c"fd", c"/proc/self/fd"),
+            (c"stdin", c"/proc/self/fd/0"),
+            (c"stdout", c"/proc/self/fd/1"),
+            (c"stderr", c"/proc/self/fd/2"),
+        ] {
+            sys::symlinkat(target, self.dev.as_fd(), name)?;
+        }
+        sys::mkdirat(self.dev.as_fd(), c"shm", 0o1777)?;
+        let shm = tmpfs(plan.limits.shm_bytes, "1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        self.push(Parent::Dev, c"shm".into(), shm, format!("/dev/shm tmpfs size={} noexec", plan.limits.shm_bytes));
+        Ok(())
+    }
+
+    fn add_bind(&mut self, b: &crate::plan::Bind) -> io::Result<()> {
+        let names = path::components(&b.dest)?;
+        if !b.dest.is_absolute() || names.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bind destination {} must be an absolute path below /", b.dest.display()),
+            ));
+        }
+        if matches!(names[0].to_str(), Some("proc" | "dev")) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bind destination {} is under /proc or /dev, which the cage owns", b.dest.display()),
+            ));
+        }
+        let src = path::open_host(&b.source, 0).map_err(|e| err_at("opening bind source", &b.source, e))?;
+        let is_dir = sys::fstat(src.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if b.writable { 0 } else { MOUNT_ATTR_RDONLY };
+        let tree = clone_tree(src.as_fd(), attrs)?;
+        let dest = cstring(&b.dest)?;
+        if b.writable {
+            self.access.read_write_exec.push(dest);
+        } else {
+            self.access.read_exec.push(dest);
+        }
+        let what =
+            format!("{} {} bind of {}", b.dest.display(), if b.writable { "rw" } else { "ro" }, b.source.display());
+        if names.len() == 1 && !RESERVED.iter().any(|r| OsStr::new(r) == names[0]) {
+            let name = cstring(names[0])?;
+            if is_dir {
+                sys::mkdirat(self.skeleton.as_fd(), &name, 0o755)?;
+            } else {
+                sys::mkfileat(self.skeleton.as_fd(), &name)?;
+            }
+            self.push(Parent::Root, name, tree, what);
+        } else {
+            self.nested.push(NestedBind { dest: b.dest.clone(), tree, is_dir });
+            self.described.push(what);
+        }
+        Ok(())
+    }
+
+    /// Cage side (inside the new mount and pid namespaces): attach everything at `staging`,
+    /// mount procfs and seal the skeleton read-only.
+    pub fn attach(&self, staging: &Path) -> io::Result<()> {
+        // SAFETY: plain mount(2) call with static strings.
+        if unsafe {
+            libc::mount(
+                c"".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        } != 0
+        {
+            return Err(err_at("making private", "/", io::Error::last_os_error()));
+        }
+        let staging_fd = path::open_host(staging, libc::O_DIRECTORY)?;
+        let parent_of_staging = staging.parent().unwrap_or(Path::new("/"));
+        let staging_name = cstring(staging.file_name().unwrap_or_default())?;
+        let parent_fd = path::open_host(parent_of_staging, libc::O_DIRECTORY)?;
+        drop(staging_fd);
+        sys::move_mount_to(self.skeleton.as_fd(), parent_fd.as_fd(), &staging_name)
+            .map_err(|e| err_at("attaching the root at", staging, e))?;
+        let sk = self.skeleton.as_fd();
+        sys::move_mount_to(self.dev.as_fd(), sk, c"dev").map_err(|e| err_at("attaching", "/dev", e))?;
+        if let Some(etc) = &self.etc {
+            sys::move_mount_to(etc.as_fd(), sk, c"etc").map_err(|e| err_at("attaching", "/etc", e))?;
+        }
+        for a in &self.attach {
+            let dir = match a.parent {
+                Parent::Root => sk,
+                Parent::Etc => self.etc.as_ref().map_or(sk, |f| f.as_fd()),
+                Parent::Dev => self.dev.as_fd(),
+            };
+            sys::move_mount_to(a.tree.as_fd(), dir, &a.name)
+                .map_err(|e| err_at("attaching", Path::new(OsStr::from_bytes(a.name.as_bytes())), e))?;
+        }
+        for n in &self.nested {
+            attach_nested(sk, n)?;
+        }
+        let proc = sys::fs_mount(c"proc", &[], MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        if sys::fstatfs(proc.as_fd())?.f_type as i64 != PROC_SUPER_MAGIC {
+            return Err(io::Error::other("the new /proc mount is not procfs"));
+        }
+        sys::move_mount_to(proc.as_fd(), sk, c"proc").map_err(|e| err_at("attaching", "/proc", e))?;
+        for sealed in [Some(sk), self.etc.as_ref().map(|f| f.as_fd()), Some(self.dev.as_fd())].into_iter().flatten() {
+            sys::mount_setattr_one(sealed, MOUNT_ATTR_RDONLY)?;
+        }
+        Ok(())
+    }
+
+    /// Make the attached skeleton the root and detach the old one.
+    pub fn pivot(&self) -> io::Result<()> {
+        sys::pivot_into(self.skeleton.as_fd())
+    }
+}
+
+/// The first component of `dest` when it is the only one.
+fn top_level_name(dest: &Path) -> Option<&OsStr> {
+    let names = path::components(dest).ok()?;
+    (names.len() == 1).then(|| names[0])
+}
+
+/// Attach a bind whose destination is inside an already attached tree, resolving the
+/// destination inside the new root so a symlink in the image cannot redirect it.
+fn attach_nested(root: BorrowedFd<'_>, n: &NestedBind) -> io::Result<()> {
+    let flags = libc::O_PATH | if n.is_dir { libc::O_DIRECTORY } else { 0 };
+    let target =
+        path::resolve_in(root, &n.dest, flags).map_err(|e| err_at("resolving bind destination", &n.dest, e))?;
+    let is_dir = sys::fstat(target.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    if is_dir != n.is_dir {
+        return Err(io::Error::other(format!("bind destination {} has the wrong file type", n.dest.display())));
+    }
+    // SAFETY: valid fds, empty paths, documented flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            n.tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            sys::MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(err_at("attaching bind at", &n.dest, io::Error::last_os_error()));
+    }
+    Ok(())
+}

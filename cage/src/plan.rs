@@ -1,0 +1,255 @@
+//! `CagePlan`: the fully resolved description of one launch. Admission (or the CLI) builds it;
+//! `launch` consumes it. Nothing in here is interpreted policy: every field is a concrete value.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// How failures of confinement are treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Any missing fact kills the launch before the target runs.
+    Enforced,
+    /// The target runs even when a fact is missing; the record says it was not confined and why.
+    Shadow,
+}
+
+/// Network namespace contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetMode {
+    /// A new network namespace with no interface up.
+    None,
+    /// A new network namespace with only `lo` up.
+    Loopback,
+}
+
+/// Where the cage's root filesystem comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RootSpec {
+    /// A directory (an imported image's rootfs): each top-level entry is bound read-only.
+    Directory(PathBuf),
+    /// The host's system directories (/usr, /bin, /lib*, /sbin) and a minimal /etc, read-only.
+    HostSystem,
+}
+
+/// An extra bind mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// Host path (operator supplied).
+    pub source: PathBuf,
+    /// Absolute path inside the cage.
+    pub dest: PathBuf,
+    /// Read-write when true, read-only otherwise.
+    pub writable: bool,
+}
+
+/// Resource ceilings. `None` means "no ceiling of this kind".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory ceiling in bytes (cgroup memory.max / limit_in_bytes).
+    pub memory_bytes: Option<u64>,
+    /// Extra swap allowed beyond memory (0 = none).
+    pub swap_bytes: u64,
+    /// Maximum number of tasks in the cage (cgroup pids.max).
+    pub pids: Option<u64>,
+    /// CPU bandwidth in thousandths of a CPU (1000 = one CPU).
+    pub cpu_millis: Option<u64>,
+    /// Wall-clock deadline in milliseconds.
+    pub wall_ms: u64,
+    /// Bytes of stdout and of stderr kept (each); the rest is counted and dropped.
+    pub output_bytes: u64,
+    /// Size of the `/tmp` tmpfs in bytes.
+    pub tmp_bytes: u64,
+    /// Size of the `/dev/shm` tmpfs in bytes.
+    pub shm_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub nofile: u64,
+    /// RLIMIT_FSIZE in bytes.
+    pub fsize_bytes: u64,
+    /// RLIMIT_CORE in bytes.
+    pub core_bytes: u64,
+    /// RLIMIT_CPU in seconds.
+    pub cpu_seconds: Option<u64>,
+    /// RLIMIT_AS in bytes.
+    pub address_space_bytes: Option<u64>,
+}
+
+impl Default for Limits {
+    /// The repository-command defaults of DESIGN §6.
+    fn default() -> Self {
+        Limits {
+            memory_bytes: Some(512 << 20),
+            swap_bytes: 0,
+            pids: Some(64),
+            cpu_millis: Some(1000),
+            wall_ms: 300_000,
+            output_bytes: 512 << 10,
+            tmp_bytes: 16 << 20,
+            shm_bytes: 8 << 20,
+            nofile: 128,
+            fsize_bytes: 16 << 20,
+            core_bytes: 0,
+            cpu_seconds: None,
+            address_space_bytes: None,
+        }
+    }
+}
+
+/// The setup stages of a launch, in order. Failures name the stage they happened in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Opening and checking every path of the plan.
+    Resolve,
+    /// Creating the launch cgroup and writing its ceilings.
+    Cgroup,
+    /// Creating the namespaces and the cage's init.
+    Namespaces,
+    /// Attaching the root, binds, /proc, /dev, /tmp.
+    Mounts,
+    /// pivot_root into the new root.
+    Pivot,
+    /// Bringing up loopback.
+    Network,
+    /// rlimits, groups, uid/gid, securebits, no_new_privs.
+    Identity,
+    /// Emptying every capability set.
+    Capabilities,
+    /// Landlock ruleset.
+    Landlock,
+    /// Seccomp filter.
+    Seccomp,
+    /// Finding and opening the target executable inside the cage.
+    Target,
+    /// Hash of the target against the plan's expected digest.
+    Verify,
+    /// execveat of the verified fd.
+    Exec,
+    /// Reading and checking the target's state at the exec stop.
+    Observe,
+    /// Running the target to its end.
+    Supervise,
+}
+
+impl Stage {
+    /// Every stage, in launch order (for fault-injection tests).
+    pub const ALL: [Stage; 15] = [
+        Stage::Resolve,
+        Stage::Cgroup,
+        Stage::Namespaces,
+        Stage::Mounts,
+        Stage::Pivot,
+        Stage::Network,
+        Stage::Identity,
+        Stage::Capabilities,
+        Stage::Landlock,
+        Stage::Seccomp,
+        Stage::Target,
+        Stage::Verify,
+        Stage::Exec,
+        Stage::Observe,
+        Stage::Supervise,
+    ];
+
+    /// The snake_case name used in records and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Resolve => "resolve",
+            Stage::Cgroup => "cgroup",
+            Stage::Namespaces => "namespaces",
+            Stage::Mounts => "mounts",
+            Stage::Pivot => "pivot",
+            Stage::Network => "network",
+            Stage::Identity => "identity",
+            Stage::Capabilities => "capabilities",
+            Stage::Landlock => "landlock",
+            Stage::Seccomp => "seccomp",
+            Stage::Target => "target",
+            Stage::Verify => "verify",
+            Stage::Exec => "exec",
+            Stage::Observe => "observe",
+            Stage::Supervise => "supervise",
+        }
+    }
+
+    /// Parse a stage name.
+    pub fn parse(s: &str) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|st| st.name() == s)
+    }
+}
+
+/// One launch, fully resolved.
+#[derive(Debug, Clone)]
+pub struct CagePlan {
+    /// Enforcement mode.
+    pub mode: Mode,
+    /// Root filesystem source.
+    pub root: RootSpec,
+    /// Host directory bound read-write at `/workspace`.
+    pub workspace: Option<PathBuf>,
+    /// Extra binds.
+    pub binds: Vec<Bind>,
+    /// argv; `argv[0]` names the target (a path inside the cage, or a name looked up in PATH).
+    pub argv: Vec<OsString>,
+    /// The complete environment of the target.
+    pub env: Vec<(OsString, OsString)>,
+    /// Working directory inside the cage.
+    pub cwd: PathBuf,
+    /// uid the target runs as.
+    pub uid: u32,
+    /// gid the target runs as (also its only group).
+    pub gid: u32,
+    /// Network namespace contents.
+    pub net: NetMode,
+    /// TCP ports the target may connect to (landlock); empty = none.
+    pub tcp_connect: Vec<u16>,
+    /// TCP ports the target may bind (landlock); empty = none.
+    pub tcp_bind: Vec<u16>,
+    /// Ceilings.
+    pub limits: Limits,
+    /// Required SHA-256 (lowercase hex) of the target, if any.
+    pub expect_sha256: Option<String>,
+    /// A host directory the cage root is attached to inside the cage's private mount namespace.
+    /// Nothing is ever written into it.
+    pub staging_dir: PathBuf,
+    /// cgroup v2 directory under which launch cgroups are created; `None` = detect.
+    pub cgroup_v2_root: Option<PathBuf>,
+    /// Test-only: fail this stage on purpose (a failure can only deny, never weaken).
+    pub inject_failure: Option<Stage>,
+    /// Test-only: pretend the host's landlock ABI is at most this.
+    pub landlock_abi_cap: Option<u32>,
+}
+
+impl CagePlan {
+    /// A plan with the repository-command defaults for `argv` on the host-system root.
+    pub fn new(argv: Vec<OsString>) -> Self {
+        CagePlan {
+            mode: Mode::Enforced,
+            root: RootSpec::HostSystem,
+            workspace: None,
+            binds: Vec::new(),
+            argv,
+            env: vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into()),
+                ("HOME".into(), "/workspace".into()),
+                ("TMPDIR".into(), "/tmp".into()),
+            ],
+            cwd: PathBuf::from("/"),
+            uid: 65534,
+            gid: 65534,
+            net: NetMode::None,
+            tcp_connect: Vec::new(),
+            tcp_bind: Vec::new(),
+            limits: Limits::default(),
+            expect_sha256: None,
+            staging_dir: PathBuf::from("/run/chio/cage-root"),
+            cgroup_v2_root: None,
+            inject_failure: None,
+            landlock_abi_cap: None,
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Thin, checked wrappers over the raw system calls the cage needs and libc does not wrap
+//! (the new mount API, openat2, execveat, close_range, pidfd). Every wrapper returns
+//! `io::Result` and takes/returns owned fds so nothing leaks on an error path.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// `open_tree` flags.
+pub const OPEN_TREE_CLONE: u32 = 0x1;
+/// `open_tree`: close the returned fd on exec.
+pub const OPEN_TREE_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
+/// `move_mount`: the source is the fd itself.
+pub const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+/// `mount_setattr` attributes.
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// No set-user-id / capabilities from files on this mount.
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// No device files on this mount.
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+/// No execution from this mount.
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const FSCONFIG_SET_STRING: u32 = 1;
+const FSCONFIG_CMD_CREATE: u32 = 6;
+const FSMOUNT_CLOEXEC: u32 = 1;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn owned(ret: libc::c_long) -> io::Result<OwnedFd> {
+    let fd = check(ret)? as RawFd;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Clone the mount tree at `fd` (recursively) into a new detached mount.
+pub fn open_tree_clone(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32;
+    // SAFETY: valid fd and a NUL-terminated empty path.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) })
+}
+
+/// Set mount attributes on the whole tree at `fd` and make it private, so nothing mounted
+/// inside the cage propagates back to the host.
+pub fn mount_setattr_tree(fd: BorrowedFd<'_>, attr_set: u64) -> io::Result<()> {
+    let attr = MountAttr { attr_set, attr_clr: 0, propagation: libc::MS_PRIVATE, userns_fd: 0 };
+    let flags = libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32;
+    // SAFETY: attr is a valid mount_attr of the size we pass.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Set attributes on the single mount at `fd` (not its children), leaving propagation alone.
+pub fn mount_setattr_one(fd: BorrowedFd<'_>, attr_set: u64) -> io::Result<()> {
+    let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // SAFETY: attr is a valid mount_attr of the size we pass.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as u32,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Attach the detached mount `from` onto `name` beneath the directory fd `to_dir`.
+pub fn move_mount_to(from: BorrowedFd<'_>, to_dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fds and NUL-terminated paths.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            c"".as_ptr(),
+            to_dir.as_raw_fd(),
+            name.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
+/// Create a detached mount of a fresh filesystem (`tmpfs`, `proc`) with string options.
+pub fn fs_mount(fstype: &CStr, options: &[(&CStr, &CStr)], attrs: u64) -> io::Result<OwnedFd> {
+    // SAFETY: NUL-terminated fs name.
+    let ctx = owned(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), 1u32) })?;
+    for (key, value) in options {
+        // SAFETY: valid context fd and NUL-terminated strings.
+        check(unsafe {
+            libc::syscall(libc::SYS_fsconfig, ctx.as_raw_fd(), FSCONFIG_SET_STRING, key.as_ptr(), value.as_ptr(), 0)
+        })?;
+    }
+    // SAFETY: valid context fd.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            ctx.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0,
+        )
+    })?;
+    // SAFETY: valid context fd.
+    owned(unsafe { libc::syscall(libc::SYS_fsmount, ctx.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
+}
+
+/// `openat2` with the given flags and resolve restrictions.
+pub fn openat2(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
+    let how = OpenHow { flags: (flags | libc::O_CLOEXEC) as u64, mode: mode as u64, resolve };
+    // SAFETY: valid fd, NUL-terminated path, open_how of the size we pass.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })
+}
+
+/// Plain `openat` (used with `O_NOFOLLOW` by the per-component walk).
+pub fn openat(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and NUL-terminated path.
+    owned(unsafe { libc::openat(dir.as_raw_fd(), path.as_ptr(), flags | libc::O_CLOEXEC, mode) } as libc::c_long)
+}
+
+/// `fstat` of an fd.
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain data; the kernel fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as libc::c_long)?;
+    Ok(st)
+}
+
+/// `fstatfs` of an fd (used to prove a mount is really procfs).
+pub fn fstatfs(fd: BorrowedFd<'_>) -> io::Result<libc::statfs> {
+    // SAFETY: statfs is plain data; the kernel fills it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    check(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } as libc::c_long)?;
+    Ok(st)
+}
+
+/// `mkdirat`, treating an existing entry as an error (the skeleton is always fresh).
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated name.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) } as libc::c_long).map(drop)
+}
+
+/// Create an empty regular file (a mount point for a file bind).
+pub fn mkfileat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    openat(dir, name, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW, 0o644).map(drop)
+}
+
+/// `symlinkat`.
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated strings.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) } as libc::c_long).map(drop)
+}
+
+/// `readlinkat` into an owned byte vector.
+pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: buffer is valid for its length.
+    let n =
+        check(unsafe { libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }
+            as libc::c_long)?;
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `pidfd_open` for a child, so waiting can be combined with poll and a deadline.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })
+}
+
+/// Close every fd from `first` upwards.
+pub fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) }).map(drop)
+}
+
+/// `execveat(fd, "", argv, envp, AT_EMPTY_PATH)`: execute exactly the verified open file.
+/// Returns only on failure.
+pub fn execveat_fd(fd: RawFd, argv: &[*const libc::c_char], envp: &[*const libc::c_char]) -> io::Error {
+    // SAFETY: argv/envp are NULL-terminated arrays of NUL-terminated strings owned by the caller.
+    unsafe {
+        libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH);
+    }
+    io::Error::last_os_error()
+}
+
+/// `clone` with namespace flags and fork semantics (no new stack: copy-on-write like fork).
+/// The caller must be single-threaded. Returns 0 in the child and the child's pid in the parent.
+pub fn clone_fork(flags: libc::c_ulong) -> io::Result<libc::pid_t> {
+    // SAFETY: with a NULL stack, clone behaves like fork; the caller guarantees one thread.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags | libc::SIGCHLD as libc::c_ulong,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0usize,
+        )
+    };
+    check(ret).map(|p| p as libc::pid_t)
+}
+
+/// `pivot_root(".", ".")` after `fchdir` into the new root; the old root is then detached.
+pub fn pivot_into(new_root: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscalls on a valid fd and static paths.
+    unsafe {
+        check(libc::fchdir(new_root.as_raw_fd()) as libc::c_long)?;
+        check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()))?;
+        check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as libc::c_long)?;
+        check(libc::chdir(c"/".as_ptr()) as libc::c_long)?;
+    }
+    Ok(())
+}
+
+/// Number of threads of the calling process, from `/proc/self/stat`.
+pub fn thread_count() -> io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    rest.split_whitespace()
+        .nth(17)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
+}

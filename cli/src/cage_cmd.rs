@@ -1,0 +1,225 @@
+//! `chio cage run`: build a CagePlan from flags, launch it, pass the target's output through,
+//! write the record, exit with the target's status (125/126/127 for cage failures).
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use chio_cage::{Bind, CagePlan, LaunchRecord, Mode, NetMode, RootSpec, Sinks, Stage, State};
+use clap::{Args, ValueEnum};
+
+use crate::units::{parse_cpus, parse_duration_ms, parse_size};
+
+/// Enforcement mode on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    /// Any missing confinement fact stops the launch before the target runs.
+    Enforced,
+    /// The target runs anyway; the record says "not confined" and why.
+    Shadow,
+}
+
+/// Network on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum NetArg {
+    /// New network namespace, no interface up.
+    None,
+    /// New network namespace with loopback up.
+    Loopback,
+}
+
+/// Flags of `chio cage run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Root filesystem directory (an imported image's rootfs). Default: the host's /usr, /bin,
+    /// /lib*, /sbin and a minimal /etc, read-only.
+    #[arg(long, value_name = "DIR")]
+    rootfs: Option<PathBuf>,
+    /// Host directory mounted read-write at /workspace (and the default working directory).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Extra read-only bind, SRC:DST.
+    #[arg(long = "ro-bind", value_name = "SRC:DST")]
+    ro_bind: Vec<String>,
+    /// Extra read-write bind, SRC:DST.
+    #[arg(long = "bind", value_name = "SRC:DST")]
+    bind: Vec<String>,
+    /// Working directory inside the cage.
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// Environment variable KEY=VALUE (the environment starts with only PATH, HOME, TMPDIR).
+    #[arg(long, value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// uid of the target.
+    #[arg(long, default_value_t = 65534)]
+    uid: u32,
+    /// gid of the target.
+    #[arg(long, default_value_t = 65534)]
+    gid: u32,
+    /// Network namespace contents.
+    #[arg(long, value_enum, default_value_t = NetArg::None)]
+    net: NetArg,
+    /// Memory ceiling (e.g. 512M); "none" for no ceiling.
+    #[arg(long, default_value = "512M")]
+    memory: String,
+    /// Maximum tasks in the cage; "none" for no ceiling.
+    #[arg(long, default_value = "64")]
+    pids: String,
+    /// CPU bandwidth (e.g. 1, 0.5); "none" for no ceiling.
+    #[arg(long, default_value = "1")]
+    cpus: String,
+    /// Wall-clock deadline (e.g. 30s, 5m).
+    #[arg(long, default_value = "300s")]
+    timeout: String,
+    /// Bytes of stdout and of stderr passed through (each); the rest is counted and dropped.
+    #[arg(long = "output-limit", default_value = "512K")]
+    output_limit: String,
+    /// Size of the /tmp tmpfs.
+    #[arg(long = "tmp-size", default_value = "16M")]
+    tmp_size: String,
+    /// Required SHA-256 of the target executable (lowercase hex).
+    #[arg(long = "expect-sha256", value_name = "HEX")]
+    expect_sha256: Option<String>,
+    /// Enforcement mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Enforced)]
+    mode: ModeArg,
+    /// Write the launch record (JSON) to FILE.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Print the launch record as one JSON line, the last line on stderr.
+    #[arg(long)]
+    json: bool,
+    /// Command and arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+fn split_bind(spec: &str, writable: bool) -> Result<Bind> {
+    let Some((src, dst)) = spec.split_once(':') else {
+        bail!("bind {spec:?} is not SRC:DST");
+    };
+    if src.is_empty() || !dst.starts_with('/') {
+        bail!("bind {spec:?} needs a source and an absolute destination");
+    }
+    let source = std::fs::canonicalize(src).with_context(|| format!("bind source {src}"))?;
+    Ok(Bind { source, dest: PathBuf::from(dst), writable })
+}
+
+fn optional<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Option<T>> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    parse(s).map(Some).map_err(anyhow::Error::msg)
+}
+
+/// Turn flags into a plan (no I/O beyond canonicalizing operator paths).
+pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
+    let mut plan = CagePlan::new(a.command.clone());
+    plan.mode = match a.mode {
+        ModeArg::Enforced => Mode::Enforced,
+        ModeArg::Shadow => Mode::Shadow,
+    };
+    plan.net = match a.net {
+        NetArg::None => NetMode::None,
+        NetArg::Loopback => NetMode::Loopback,
+    };
+    if let Some(r) = &a.rootfs {
+        let dir = std::fs::canonicalize(r).with_context(|| format!("rootfs {}", r.display()))?;
+        plan.root = RootSpec::Directory(dir);
+    }
+    if let Some(w) = &a.workspace {
+        plan.workspace = Some(std::fs::canonicalize(w).with_context(|| format!("workspace {}", w.display()))?);
+        plan.cwd = PathBuf::from("/workspace");
+    } else {
+        set_env(&mut plan.env, "HOME", "/tmp");
+    }
+    if let Some(c) = &a.cwd {
+        plan.cwd = c.clone();
+    }
+    for b in &a.ro_bind {
+        plan.binds.push(split_bind(b, false)?);
+    }
+    for b in &a.bind {
+        plan.binds.push(split_bind(b, true)?);
+    }
+    for kv in &a.env {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--env {kv:?} is not KEY=VALUE");
+        };
+        if k.is_empty() {
+            bail!("--env {kv:?} has an empty name");
+        }
+        set_env(&mut plan.env, k, v);
+    }
+    plan.uid = a.uid;
+    plan.gid = a.gid;
+    let l = &mut plan.limits;
+    l.memory_bytes = optional(&a.memory, parse_size).context("--memory")?;
+    l.pids = optional(&a.pids, |s| s.parse::<u64>().map_err(|_| format!("{s:?} is not a number"))).context("--pids")?;
+    l.cpu_millis = optional(&a.cpus, parse_cpus).context("--cpus")?;
+    l.wall_ms = parse_duration_ms(&a.timeout).map_err(anyhow::Error::msg).context("--timeout")?;
+    l.output_bytes = parse_size(&a.output_limit).map_err(anyhow::Error::msg).context("--output-limit")?;
+    l.tmp_bytes = parse_size(&a.tmp_size).map_err(anyhow::Error::msg).context("--tmp-size")?;
+    plan.expect_sha256 = a.expect_sha256.clone();
+    apply_environment_overrides(&mut plan)?;
+    Ok(plan)
+}
+
+fn set_env(env: &mut Vec<(OsString, OsString)>, k: &str, v: &str) {
+    env.retain(|(key, _)| key != k);
+    env.push((k.into(), v.into()));
+}
+
+/// Operator settings and test-only switches from the environment. The test switches can only
+/// make a launch fail or claim less host support; they never weaken a cage.
+fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
+    if let Some(d) = std::env::var_os("CHIO_STAGING_DIR") {
+        plan.staging_dir = PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("CHIO_CGROUP_V2_ROOT") {
+        plan.cgroup_v2_root = Some(PathBuf::from(d));
+    }
+    if let Ok(s) = std::env::var("CHIO_TEST_FAIL_STAGE") {
+        plan.inject_failure =
+            Some(Stage::parse(&s).with_context(|| format!("CHIO_TEST_FAIL_STAGE={s} names no stage"))?);
+    }
+    if let Ok(s) = std::env::var("CHIO_TEST_LANDLOCK_ABI") {
+        plan.landlock_abi_cap = Some(s.parse().with_context(|| format!("CHIO_TEST_LANDLOCK_ABI={s} is not a number"))?);
+    }
+    Ok(())
+}
+
+/// Run the command; returns the process exit status.
+pub fn run(a: &RunArgs) -> Result<i32> {
+    let plan = plan_from(a)?;
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let (mut out, mut err) = (stdout.lock(), stderr.lock());
+    let rec = chio_cage::launch(&plan, &mut Sinks { stdout: &mut out, stderr: &mut err });
+    drop((out, err));
+    report(a, &rec)?;
+    Ok(rec.exit_status())
+}
+
+fn report(a: &RunArgs, rec: &LaunchRecord) -> Result<()> {
+    let json = serde_json::to_string(rec)?;
+    if let Some(path) = &a.record {
+        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing record {}", path.display()))?;
+    }
+    let mut err = std::io::stderr().lock();
+    if let Some(f) = &rec.failure {
+        let state = match rec.state {
+            State::Rejected => "rejected",
+            State::Unsupported => "unsupported on this host",
+            _ => "cage failed",
+        };
+        writeln!(err, "chio: {state} at stage {}: {}: {}", f.stage.name(), f.code, f.detail)?;
+    } else if rec.state == State::NotConfined {
+        writeln!(err, "chio: shadow mode: the target ran NOT CONFINED: {}", rec.not_confined.join("; "))?;
+    }
+    if a.json {
+        writeln!(err, "{json}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,2 @@
+//! Escape probe (placeholder until the suite lands).
+fn main() {}

@@ -1,0 +1,1 @@
+//! Fixture builders for the end-to-end suites.
