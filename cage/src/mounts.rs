@@ -217,17 +217,14 @@ impl Prepared {
                 let fd = sys::openat(src, name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY, 0)?;
                 let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
                 sys::mkdirat(target, name, 0o755)?;
-                if parent == Parent::Root {
-                    let mut p = b"/".to_vec();
-                    p.extend_from_slice(name.to_bytes());
-                    self.access.read_exec.push(CString::new(p).map_err(io::Error::other)?);
-                }
+                self.grant_exec(parent, name)?;
                 self.push(parent, name.into(), tree, format!("ro bind of {}", shown.display()));
             }
             libc::S_IFREG => {
                 let fd = sys::openat(src, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
                 let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
                 sys::mkfileat(target, name)?;
+                self.grant_exec(parent, name)?;
                 self.push(parent, name.into(), tree, format!("ro bind of {}", shown.display()));
             }
             libc::S_IFLNK => {
@@ -236,6 +233,17 @@ impl Prepared {
             }
             // Devices, FIFOs and sockets of an image are never exposed.
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Top-level entries of the image are executable (landlock grants execute per entry, never
+    /// at `/`, so `/tmp` and `/dev/shm` stay non-executable).
+    fn grant_exec(&mut self, parent: Parent, name: &CStr) -> io::Result<()> {
+        if parent == Parent::Root {
+            let mut p = b"/".to_vec();
+            p.extend_from_slice(name.to_bytes());
+            self.access.read_exec.push(CString::new(p).map_err(io::Error::other)?);
         }
         Ok(())
     }

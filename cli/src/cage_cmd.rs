@@ -102,7 +102,7 @@ fn split_bind(spec: &str, writable: bool) -> Result<Bind> {
     if src.is_empty() || !dst.starts_with('/') {
         bail!("bind {spec:?} needs a source and an absolute destination");
     }
-    let source = std::fs::canonicalize(src).with_context(|| format!("bind source {src}"))?;
+    let source = std::path::absolute(src).with_context(|| format!("bind source {src}"))?;
     Ok(Bind { source, dest: PathBuf::from(dst), writable })
 }
 
@@ -125,11 +125,11 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
         NetArg::Loopback => NetMode::Loopback,
     };
     if let Some(r) = &a.rootfs {
-        let dir = std::fs::canonicalize(r).with_context(|| format!("rootfs {}", r.display()))?;
-        plan.root = RootSpec::Directory(dir);
+        // Not canonicalized here: the cage opens it (and reports a missing rootfs in the record).
+        plan.root = RootSpec::Directory(std::path::absolute(r).with_context(|| format!("rootfs {}", r.display()))?);
     }
     if let Some(w) = &a.workspace {
-        plan.workspace = Some(std::fs::canonicalize(w).with_context(|| format!("workspace {}", w.display()))?);
+        plan.workspace = Some(std::path::absolute(w).with_context(|| format!("workspace {}", w.display()))?);
         plan.cwd = PathBuf::from("/workspace");
     } else {
         set_env(&mut plan.env, "HOME", "/tmp");

@@ -1,1 +1,204 @@
-//! Fixture builders for the end-to-end suites.
+//! Fixture builders and helpers for the end-to-end suites: locate the built `chio` and probe
+//! binaries, build a root filesystem from the probe (with its shared libraries copied in, so the
+//! rootfs holds nothing of the host but those), hostile variants of it, and run both caged and
+//! control launches.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// The built `chio` binary (a sibling of the probe in the target directory).
+pub fn chio_bin(probe: &Path) -> PathBuf {
+    let p = probe.with_file_name("chio");
+    assert!(p.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", p.display());
+    p
+}
+
+/// True when privileged tests may run. Without root they skip with a printed reason, except
+/// under `CI=true` or `CHIO_REQUIRE_PRIVILEGED=1`, where skipping is a failure.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let must = std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("CHIO_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1");
+    assert!(!must, "{test}: needs root (CI=true or CHIO_REQUIRE_PRIVILEGED=1 forbids skipping)");
+    eprintln!("SKIP {test}: needs root for namespaces, mounts and cgroups");
+    false
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// Create `/tmp/chio-test-<tag>-<pid>-<n>`.
+    pub fn new(tag: &str) -> Scratch {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("chio-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Scratch(p)
+    }
+
+    /// Hand the directory to uid/gid 65534, the cage's default identity.
+    pub fn give_to_nobody(&self) {
+        std::os::unix::fs::chown(&self.0, Some(65534), Some(65534)).unwrap();
+    }
+
+    /// A path inside.
+    pub fn join(&self, p: &str) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Shared libraries `bin` needs, from ldd.
+fn libraries(bin: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(bin).output().expect("ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')).map(PathBuf::from))
+        .collect()
+}
+
+fn copy_into(root: &Path, file: &Path) {
+    let dest = root.join(file.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(file, &dest).unwrap();
+}
+
+/// Build a rootfs at `root`: `/probe`, a setuid-root copy `/probe-suid`, the libraries, and the
+/// directories the suite writes into.
+pub fn build_rootfs(root: &Path, probe: &Path) {
+    std::fs::create_dir_all(root).unwrap();
+    std::fs::copy(probe, root.join("probe")).unwrap();
+    std::fs::copy(probe, root.join("probe-suid")).unwrap();
+    std::fs::set_permissions(root.join("probe-suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    for lib in libraries(probe) {
+        copy_into(root, &lib);
+    }
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/hostname"), "image-hostname\n").unwrap();
+    std::fs::write(root.join("script.sh"), "#!/probe euid\n").unwrap();
+    std::fs::set_permissions(root.join("script.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(root.join("no-interp.sh"), "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(root.join("no-interp.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(root.join("not-exec"), "plain data\n").unwrap();
+    std::fs::set_permissions(root.join("not-exec"), std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// Build a hostile rootfs whose `/proc`, `/dev` and `/tmp` are symlinks to host directories.
+pub fn build_symlinked_rootfs(root: &Path, probe: &Path, host_target: &Path) {
+    build_rootfs(root, probe);
+    for name in ["proc", "dev", "tmp"] {
+        let target = host_target.join(name);
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(target.join("chio-host-marker"), "host").unwrap();
+        symlink(&target, root.join(name)).unwrap();
+    }
+}
+
+/// The suite's shared rootfs, built once per test process.
+pub fn shared_rootfs(probe: &Path) -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        remove_stale_rootfs();
+        let p = std::env::temp_dir().join(format!("chio-test-rootfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        build_rootfs(&p, probe);
+        p
+    })
+}
+
+/// Rootfs fixtures of earlier test processes that are no longer running.
+fn remove_stale_rootfs() {
+    let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("chio-test-rootfs-").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(ent.path());
+        }
+    }
+}
+
+/// One finished `chio cage run`.
+pub struct CageRun {
+    /// Exit status of chio.
+    pub code: i32,
+    /// The target's stdout as passed through.
+    pub stdout: String,
+    /// chio's stderr (the target's stderr, then chio's own lines).
+    pub stderr: String,
+    /// The launch record (the last stderr line, `--json`).
+    pub record: serde_json::Value,
+}
+
+impl CageRun {
+    /// The record's state.
+    pub fn state(&self) -> &str {
+        self.record["state"].as_str().unwrap_or("")
+    }
+
+    /// Assert the probe was refused inside a FullyEnforced cage; returns the errno it reported.
+    pub fn assert_refused(&self, what: &str) -> i32 {
+        assert_eq!(self.state(), "FullyEnforced", "{what}: stderr={}", self.stderr);
+        assert!(
+            self.stdout.starts_with("REFUSED"),
+            "{what}: expected REFUSED, got stdout={:?} stderr={}",
+            self.stdout,
+            self.stderr
+        );
+        self.stdout.rsplit("errno=").next().and_then(|e| e.trim().parse().ok()).unwrap_or(-1)
+    }
+}
+
+/// Run `chio cage run --json FLAGS -- ARGV`.
+pub fn cage(chio: &Path, flags: &[&str], argv: &[&str]) -> CageRun {
+    let out = Command::new(chio)
+        .args(["cage", "run", "--json"])
+        .args(flags)
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run chio");
+    parse(out)
+}
+
+/// Parse chio's output into a [`CageRun`].
+pub fn parse(out: Output) -> CageRun {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let record = stderr.lines().last().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(serde_json::Value::Null);
+    CageRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+        record,
+    }
+}
+
+/// Run the probe on the host (the control): returns (exit code, stdout).
+pub fn host(probe: &Path, argv: &[&str]) -> (i32, String) {
+    let out = Command::new(probe).args(argv).stdin(Stdio::null()).output().expect("run probe");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Assert a control run escaped.
+pub fn assert_escaped(what: &str, (code, stdout): (i32, String)) {
+    assert!(
+        code == 0 && stdout.starts_with("ESCAPED"),
+        "control {what} should escape without the restriction: code={code} stdout={stdout:?}"
+    );
+}

@@ -1,2 +1,652 @@
-//! Escape probe (placeholder until the suite lands).
-fn main() {}
+//! The escape probe. Each subcommand tries exactly one escape and reports one line:
+//! `ESCAPED: …` (exit 0) when the operation worked, `REFUSED: … errno=N` (exit 1) when the kernel
+//! refused it, `ERROR: …` (exit 3) when the probe itself could not run. The suite runs every probe
+//! inside a cage (must be refused) and as a control without that restriction (must escape), so a
+//! probe cannot pass by being broken.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::process::exit;
+
+fn escaped(what: &str) -> ! {
+    println!("ESCAPED: {what}");
+    exit(0)
+}
+
+fn refused(what: &str, errno: i32) -> ! {
+    println!("REFUSED: {what} errno={errno}");
+    exit(1)
+}
+
+fn error(what: &str) -> ! {
+    println!("ERROR: {what}");
+    exit(3)
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Report a raw syscall result: >= 0 is an escape, < 0 a refusal with errno.
+fn verdict(what: &str, r: libc::c_long) -> ! {
+    if r >= 0 {
+        escaped(what)
+    } else {
+        refused(what, errno())
+    }
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+fn arg(args: &[String], i: usize) -> &str {
+    args.get(i).map(String::as_str).unwrap_or_else(|| error("missing argument"))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let name = arg(&args, 0).to_string();
+    let rest = &args[1..];
+    match name.as_str() {
+        "write" => write_file(arg(rest, 0)),
+        "read" => read_file(arg(rest, 0), rest.get(1).map(String::as_str)),
+        "exec-copy" => exec_copy(arg(rest, 0)),
+        "exec-memfd" => exec_memfd(),
+        "hardlink" => hardlink(arg(rest, 0), arg(rest, 1)),
+        "is-procfs" => is_procfs(arg(rest, 0)),
+        "fds" => fds(),
+        "fd-walk" => fd_walk(),
+        "open-write" => open_write(arg(rest, 0)),
+        "unshare" => unshare(arg(rest, 0)),
+        "clone-newuser" => clone_newuser(),
+        "clone3" => clone3(),
+        "setns" => setns(),
+        "mount" => mount(arg(rest, 0)),
+        "pivot-root" => pivot_root(rest.first().map(String::as_str) == Some("--own-ns")),
+        "ptrace" => ptrace(),
+        "process-vm-readv" => process_vm_readv(),
+        "bpf" => bpf(),
+        "perf-event-open" => perf_event_open(),
+        "keyctl" => keyctl(),
+        "userfaultfd" => userfaultfd(),
+        "io-uring" => io_uring(),
+        "tiocsti" => tiocsti(false),
+        "tiocsti-highbit" => tiocsti(true),
+        "socket" => socket(arg(rest, 0)),
+        "tcp-connect" => tcp_connect(arg(rest, 0)),
+        "tcp-bind" => tcp_bind(arg(rest, 0)),
+        "abstract-connect" => abstract_connect(arg(rest, 0)),
+        "kill" => kill(arg(rest, 0)),
+        "as-user" => as_user(rest),
+        "euid" => euid(),
+        "caps" => caps(),
+        "nnp" => nnp(),
+        "fork-many" => fork_many(arg(rest, 0)),
+        "alloc" => alloc(arg(rest, 0)),
+        "fill" => fill(arg(rest, 0), arg(rest, 1)),
+        "flood" => flood(arg(rest, 0)),
+        "sleeper" => sleeper(arg(rest, 0), rest.get(1).map(String::as_str) == Some("--background")),
+        "mknod" => mknod(arg(rest, 0)),
+        "chroot" => chroot(arg(rest, 0)),
+        "sethostname" => sethostname(rest.first().map(String::as_str) == Some("--own-ns")),
+        "open-by-handle" => open_by_handle(arg(rest, 0)),
+        "stat" => stat(arg(rest, 0)),
+        "raw-socket" => raw_socket(),
+        "setuid0" => verdict("setuid(0)", unsafe { libc::setuid(0) } as libc::c_long),
+        "dump-status" => dump_status(),
+        _ => error(&format!("unknown probe {name}")),
+    }
+}
+
+fn write_file(path: &str) -> ! {
+    match std::fs::write(path, b"chio-probe") {
+        Ok(()) => escaped(&format!("wrote {path}")),
+        Err(e) => refused(&format!("write {path}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Read `path`; with `want`, escaping means the content contains `want`.
+fn read_file(path: &str, want: Option<&str>) -> ! {
+    match std::fs::read(path) {
+        Ok(data) => match want {
+            Some(w) if !String::from_utf8_lossy(&data).contains(w) => {
+                refused(&format!("read {path} but it is not the host's file"), 0)
+            }
+            _ => escaped(&format!("read {} bytes of {path}", data.len())),
+        },
+        Err(e) => refused(&format!("read {path}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Copy our own binary to `path`, make it executable and run it.
+fn exec_copy(path: &str) -> ! {
+    let me = std::fs::read("/proc/self/exe").unwrap_or_else(|e| error(&format!("read self: {e}")));
+    if let Err(e) = std::fs::write(path, me) {
+        error(&format!("cannot write {path}: {e}"));
+    }
+    let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+    match std::process::Command::new(path).arg("euid").output() {
+        Ok(o) if o.status.code().is_some() => escaped(&format!("executed {path}")),
+        Ok(o) => refused(&format!("{path} died: {:?}", o.status), 0),
+        Err(e) => refused(&format!("exec {path}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+fn exec_memfd() -> ! {
+    let me = std::fs::read("/proc/self/exe").unwrap_or_else(|e| error(&format!("read self: {e}")));
+    let fd = unsafe { libc::memfd_create(c"probe".as_ptr(), 0) };
+    if fd < 0 {
+        refused("memfd_create", errno());
+    }
+    unsafe { libc::write(fd, me.as_ptr().cast(), me.len()) };
+    let argv = [c"probe".as_ptr(), c"euid".as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    match unsafe { libc::fork() } {
+        0 => {
+            // The child's own report must not be mistaken for ours.
+            let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+            unsafe { libc::dup2(null, 1) };
+            unsafe {
+                libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH)
+            };
+            unsafe { libc::_exit(100 + errno().min(100)) }
+        }
+        pid => {
+            let mut st = 0;
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            let code = libc::WEXITSTATUS(st);
+            if code >= 100 {
+                refused("execveat(memfd)", code - 100)
+            }
+            escaped("executed a memfd")
+        }
+    }
+}
+
+fn hardlink(src: &str, dst: &str) -> ! {
+    verdict(&format!("link {src} -> {dst}"), unsafe { libc::link(c(src).as_ptr(), c(dst).as_ptr()) } as libc::c_long)
+}
+
+/// Escaping means `path` is NOT procfs (something else was mounted or redirected there).
+fn is_procfs(path: &str) -> ! {
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c(path).as_ptr(), &mut st) } != 0 {
+        escaped(&format!("{path} is not reachable: errno {}", errno()));
+    }
+    if st.f_type == libc::PROC_SUPER_MAGIC {
+        refused(&format!("{path} is procfs"), 0)
+    }
+    escaped(&format!("{path} is a filesystem of type {:#x}", st.f_type))
+}
+
+fn open_fds() -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .unwrap_or_else(|e| error(&format!("/proc/self/fd: {e}")))
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Escaping means an fd beyond stdio was inherited (the read_dir fd itself is excluded).
+fn fds() -> ! {
+    let fds = open_fds();
+    let extra: Vec<String> = fds
+        .iter()
+        .filter(|fd| **fd > 2)
+        .filter_map(|fd| {
+            std::fs::read_link(format!("/proc/self/fd/{fd}")).ok().map(|l| format!("{fd}->{}", l.display()))
+        })
+        .collect();
+    if extra.is_empty() {
+        refused("no inherited fds beyond stdio", 0)
+    }
+    escaped(&format!("inherited fds {extra:?}"))
+}
+
+/// CVE-2024-21626 shape: fchdir into any inherited directory fd and walk up to a host root.
+fn fd_walk() -> ! {
+    for fd in 3..1024 {
+        if unsafe { libc::fchdir(fd) } == 0 {
+            for _ in 0..64 {
+                unsafe { libc::chdir(c"..".as_ptr()) };
+            }
+            let host = std::path::Path::new("chio-host-marker").exists();
+            escaped(&format!("fchdir({fd}) worked; host marker visible: {host}"));
+        }
+    }
+    refused("no directory fd to fchdir into", libc::EBADF)
+}
+
+fn open_write(path: &str) -> ! {
+    let fd = unsafe { libc::open(c(path).as_ptr(), libc::O_WRONLY) };
+    verdict(&format!("open {path} for writing"), fd as libc::c_long)
+}
+
+fn unshare(kind: &str) -> ! {
+    let flag = match kind {
+        "user" => libc::CLONE_NEWUSER,
+        "mnt" => libc::CLONE_NEWNS,
+        "net" => libc::CLONE_NEWNET,
+        "pid" => libc::CLONE_NEWPID,
+        _ => error("unshare user|mnt|net|pid"),
+    };
+    verdict(&format!("unshare({kind})"), unsafe { libc::unshare(flag) } as libc::c_long)
+}
+
+fn reap(pid: libc::c_long) {
+    if pid > 0 {
+        let mut st = 0;
+        unsafe { libc::waitpid(pid as i32, &mut st, 0) };
+    }
+}
+
+fn clone_newuser() -> ! {
+    let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+    let r = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if r == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    reap(r);
+    verdict("clone(CLONE_NEWUSER)", r)
+}
+
+fn clone3() -> ! {
+    #[repr(C)]
+    #[derive(Default)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+    }
+    let args = CloneArgs { exit_signal: libc::SIGCHLD as u64, ..Default::default() };
+    let r = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    if r == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    reap(r);
+    verdict("clone3", r)
+}
+
+fn setns() -> ! {
+    let fd = unsafe { libc::open(c"/proc/self/ns/net".as_ptr(), libc::O_RDONLY) };
+    if fd < 0 {
+        error(&format!("open /proc/self/ns/net: errno {}", errno()));
+    }
+    verdict("setns(net)", unsafe { libc::setns(fd, 0) } as libc::c_long)
+}
+
+fn mount(target: &str) -> ! {
+    let r = unsafe { libc::mount(c"tmpfs".as_ptr(), c(target).as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) };
+    if r == 0 {
+        unsafe { libc::umount2(c(target).as_ptr(), libc::MNT_DETACH) };
+    }
+    verdict(&format!("mount tmpfs on {target}"), r as libc::c_long)
+}
+
+/// pivot_root into a fresh tmpfs. The control passes --own-ns so it never touches the host root.
+fn pivot_root(own_ns: bool) -> ! {
+    if own_ns {
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+            error("unshare for the control");
+        }
+        unsafe {
+            libc::mount(
+                c"".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        };
+        let dir = std::env::temp_dir().join(format!("chio-pivot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = c(dir.to_str().unwrap());
+        unsafe { libc::mount(c"tmpfs".as_ptr(), d.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) };
+        unsafe { libc::chdir(d.as_ptr()) };
+    }
+    let r = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    verdict("pivot_root", r)
+}
+
+fn ptrace() -> ! {
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let r = unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) };
+        unsafe { libc::_exit(if r == 0 { 0 } else { 100 + errno().min(100) }) };
+    }
+    let mut st = 0;
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    let code = libc::WEXITSTATUS(st);
+    if code >= 100 {
+        refused("ptrace(PTRACE_TRACEME)", code - 100);
+    }
+    escaped("ptrace(PTRACE_TRACEME)")
+}
+
+fn process_vm_readv() -> ! {
+    let src = [7u8; 16];
+    let mut dst = [0u8; 16];
+    let local = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: 16 };
+    let remote = libc::iovec { iov_base: src.as_ptr() as *mut libc::c_void, iov_len: 16 };
+    let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    verdict("process_vm_readv(self)", r as libc::c_long)
+}
+
+fn bpf() -> ! {
+    // BPF_MAP_CREATE of a tiny array map.
+    #[repr(C)]
+    struct MapAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        pad: [u8; 112],
+    }
+    let attr = MapAttr { map_type: 2, key_size: 4, value_size: 4, max_entries: 1, pad: [0; 112] };
+    let r = unsafe { libc::syscall(libc::SYS_bpf, 0, &attr as *const MapAttr, std::mem::size_of::<MapAttr>()) };
+    verdict("bpf(BPF_MAP_CREATE)", r)
+}
+
+fn perf_event_open() -> ! {
+    // struct perf_event_attr (size 128): type=PERF_TYPE_SOFTWARE(1), config=TASK_CLOCK(1),
+    // flags: exclude_kernel (bit 5) | exclude_hv (bit 6).
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&1u32.to_le_bytes());
+    attr[4..8].copy_from_slice(&128u32.to_le_bytes());
+    attr[8..16].copy_from_slice(&1u64.to_le_bytes());
+    attr[40..48].copy_from_slice(&((1u64 << 5) | (1u64 << 6)).to_le_bytes());
+    let r = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0) };
+    verdict("perf_event_open", r)
+}
+
+fn keyctl() -> ! {
+    // KEYCTL_GET_KEYRING_ID (0) of the session keyring (-3), creating it.
+    let r = unsafe { libc::syscall(libc::SYS_keyctl, 0, -3i64, 1) };
+    verdict("keyctl(GET_KEYRING_ID)", r)
+}
+
+fn userfaultfd() -> ! {
+    let r = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+    verdict("userfaultfd", r)
+}
+
+fn io_uring() -> ! {
+    let mut params = [0u8; 120];
+    let r = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+    verdict("io_uring_setup", r)
+}
+
+/// TIOCSTI into a terminal. Inside the cage no pty device exists, so it goes at fd 0: a refusal
+/// by seccomp is EPERM, while the kernel itself would answer ENOTTY for a non-terminal.
+fn tiocsti(high_bit: bool) -> ! {
+    let cmd: u64 = 0x5412 | if high_bit { 1 << 32 } else { 0 };
+    let fd = open_pty_slave().unwrap_or(0);
+    let ch = b'x';
+    let r = unsafe { libc::syscall(libc::SYS_ioctl, fd, cmd, &ch as *const u8) };
+    verdict(&format!("ioctl(TIOCSTI{}) on fd {fd}", if high_bit { "|1<<32" } else { "" }), r)
+}
+
+fn open_pty_slave() -> Option<i32> {
+    let m = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    if m < 0 || unsafe { libc::grantpt(m) } != 0 || unsafe { libc::unlockpt(m) } != 0 {
+        return None;
+    }
+    let name = unsafe { libc::ptsname(m) };
+    if name.is_null() {
+        return None;
+    }
+    let s = unsafe { libc::open(name, libc::O_RDWR | libc::O_NOCTTY) };
+    (s >= 0).then_some(s)
+}
+
+fn socket(family: &str) -> ! {
+    let (domain, ty, proto) = match family {
+        "netlink" => (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+        "vsock" => (libc::AF_VSOCK, libc::SOCK_STREAM, 0),
+        "packet" => (libc::AF_PACKET, libc::SOCK_RAW, (libc::ETH_P_ALL as u16).to_be() as i32),
+        _ => error("socket netlink|vsock|packet"),
+    };
+    verdict(&format!("socket({family})"), unsafe { libc::socket(domain, ty, proto) } as libc::c_long)
+}
+
+fn raw_socket() -> ! {
+    verdict("socket(AF_INET, SOCK_RAW)", unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) }
+        as libc::c_long)
+}
+
+fn tcp_connect(addr: &str) -> ! {
+    match std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), std::time::Duration::from_secs(2)) {
+        Ok(_) => escaped(&format!("connected to {addr}")),
+        Err(e) => refused(&format!("connect {addr}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+fn tcp_bind(addr: &str) -> ! {
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => escaped(&format!("bound {addr}")),
+        Err(e) => refused(&format!("bind {addr}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+fn abstract_connect(name: &str) -> ! {
+    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as u16;
+    for (i, b) in name.bytes().enumerate() {
+        addr.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as u32;
+    let r = unsafe { libc::connect(s, (&addr as *const libc::sockaddr_un).cast(), len) };
+    verdict(&format!("connect to abstract socket @{name}"), r as libc::c_long)
+}
+
+fn kill(pid: &str) -> ! {
+    let pid: i32 = pid.parse().unwrap_or_else(|_| error("kill PID"));
+    verdict(&format!("kill({pid}, SIGTERM)"), unsafe { libc::kill(pid, libc::SIGTERM) } as libc::c_long)
+}
+
+/// Control helper: drop to a uid/gid and exec a command (used to run setuid controls).
+fn as_user(rest: &[String]) -> ! {
+    let uid: u32 = arg(rest, 0).parse().unwrap_or_else(|_| error("as-user UID CMD…"));
+    unsafe {
+        libc::setgroups(0, std::ptr::null());
+        libc::setresgid(uid, uid, uid);
+        libc::setresuid(uid, uid, uid);
+    }
+    let mut cmd = std::process::Command::new(arg(rest, 1));
+    cmd.args(&rest[2..]);
+    let e = std::os::unix::process::CommandExt::exec(&mut cmd);
+    error(&format!("exec: {e}"))
+}
+
+/// Escaping means the effective uid is 0 (a setuid binary gained root).
+fn euid() -> ! {
+    let e = unsafe { libc::geteuid() };
+    if e == 0 {
+        escaped("euid is 0")
+    }
+    refused(&format!("euid is {e}"), 0)
+}
+
+fn status_field(key: &str) -> String {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim_start_matches(':').trim().to_string()))
+        .unwrap_or_default()
+}
+
+fn caps() -> ! {
+    let fields = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
+    let set: Vec<String> = fields.iter().map(|f| format!("{f}={}", status_field(f))).collect();
+    if fields.iter().all(|f| u64::from_str_radix(&status_field(f), 16) == Ok(0)) {
+        refused(&format!("all capability sets empty: {set:?}"), 0)
+    }
+    escaped(&format!("capabilities held: {set:?}"))
+}
+
+fn nnp() -> ! {
+    let v = status_field("NoNewPrivs");
+    if v == "1" {
+        refused("NoNewPrivs is 1", 0)
+    }
+    escaped(&format!("NoNewPrivs is {v}"))
+}
+
+/// Try to create N live children; escaping means all of them exist at once.
+fn fork_many(n: &str) -> ! {
+    let n: usize = n.parse().unwrap_or_else(|_| error("fork-many N"));
+    let mut kids = Vec::new();
+    let mut err = 0;
+    for _ in 0..n {
+        match unsafe { libc::fork() } {
+            0 => {
+                unsafe { libc::pause() };
+                unsafe { libc::_exit(0) }
+            }
+            -1 => {
+                err = errno();
+                break;
+            }
+            pid => kids.push(pid),
+        }
+    }
+    let made = kids.len();
+    for k in kids {
+        unsafe { libc::kill(k, libc::SIGKILL) };
+        reap(k as libc::c_long);
+    }
+    if made == n {
+        escaped(&format!("created {n} processes"))
+    }
+    refused(&format!("created only {made} of {n} processes"), err)
+}
+
+/// Allocate and touch N MiB; escaping means all of it was resident.
+fn alloc(mib: &str) -> ! {
+    let mib: usize = mib.parse().unwrap_or_else(|_| error("alloc MIB"));
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..mib {
+        let mut v = Vec::new();
+        if v.try_reserve_exact(1 << 20).is_err() {
+            refused("allocation failed", libc::ENOMEM);
+        }
+        v.resize(1 << 20, 1u8);
+        blocks.push(v);
+    }
+    escaped(&format!("allocated and touched {} MiB", blocks.len()))
+}
+
+/// Write N MiB to `path`; escaping means all of it was written.
+fn fill(path: &str, mib: &str) -> ! {
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let mib: usize = mib.parse().unwrap_or_else(|_| error("fill PATH MIB"));
+    let mut f = std::fs::File::create(path).unwrap_or_else(|e| error(&format!("create {path}: {e}")));
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..mib {
+        if let Err(e) = f.write_all(&chunk).and_then(|_| f.sync_data()) {
+            refused(&format!("write stopped after {i} MiB: {e}"), e.raw_os_error().unwrap_or(0));
+        }
+    }
+    escaped(&format!("wrote {mib} MiB to {path}"))
+}
+
+fn flood(mib: &str) -> ! {
+    let mib: usize = mib.parse().unwrap_or_else(|_| error("flood MIB"));
+    let chunk = vec![b'y'; 1 << 20];
+    let mut out = std::io::stdout().lock();
+    for _ in 0..mib {
+        if out.write_all(&chunk).is_err() {
+            exit(1);
+        }
+    }
+    exit(0)
+}
+
+/// Sleep forever with `tag` in argv; with --background, leave a setsid'd grandchild behind.
+fn sleeper(tag: &str, background: bool) -> ! {
+    let _ = tag;
+    if background && unsafe { libc::fork() } == 0 {
+        unsafe { libc::setsid() };
+        if unsafe { libc::fork() } == 0 {
+            loop {
+                unsafe { libc::pause() };
+            }
+        }
+        unsafe { libc::_exit(0) };
+    }
+    println!("SLEEPING");
+    let _ = std::io::stdout().flush();
+    loop {
+        unsafe { libc::pause() };
+    }
+}
+
+fn mknod(path: &str) -> ! {
+    let dev = libc::makedev(8, 0);
+    verdict(&format!("mknod {path} b 8 0"), unsafe { libc::mknod(c(path).as_ptr(), libc::S_IFBLK | 0o600, dev) }
+        as libc::c_long)
+}
+
+fn chroot(path: &str) -> ! {
+    verdict(&format!("chroot {path}"), unsafe { libc::chroot(c(path).as_ptr()) } as libc::c_long)
+}
+
+fn sethostname(own_ns: bool) -> ! {
+    if own_ns && unsafe { libc::unshare(libc::CLONE_NEWUTS) } != 0 {
+        error("unshare(NEWUTS) for the control");
+    }
+    verdict("sethostname", unsafe { libc::sethostname(c"escaped".as_ptr(), 7) } as libc::c_long)
+}
+
+/// The "shocker" attack: name_to_handle_at + open_by_handle_at bypass path checks.
+fn open_by_handle(path: &str) -> ! {
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        data: [u8; 128],
+    }
+    let mut h = Handle { bytes: 128, kind: 0, data: [0; 128] };
+    let mut mount_id = 0;
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c(path).as_ptr(),
+            &mut h as *mut Handle,
+            &mut mount_id,
+            0,
+        )
+    };
+    if r < 0 {
+        refused("name_to_handle_at", errno());
+    }
+    let root = unsafe { libc::open(c"/".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    let fd = unsafe { libc::syscall(libc::SYS_open_by_handle_at, root, &mut h as *mut Handle, libc::O_RDONLY) };
+    verdict("open_by_handle_at", fd)
+}
+
+fn stat(path: &str) -> ! {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => escaped(&format!("{path} exists")),
+        Err(e) => refused(&format!("stat {path}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+fn dump_status() -> ! {
+    let mut s = String::new();
+    std::fs::File::open("/proc/self/status").and_then(|mut f| f.read_to_string(&mut s)).unwrap();
+    print!("{s}");
+    let _ = std::ffi::OsStr::new("").as_bytes();
+    exit(0)
+}

@@ -1,0 +1,27 @@
+//! Argument errors of `chio cage run` are refused with a reason and never launch anything.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+const CHIO: &str = env!("CARGO_BIN_EXE_chio");
+
+#[test]
+fn bad_size_is_refused_with_its_flag() {
+    let out = Command::new(CHIO).args(["cage", "run", "--memory", "lots", "--", "/bin/true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--memory") && err.contains("lots"), "{err}");
+}
+
+#[test]
+fn bad_env_is_refused() {
+    let out = Command::new(CHIO).args(["cage", "run", "--env", "NOEQUALS", "--", "/bin/true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=VALUE"));
+}
+
+#[test]
+fn a_command_is_required() {
+    let out = Command::new(CHIO).args(["cage", "run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
