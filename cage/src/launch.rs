@@ -321,32 +321,80 @@ fn start_cage(
         let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
         return Err(s);
     }
-    seize(tpid)?;
-    channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e))?;
-    wait_exec(tpid, sock)?;
-    let exec_at = Instant::now();
-    rec.exec_observed_at = Some(record::now_rfc3339());
-    let host_ns = observe::own_namespaces();
-    let mut observed = observe::read(tpid, &host_ns);
-    observed.status_channel_eof = eof_within(sock, 2000);
-    let cwd = plan.cwd.to_string_lossy();
-    let expect =
-        Expect { exe: exe_id, uid: plan.uid, gid: plan.gid, cgroup: Some((name, cg.hierarchies())), cwd: &cwd };
-    let mut problems = observe::violations(&observed, &expect);
-    if plan.inject_failure == Some(Stage::Observe) {
-        problems.push("test-only failure injected at stage observe".into());
+    // If the target died after reporting ready (a later setup step failed), its report says why.
+    seize(tpid).map_err(|s| cage_report(sock).unwrap_or(s))?;
+    let traced = Traced { plan, cg, name, tpid, exe: exe_id, sock };
+    let r = traced.exec_and_observe(rec);
+    if r.is_err() {
+        release_tracee(tpid);
     }
-    rec.observed = Some(observed);
-    if !problems.is_empty() {
-        match plan.mode {
-            Mode::Enforced => return Err(stop(Stage::Observe, "fact_mismatch", problems.join("; "))),
-            Mode::Shadow => rec.not_confined.extend(problems),
+    r
+}
+
+/// The target between PTRACE_SEIZE and detach.
+struct Traced<'a> {
+    plan: &'a CagePlan,
+    cg: &'a LaunchCgroup,
+    name: &'a str,
+    tpid: libc::pid_t,
+    exe: (u64, u64),
+    sock: &'a OwnedFd,
+}
+
+impl Traced<'_> {
+    /// Let the target exec, check every fact at the exec stop, then detach.
+    fn exec_and_observe(&self, rec: &mut LaunchRecord) -> Result<Instant, Stop> {
+        let plan = self.plan;
+        channel::send_byte(self.sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e))?;
+        wait_exec(self.tpid, self.sock)?;
+        let exec_at = Instant::now();
+        rec.exec_observed_at = Some(record::now_rfc3339());
+        let host_ns = observe::own_namespaces();
+        let mut observed = observe::read(self.tpid, &host_ns);
+        observed.status_channel_eof = eof_within(self.sock, 2000);
+        let cwd = plan.cwd.to_string_lossy();
+        let expect = Expect {
+            exe: self.exe,
+            uid: plan.uid,
+            gid: plan.gid,
+            cgroup: Some((self.name, self.cg.hierarchies())),
+            cwd: &cwd,
+        };
+        let mut problems = observe::violations(&observed, &expect);
+        if plan.inject_failure == Some(Stage::Observe) {
+            problems.push("test-only failure injected at stage observe".into());
+        }
+        rec.observed = Some(observed);
+        if !problems.is_empty() {
+            match plan.mode {
+                Mode::Enforced => return Err(stop(Stage::Observe, "fact_mismatch", problems.join("; "))),
+                Mode::Shadow => rec.not_confined.extend(problems),
+            }
+        }
+        rec.state = if rec.not_confined.is_empty() { State::FullyEnforced } else { State::NotConfined };
+        // SAFETY: detaching our tracee; it continues from the exec stop.
+        unsafe { libc::ptrace(libc::PTRACE_DETACH, self.tpid, 0, 0) };
+        Ok(exec_at)
+    }
+}
+
+/// Kill a tracee and consume its exit notification. Without this the cage's init could never
+/// finish tearing down its namespace: the zombie tracee waits for its tracer (us) first.
+fn release_tracee(tpid: libc::pid_t) {
+    // SAFETY: kill and wait on our own tracee.
+    unsafe {
+        libc::kill(tpid, libc::SIGKILL);
+        loop {
+            let mut status = 0;
+            let r = libc::waitpid(tpid, &mut status, libc::__WALL);
+            if r == tpid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
+                break;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
         }
     }
-    rec.state = if rec.not_confined.is_empty() { State::FullyEnforced } else { State::NotConfined };
-    // SAFETY: detaching our tracee; it continues from the exec stop.
-    unsafe { libc::ptrace(libc::PTRACE_DETACH, tpid, 0, 0) };
-    Ok(exec_at)
 }
 
 fn describe(fd: &OwnedFd, path: &str) -> Result<Target, Stop> {
@@ -424,12 +472,19 @@ fn wait_exec(tpid: libc::pid_t, sock: &OwnedFd) -> Result<(), Stop> {
             continue;
         }
         // The target exited before exec: its report explains why.
-        return match recv_timeout(sock, 1000) {
-            Ok(channel::Received { msg: Some(CageMsg::Failed { stage, code, detail }), .. }) => {
-                Err(stop(stage, &code, detail))
-            }
-            _ => Err(stop(Stage::Exec, "exec_failed", format!("the target ended before exec (status {status:#x})"))),
-        };
+        return Err(cage_report(sock).unwrap_or_else(|| {
+            stop(Stage::Exec, "exec_failed", format!("the target ended before exec (status {status:#x})"))
+        }));
+    }
+}
+
+/// A failure the cage reported on the status channel, if one arrives within a second.
+fn cage_report(sock: &OwnedFd) -> Option<Stop> {
+    match recv_timeout(sock, 1000) {
+        Ok(channel::Received { msg: Some(CageMsg::Failed { stage, code, detail }), .. }) => {
+            Some(stop(stage, &code, detail))
+        }
+        _ => None,
     }
 }
 

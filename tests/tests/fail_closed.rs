@@ -1,0 +1,214 @@
+//! Fail-closed behaviour: a failure injected at any setup stage stops the launch before the
+//! target runs, and bad targets, digests, rootfs paths and missing host features each yield the
+//! right state, code and exit status.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use chio_tests::{chio_bin, parse, privileged, shared_rootfs, CageRun, Scratch};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+struct Env {
+    chio: PathBuf,
+    rootfs: &'static Path,
+}
+
+fn env(test: &str) -> Option<Env> {
+    if !privileged(test) {
+        return None;
+    }
+    let probe = PathBuf::from(PROBE);
+    Some(Env { chio: chio_bin(&probe), rootfs: shared_rootfs(&probe) })
+}
+
+impl Env {
+    fn run(&self, vars: &[(&str, &str)], flags: &[&str], argv: &[&str]) -> CageRun {
+        let mut cmd = Command::new(&self.chio);
+        cmd.args(["cage", "run", "--json", "--rootfs", self.rootfs.to_str().unwrap()]).args(flags).arg("--").args(argv);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        parse(cmd.stdin(Stdio::null()).output().unwrap())
+    }
+}
+
+fn assert_failed(run: &CageRun, state: &str, stage: &str, code: &str, exit: i32) {
+    assert_eq!(run.state(), state, "{}", run.stderr);
+    assert_eq!(run.record["failure"]["stage"], stage, "{}", run.stderr);
+    assert_eq!(run.record["failure"]["code"], code, "{}", run.stderr);
+    assert_eq!(run.code, exit, "{}", run.stderr);
+    let reason = run.stderr.lines().find(|l| l.starts_with("chio: ")).unwrap_or_default();
+    assert!(reason.contains(code), "one-line reason names the code: {}", run.stderr);
+}
+
+const SETUP_STAGES: [&str; 14] = [
+    "resolve",
+    "cgroup",
+    "namespaces",
+    "mounts",
+    "pivot",
+    "network",
+    "identity",
+    "capabilities",
+    "landlock",
+    "target",
+    "seccomp",
+    "verify",
+    "exec",
+    "observe",
+];
+
+#[test]
+fn injected_failure_at_every_stage_stops_the_target() {
+    let Some(e) = env("inject") else { return };
+    for stage in SETUP_STAGES {
+        let ws = Scratch::new("inject");
+        ws.give_to_nobody();
+        let run = e.run(
+            &[("CHIO_TEST_FAIL_STAGE", stage)],
+            &["--workspace", ws.0.to_str().unwrap()],
+            &["/probe", "write", "/workspace/ran"],
+        );
+        // An injected observation failure goes through the real mismatch path.
+        let code = if stage == "observe" { "fact_mismatch" } else { "injected_failure" };
+        assert_failed(&run, "BootstrapFailed", stage, code, 125);
+        assert!(!ws.join("ran").exists(), "stage {stage}: the target ran");
+        assert!(run.stdout.is_empty(), "stage {stage}: the target printed {:?}", run.stdout);
+        let cg = run.record["cgroup"]["paths"].as_array().cloned().unwrap_or_default();
+        for p in cg {
+            assert!(!Path::new(p.as_str().unwrap()).exists(), "stage {stage}: cgroup {p} left behind");
+        }
+    }
+    // Control: without the injection the same launch runs the target.
+    let ws = Scratch::new("inject-control");
+    ws.give_to_nobody();
+    let run = e.run(&[], &["--workspace", ws.0.to_str().unwrap()], &["/probe", "write", "/workspace/ran"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(ws.join("ran").exists());
+}
+
+#[test]
+fn target_not_found_is_127() {
+    let Some(e) = env("not_found") else { return };
+    assert_failed(&e.run(&[], &[], &["/nonexistent"]), "BootstrapFailed", "target", "target_not_found", 127);
+    assert_failed(&e.run(&[], &[], &["no-such-command"]), "BootstrapFailed", "target", "target_not_found", 127);
+}
+
+#[test]
+fn target_not_executable_is_126() {
+    let Some(e) = env("not_executable") else { return };
+    assert_failed(&e.run(&[], &[], &["/not-exec"]), "BootstrapFailed", "exec", "target_not_executable", 126);
+    assert_failed(&e.run(&[], &[], &["/lib"]), "BootstrapFailed", "target", "target_not_executable", 126);
+}
+
+#[test]
+fn script_without_interpreter_is_126() {
+    let Some(e) = env("no_interp") else { return };
+    let run = e.run(&[], &[], &["/no-interp.sh"]);
+    assert_failed(&run, "BootstrapFailed", "target", "target_not_executable", 126);
+    assert!(run.record["failure"]["detail"].as_str().unwrap().contains("/nonexistent/interpreter"));
+}
+
+#[test]
+fn script_with_interpreter_runs_and_records_both() {
+    let Some(e) = env("script") else { return };
+    let run = e.run(&[], &[], &["/script.sh"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(run.stdout.starts_with("REFUSED: euid is 65534"), "{}", run.stdout);
+    assert_eq!(run.record["target"]["path"], "/script.sh");
+    assert_eq!(run.record["target"]["interpreter"]["path"], "/probe");
+}
+
+fn sha256_of(p: &Path) -> String {
+    let out = Command::new("sha256sum").arg(p).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn wrong_digest_is_refused_before_exec() {
+    let Some(e) = env("digest") else { return };
+    let ws = Scratch::new("digest");
+    ws.give_to_nobody();
+    let w = ws.0.to_str().unwrap();
+    let wrong = "0".repeat(64);
+    let run = e.run(&[], &["--workspace", w, "--expect-sha256", &wrong], &["/probe", "write", "/workspace/ran"]);
+    assert_failed(&run, "BootstrapFailed", "verify", "digest_mismatch", 125);
+    assert!(!ws.join("ran").exists());
+    let right = sha256_of(&e.rootfs.join("probe"));
+    let run = e.run(&[], &["--workspace", w, "--expect-sha256", &right], &["/probe", "write", "/workspace/ran"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(run.record["target"]["sha256"], right);
+    assert!(ws.join("ran").exists());
+}
+
+#[test]
+fn malformed_digest_is_rejected() {
+    let Some(e) = env("bad_digest") else { return };
+    let run = e.run(&[], &["--expect-sha256", "ABC"], &["/probe", "euid"]);
+    assert_failed(&run, "Rejected", "resolve", "bad_digest", 125);
+}
+
+#[test]
+fn missing_rootfs_is_reported() {
+    let Some(e) = env("missing_rootfs") else { return };
+    let out = Command::new(&e.chio)
+        .args(["cage", "run", "--json", "--rootfs", "/nonexistent/rootfs", "--", "/probe"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = parse(out);
+    assert_failed(&run, "BootstrapFailed", "resolve", "path_not_found", 125);
+    assert!(run.record["failure"]["detail"].as_str().unwrap().contains("/nonexistent/rootfs"));
+}
+
+#[test]
+fn old_landlock_is_unsupported_in_enforced_mode_and_noted_in_shadow() {
+    let Some(e) = env("landlock_abi") else { return };
+    let run = e.run(&[("CHIO_TEST_LANDLOCK_ABI", "3")], &[], &["/probe", "euid"]);
+    assert_failed(&run, "Unsupported", "landlock", "landlock_unsupported", 125);
+    assert!(run.stdout.is_empty());
+    let run = e.run(&[("CHIO_TEST_LANDLOCK_ABI", "3")], &["--mode", "shadow"], &["/probe", "euid"]);
+    assert_eq!(run.state(), "NotConfined", "{}", run.stderr);
+    assert!(run.stdout.starts_with("REFUSED: euid is 65534"), "the target ran: {}", run.stdout);
+    let why = run.record["not_confined"].to_string();
+    assert!(why.contains("landlock_unsupported"), "{why}");
+    assert!(run.stderr.contains("NOT CONFINED"));
+}
+
+#[test]
+fn no_landlock_at_all_is_unsupported() {
+    let Some(e) = env("no_landlock") else { return };
+    let run = e.run(&[("CHIO_TEST_LANDLOCK_ABI", "0")], &[], &["/probe", "euid"]);
+    assert_failed(&run, "Unsupported", "landlock", "landlock_unsupported", 125);
+}
+
+#[test]
+fn exit_status_and_signal_pass_through() {
+    let Some(e) = env("exit_status") else { return };
+    let run = e.run(&[], &[], &["/probe", "euid"]);
+    assert_eq!((run.state(), run.code), ("FullyEnforced", 1));
+    assert_eq!(run.record["outcome"]["exit_code"], 1);
+    let run = e.run(&[], &["--timeout", "1s"], &["/probe", "sleeper", "x"]);
+    assert_eq!(run.code, 137);
+    assert_eq!(run.record["outcome"]["signal"], 9);
+}
+
+#[test]
+fn record_file_matches_the_json_line() {
+    let Some(e) = env("record_file") else { return };
+    let s = Scratch::new("record");
+    let file = s.join("record.json");
+    let run = e.run(&[], &["--record", file.to_str().unwrap()], &["/probe", "euid"]);
+    let from_file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(from_file, run.record);
+    assert_eq!(from_file["schema"], "chio.cage.launch-record.v1");
+    let observed = &from_file["observed"];
+    assert_eq!(observed["no_new_privs"], 1);
+    assert_eq!(observed["seccomp"], 2);
+    assert_eq!(observed["fds"], serde_json::json!([0, 1, 2]));
+    assert_eq!(observed["status_channel_eof"], true);
+    assert_eq!(observed["exe_inode"], from_file["target"]["inode"]);
+}
