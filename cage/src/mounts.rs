@@ -336,8 +336,18 @@ impl Prepared {
         }
         let what =
             format!("{} {} bind of {}", b.dest.display(), if b.writable { "rw" } else { "ro" }, b.source.display());
-        if names.len() == 1 && !RESERVED.iter().any(|r| OsStr::new(r) == names[0]) {
-            let name = cstring(names[0])?;
+        let first = cstring(names[0])?;
+        let in_skeleton_only = !RESERVED.iter().any(|r| OsStr::new(r) == names[0])
+            && (names.len() == 1 || fstatat_nofollow(self.skeleton.as_fd(), &first).is_err());
+        if in_skeleton_only {
+            // The destination is not in the image: build it in our own skeleton.
+            let mut rel = PathBuf::new();
+            for dir in &names[..names.len() - 1] {
+                rel.push(dir);
+                sys::mkdirat(self.skeleton.as_fd(), &cstring(&rel)?, 0o755)?;
+            }
+            rel.push(names[names.len() - 1]);
+            let name = cstring(&rel)?;
             if is_dir {
                 sys::mkdirat(self.skeleton.as_fd(), &name, 0o755)?;
             } else {
