@@ -7,6 +7,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -126,6 +127,7 @@ impl LaunchCgroup {
         for c in wanted.iter().filter(|c| available.split_whitespace().any(|a| a == **c)) {
             let _ = write(&root.join("cgroup.subtree_control"), &format!("+{c}"));
         }
+        sweep_orphans(root);
         let dir = root.join(name);
         fs::create_dir(&dir)?;
         let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
@@ -182,6 +184,9 @@ impl LaunchCgroup {
                 cg.dirs.push((c, dir));
                 continue;
             }
+            if let Some(parent) = dir.parent() {
+                sweep_orphans(parent);
+            }
             if let Err(e) = fs::create_dir(&dir) {
                 let _ = cg.remove();
                 return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
@@ -230,6 +235,15 @@ impl LaunchCgroup {
         v.sort();
         v.dedup();
         v
+    }
+
+    /// On v2, the launch directory opened for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn v2_dir(&self) -> Option<std::fs::File> {
+        if self.version != "v2" {
+            return None;
+        }
+        let d = self.dirs.first().map(|(_, d)| d)?;
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(d).ok()
     }
 
     /// Number of distinct hierarchies the launch cgroup lives in.
@@ -313,6 +327,26 @@ impl LaunchCgroup {
             }
         }
         last_err.map_or(Ok(()), Err)
+    }
+}
+
+/// Remove launch cgroups (`chio-<pid>-<random>`) whose supervisor is gone. Normally the janitor
+/// does this the moment a supervisor dies; this catches the case where both were killed.
+fn sweep_orphans(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("chio-")).and_then(|r| r.split('-').next()) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let dir = e.path();
+            for p in procs(&dir) {
+                // SAFETY: killing a process left in an orphaned launch cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            let _ = fs::remove_dir(&dir);
+        }
     }
 }
 

@@ -88,11 +88,6 @@ fn exit_now(code: i32) -> ! {
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
     // SAFETY: plain prctl; the supervisor is our parent.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
-    // The supervisor says go once we are in the launch cgroup.
-    match channel::recv_byte(ctx.sock) {
-        Ok(Some(GO)) => {}
-        _ => exit_now(1),
-    }
     match init_setup(ctx) {
         Ok(target) => reap(ctx, target),
         Err(f) => {
@@ -103,11 +98,8 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
 }
 
 fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
-    ctx.inject(Stage::Namespaces)?;
-    // SAFETY: plain syscall; we are already in the launch cgroup, which becomes the namespace root.
-    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
-        return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
-    }
+    // Filesystem and network do not depend on the cgroup, so they run while the supervisor moves
+    // us into the launch cgroup (on cgroup v1 that move waits for an RCU grace period).
     ctx.inject(Stage::Mounts)?;
     ctx.prepared.attach(&ctx.plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
     ctx.inject(Stage::Pivot)?;
@@ -120,6 +112,16 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     }
     if ctx.plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
+    }
+    // The supervisor says go once we are in the launch cgroup; nothing forks before that.
+    match channel::recv_byte(ctx.sock) {
+        Ok(Some(GO)) => {}
+        _ => exit_now(1),
+    }
+    ctx.inject(Stage::Namespaces)?;
+    // SAFETY: plain syscall; we are in the launch cgroup, which becomes the namespace root.
+    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
+        return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
     }
     // SAFETY: plain syscall; the init leads a new session so the target has no controlling tty.
     unsafe { libc::setsid() };

@@ -51,6 +51,7 @@ pub fn spawn(cg: &LaunchCgroup) -> io::Result<Janitor> {
 fn watch(r: OwnedFd, cg: &LaunchCgroup) -> ! {
     // SAFETY: fd and signal housekeeping in our own single-threaded child.
     unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"chio-janitor".as_ptr() as libc::c_ulong, 0, 0, 0);
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_IGN);
         }

@@ -69,6 +69,8 @@ fn new_record(plan: &CagePlan) -> LaunchRecord {
         started_at: record::now_rfc3339(),
         exec_observed_at: None,
         ended_at: None,
+        timings_us: Default::default(),
+        clock: Some(Instant::now()),
     }
 }
 
@@ -154,15 +156,19 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
         ),
     )?;
     let filters = seccomp::build().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
+    rec.mark("resolve");
     inject(plan, Stage::Cgroup)?;
     let name = format!("chio-{}-{:016x}", std::process::id(), random_u64());
     let cg = LaunchCgroup::create(&name, &plan.limits, plan.cgroup_v2_root.as_deref())
         .map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
     let janitor = janitor::spawn(&cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e));
+    rec.mark("cgroup");
     let result = janitor.and_then(|j| {
         let r = with_cgroup(plan, sinks, rec, &prepared, &filters, abi, &cg, &name);
+        rec.mark("target_ended");
         cleanup(&cg, rec);
         j.release();
+        rec.mark("cleaned_up");
         r
     });
     if result.is_err() {
@@ -254,7 +260,13 @@ fn with_cgroup(
         stderr_w: w.stderr.1.as_raw_fd(),
         result_w: w.result.1.as_raw_fd(),
     };
-    let init = match sys::clone_fork(CLONE_FLAGS) {
+    // On v2 the init starts inside the launch cgroup; on v1 it is moved there after clone.
+    let v2_dir = cg.v2_dir();
+    let cloned = match &v2_dir {
+        Some(dir) => sys::clone_into_cgroup(CLONE_FLAGS, dir.as_fd()),
+        None => sys::clone_fork(CLONE_FLAGS),
+    };
+    let init = match cloned {
         Ok(0) => inside::init_main(&ctx),
         Ok(pid) => pid,
         Err(e) => return Err(stop(Stage::Namespaces, "namespace_failed", e)),
@@ -264,7 +276,7 @@ fn with_cgroup(
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e));
     let started = pidfd.and_then(|pidfd| {
-        let r = start_cage(plan, rec, cg, name, init, &sup_sock).map(|t| (t, pidfd));
+        let r = start_cage(plan, rec, cg, name, (init, v2_dir.is_some()), &sup_sock).map(|t| (t, pidfd));
         if r.is_err() {
             kill_and_reap(init);
         }
@@ -292,12 +304,16 @@ fn start_cage(
     rec: &mut LaunchRecord,
     cg: &LaunchCgroup,
     name: &str,
-    init: libc::pid_t,
+    (init, in_cgroup): (libc::pid_t, bool),
     sock: &OwnedFd,
 ) -> Result<Instant, Stop> {
-    cg.add(init).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
-    channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
+    if !in_cgroup {
+        cg.add(init).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+    }
+    // If the init already failed (mounts run before this), its report is waiting on the channel.
+    let _ = channel::send_byte(sock.as_raw_fd(), GO);
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
+    rec.mark("cage_ready");
     let (reported, exec_path, script_path) = match ready.msg {
         Some(CageMsg::Ready { reported, exec_path, script_path }) => (reported, exec_path, script_path),
         Some(CageMsg::Failed { stage, code, detail }) => return Err(stop(stage, &code, detail)),
@@ -349,6 +365,7 @@ impl Traced<'_> {
         wait_exec(self.tpid, self.sock)?;
         let exec_at = Instant::now();
         rec.exec_observed_at = Some(record::now_rfc3339());
+        rec.mark("exec_stop");
         let host_ns = observe::own_namespaces();
         let mut observed = observe::read(self.tpid, &host_ns);
         observed.status_channel_eof = eof_within(self.sock, 2000);
@@ -374,6 +391,7 @@ impl Traced<'_> {
         rec.state = if rec.not_confined.is_empty() { State::FullyEnforced } else { State::NotConfined };
         // SAFETY: detaching our tracee; it continues from the exec stop.
         unsafe { libc::ptrace(libc::PTRACE_DETACH, self.tpid, 0, 0) };
+        rec.mark("exec_observed");
         Ok(exec_at)
     }
 }

@@ -196,9 +196,22 @@ pub struct LaunchRecord {
     pub exec_observed_at: Option<String>,
     /// RFC 3339 UTC time the launch ended.
     pub ended_at: Option<String>,
+    /// Microseconds from launch start to the end of each phase (resolve, cgroup, cage_ready,
+    /// exec_observed, target_ended, cleaned_up): where a launch spends its time.
+    pub timings_us: BTreeMap<String, u64>,
+    /// Monotonic start of the launch (not serialized).
+    #[serde(skip)]
+    pub clock: Option<std::time::Instant>,
 }
 
 impl LaunchRecord {
+    /// Note that `phase` ended now.
+    pub fn mark(&mut self, phase: &str) {
+        if let Some(t0) = self.clock {
+            self.timings_us.insert(phase.to_string(), t0.elapsed().as_micros() as u64);
+        }
+    }
+
     /// The exit status the CLI reports for this record: the target's own status, or 125/126/127
     /// for a cage failure / not executable / not found.
     pub fn exit_status(&self) -> i32 {

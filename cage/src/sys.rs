@@ -244,6 +244,39 @@ pub fn clone_fork(flags: libc::c_ulong) -> io::Result<libc::pid_t> {
     check(ret).map(|p| p as libc::pid_t)
 }
 
+/// `struct clone_args` (version 2, with the cgroup field).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `clone3` with fork semantics, the child starting directly inside the cgroup v2 directory
+/// `cgroup` — no migration afterwards. The caller must be single-threaded.
+pub fn clone_into_cgroup(flags: u64, cgroup: BorrowedFd<'_>) -> io::Result<libc::pid_t> {
+    let args = CloneArgs {
+        flags: flags | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone_args of the size we pass; no stack means fork semantics.
+    let ret = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    check(ret).map(|p| p as libc::pid_t)
+}
+
 /// `pivot_root(".", ".")` after `fchdir` into the new root; the old root is then detached.
 pub fn pivot_into(new_root: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain syscalls on a valid fd and static paths.

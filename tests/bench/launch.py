@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Launch benchmark and soak for `chio cage run` (not part of the test run).
+
+  sudo tests/bench/launch.py [--runs N] [--soak N]
+
+Builds a rootfs holding one static binary (`int main(){return 0;}` from gcc -static), then times,
+interleaved in the same run so machine noise hits all three alike:
+  - chio:  chio cage run --rootfs R -- /true   (namespaces, landlock, seccomp, cgroup, exec observation)
+  - bwrap: bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc --dev /dev
+           --tmpfs /tmp /true                   (installed with apt-get if missing)
+  - bare:  R/true                               (the floor: fork+exec from this script)
+and prints medians and the chio/bwrap ratio. The soak runs N launches two at a time and checks
+that no process, mount, cgroup or fd is left behind.
+"""
+import argparse
+import concurrent.futures
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def sh(*cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def build_chio():
+    sh("cargo", "build", "--release", "-q", "-p", "chio-cli", cwd=REPO)
+    return os.path.join(REPO, "target", "release", "chio")
+
+
+def ensure_bwrap():
+    if shutil.which("bwrap"):
+        return shutil.which("bwrap")
+    print("installing bubblewrap with apt-get ...", file=sys.stderr)
+    sh("apt-get", "update", "-qq", stdout=subprocess.DEVNULL)
+    sh("apt-get", "install", "-y", "-qq", "bubblewrap", stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return shutil.which("bwrap")
+
+
+def build_rootfs(tmp):
+    root = os.path.join(tmp, "rootfs")
+    os.makedirs(root)
+    for d in ("proc", "dev", "tmp"):  # bwrap needs its mount points in the image; chio makes its own
+        os.makedirs(os.path.join(root, d))
+    src = os.path.join(tmp, "true.c")
+    with open(src, "w") as f:
+        f.write("int main(void) { return 0; }\n")
+    sh("gcc", "-static", "-O2", "-o", os.path.join(root, "true"), src)
+    return root
+
+
+def timed(cmd):
+    t = time.perf_counter()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed ({r.returncode}): {r.stderr.decode()[-400:]}")
+    return dt * 1000.0
+
+
+def leftovers():
+    """Processes, mounts and cgroups that a launch could leak."""
+    procs = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"cage\0run" in cmd or cmd.startswith(b"/true"):
+                procs.append(pid)
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(1 for _ in f)
+    cgroups = []
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        cgroups += [d for d in dirnames if d.startswith("chio-")]
+    fds = len(os.listdir("/proc/self/fd"))
+    return procs, mounts, cgroups, fds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--soak", type=int, default=500)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root")
+    chio = build_chio()
+    bwrap = ensure_bwrap()
+    with tempfile.TemporaryDirectory(prefix="chio-bench-") as tmp:
+        root = build_rootfs(tmp)
+        cmds = {
+            "chio": [chio, "cage", "run", "--rootfs", root, "--", "/true"],
+            "bare": [os.path.join(root, "true")],
+        }
+        if bwrap:
+            cmds["bwrap"] = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", root, "/",
+                             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/true"]
+        for cmd in cmds.values():  # warm caches
+            for _ in range(5):
+                timed(cmd)
+        samples = {k: [] for k in cmds}
+        for _ in range(a.runs):
+            for k, cmd in cmds.items():
+                samples[k].append(timed(cmd))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p90 ms):")
+        for k, v in samples.items():
+            p90 = sorted(v)[int(len(v) * 0.9)]
+            print(f"  {k:6s} {med[k]:7.2f}  {p90:7.2f}")
+        if "bwrap" in med:
+            print(f"  ratio chio/bwrap = {med['chio'] / med['bwrap']:.2f}")
+
+        if a.soak:
+            before = leftovers()
+            t = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(max_workers=2) as ex:
+                codes = list(ex.map(lambda _: subprocess.run(cmds["chio"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode, range(a.soak)))
+            elapsed = time.perf_counter() - t
+            time.sleep(0.5)
+            after = leftovers()
+            failed = sum(1 for c in codes if c != 0)
+            print(f"soak: {a.soak} launches, 2 at a time, {elapsed:.1f} s, {failed} failed")
+            print(f"  processes left {after[0]}  mounts {before[1]} -> {after[1]}  chio cgroups {after[2]}  fds {before[3]} -> {after[3]}")
+            ok = failed == 0 and not after[0] and after[1] == before[1] and not after[2] and after[3] == before[3]
+            print("  soak: clean" if ok else "  soak: LEAK")
+            if not ok:
+                sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
