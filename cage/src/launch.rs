@@ -435,7 +435,8 @@ fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {
 /// SHA-256 of the whole file behind `fd` (pread from offset 0: the fd's offset is shared).
 fn hash_fd(fd: &OwnedFd) -> io::Result<String> {
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 256 << 10];
+    // A small buffer stays in cache; a large one costs page faults on every (fresh) launch.
+    let mut buf = vec![0u8; 32 << 10];
     let mut off: i64 = 0;
     loop {
         // SAFETY: pread into a buffer of the given length.

@@ -6,6 +6,9 @@
 Builds a rootfs holding one static binary (`int main(){return 0;}` from gcc -static), then times,
 interleaved in the same run so machine noise hits all three alike:
   - chio:  chio cage run --rootfs R -- /true   (namespaces, landlock, seccomp, cgroup, exec observation)
+           on the host's cgroup hierarchy as detected (v1 on a hybrid host)
+  - chio-v2: the same with CHIO_CGROUP_V2_ROOT in a cgroup2 mount made for the run (with only
+           the controllers the host's v2 tree has, so ceilings are off: --memory/--pids/--cpus none)
   - bwrap: bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc --dev /dev
            --tmpfs /tmp /true                   (installed with apt-get if missing)
   - bare:  R/true                               (the floor: fork+exec from this script)
@@ -15,6 +18,7 @@ that no process, mount, cgroup or fd is left behind.
 import argparse
 import concurrent.futures
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -55,9 +59,9 @@ def build_rootfs(tmp):
     return root
 
 
-def timed(cmd):
+def timed(cmd, env=None):
     t = time.perf_counter()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     dt = time.perf_counter() - t
     if r.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed ({r.returncode}): {r.stderr.decode()[-400:]}")
@@ -80,7 +84,7 @@ def leftovers():
         mounts = sum(1 for _ in f)
     cgroups = []
     for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
-        cgroups += [d for d in dirnames if d.startswith("chio-")]
+        cgroups += [d for d in dirnames if re.fullmatch(r"chio-\d+-[0-9a-f]{16}", d)]
     fds = len(os.listdir("/proc/self/fd"))
     return procs, mounts, cgroups, fds
 
@@ -96,27 +100,43 @@ def main():
     bwrap = ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-") as tmp:
         root = build_rootfs(tmp)
+        cg2 = os.path.join(tmp, "cgroup2")
+        os.makedirs(cg2)
+        sh("mount", "-t", "cgroup2", "none", cg2)
+        v2root = os.path.join(cg2, f"chio-bench-{os.getpid()}")
+        os.makedirs(v2root)
+        v2env = {**os.environ, "CHIO_CGROUP_V2_ROOT": v2root}
+        try:
+            run_all(a, chio, bwrap, root, v2env)
+        finally:
+            os.rmdir(v2root)
+            sh("umount", cg2)
+
+
+def run_all(a, chio, bwrap, root, v2env):
         cmds = {
             "chio": [chio, "cage", "run", "--rootfs", root, "--", "/true"],
+            "chio-v2": [chio, "cage", "run", "--memory", "none", "--pids", "none", "--cpus", "none", "--rootfs", root, "--", "/true"],
             "bare": [os.path.join(root, "true")],
         }
+        envs = {"chio-v2": v2env}
         if bwrap:
             cmds["bwrap"] = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", root, "/",
                              "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/true"]
-        for cmd in cmds.values():  # warm caches
+        for k, cmd in cmds.items():  # warm caches
             for _ in range(5):
-                timed(cmd)
+                timed(cmd, envs.get(k))
         samples = {k: [] for k in cmds}
         for _ in range(a.runs):
             for k, cmd in cmds.items():
-                samples[k].append(timed(cmd))
+                samples[k].append(timed(cmd, envs.get(k)))
         med = {k: statistics.median(v) for k, v in samples.items()}
         print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p90 ms):")
         for k, v in samples.items():
             p90 = sorted(v)[int(len(v) * 0.9)]
             print(f"  {k:6s} {med[k]:7.2f}  {p90:7.2f}")
         if "bwrap" in med:
-            print(f"  ratio chio/bwrap = {med['chio'] / med['bwrap']:.2f}")
+            print(f"  ratio chio/bwrap = {med['chio'] / med['bwrap']:.2f}   chio-v2/bwrap = {med['chio-v2'] / med['bwrap']:.2f}")
 
         if a.soak:
             before = leftovers()
