@@ -162,12 +162,23 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     }
     let _ = sys::close_from(4);
     let last = identity::last_cap();
+    // The init takes the target's identity with no capabilities: that is exactly enough to
+    // forward signals to it (a capability-less root could not signal uid 65534).
     let shed = identity::drop_bounding_and_lock(last)
+        .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
         .and_then(|_| identity::clear_caps())
         .and_then(|_| identity::no_new_privs())
         .map_err(|e| e.to_string())
         .and_then(|_| seccomp::install(ctx.filters));
-    if shed.is_err() {
+    // A uid change clears the parent-death signal: arm it again, then make sure the supervisor
+    // did not die in between (its end of the result pipe would be closed).
+    // SAFETY: plain prctl and a zero-timeout poll of our own fd.
+    let orphaned = unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
+        libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLERR != 0
+    };
+    if shed.is_err() || orphaned {
         // SAFETY: plain kill of our own child.
         unsafe { libc::kill(target, libc::SIGKILL) };
         exit_now(1);

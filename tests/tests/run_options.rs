@@ -1,0 +1,108 @@
+//! The options of `chio cage run` do what they say: binds, cwd, env, identity, network mode, and
+//! signals sent to the supervisor reach the target through the cage's init.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use chio_tests::{cage, chio_bin, parse, privileged, shared_rootfs, Scratch};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn chio() -> PathBuf {
+    chio_bin(&PathBuf::from(PROBE))
+}
+
+#[test]
+fn binds_cwd_env_and_identity() {
+    if !privileged("run_options") {
+        return;
+    }
+    let rw = Scratch::new("rw-bind");
+    rw.give_to_nobody();
+    let ro = Scratch::new("ro-bind");
+    std::fs::write(ro.join("data"), "read-only data").unwrap();
+    let rw_spec = format!("{}:/out", rw.0.display());
+    let ro_spec = format!("{}:/opt/data", ro.0.display());
+    let script = "cat /opt/data/data; echo; echo hi > /out/file && echo wrote; \
+                  (echo x > /opt/data/new) 2>/dev/null || echo ro-refused; \
+                  pwd; echo $GREETING; id -u; id -g";
+    let run = cage(
+        &chio(),
+        &[
+            "--bind",
+            &rw_spec,
+            "--ro-bind",
+            &ro_spec,
+            "--cwd",
+            "/out",
+            "--env",
+            "GREETING=hello",
+            "--uid",
+            "1234",
+            "--gid",
+            "4321",
+        ],
+        &["/bin/sh", "-c", script],
+    );
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines[0], "read-only data");
+    assert!(lines.contains(&"ro-refused"), "{lines:?}");
+    assert!(!lines.contains(&"wrote"), "uid 1234 cannot write a directory owned by 65534: {lines:?}");
+    assert!(lines.ends_with(&["/out", "hello", "1234", "4321"]), "{lines:?}");
+    assert_eq!(run.record["observed"]["uids"], serde_json::json!([1234, 1234, 1234, 1234]));
+    assert_eq!(run.record["observed"]["cwd"], "/out");
+    // As 65534 the rw bind is writable and the write lands on the host.
+    let run = cage(&chio(), &["--bind", &rw_spec], &["/bin/sh", "-c", "echo hi > /out/file && echo wrote"]);
+    assert_eq!(run.stdout.trim(), "wrote", "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(rw.join("file")).unwrap(), "hi\n");
+}
+
+#[test]
+fn loopback_mode_brings_up_lo_only() {
+    if !privileged("loopback") {
+        return;
+    }
+    let script = "cat /proc/net/dev | awk 'NR>2 {print $1}' | tr '\\n' ' '; \
+                  python3 -c \"import socket; s=socket.socket(); s.settimeout(1); print(s.connect_ex(('127.0.0.1', 9)))\"";
+    let none = cage(&chio(), &[], &["/bin/sh", "-c", script]);
+    let lo = cage(&chio(), &["--net", "loopback"], &["/bin/sh", "-c", script]);
+    assert_eq!(none.state(), "FullyEnforced", "{}", none.stderr);
+    assert_eq!(none.stdout.split_whitespace().next(), Some("lo:"), "only lo exists: {}", none.stdout);
+    // Landlock denies TCP connect in both modes (EACCES = 13) before routing is consulted.
+    assert!(none.stdout.trim_end().ends_with("13"), "{}", none.stdout);
+    assert!(lo.stdout.trim_end().ends_with("13"), "{}", lo.stdout);
+    assert_eq!(lo.record["reported"]["loopback_up"], true);
+    assert_eq!(none.record["reported"]["loopback_up"], false);
+}
+
+#[test]
+fn sigterm_to_the_supervisor_reaches_the_target() {
+    if !privileged("signals") {
+        return;
+    }
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let mut child = Command::new(chio())
+        .args(["cage", "run", "--json", "--rootfs", rootfs.to_str().unwrap(), "--", "/probe", "sleeper", "sig"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "SLEEPING");
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = child.wait_with_output().unwrap();
+    let run = parse(output);
+    assert_eq!(run.code, 128 + libc::SIGTERM, "{}", run.stderr);
+    assert_eq!(run.record["outcome"]["signal"], libc::SIGTERM);
+    assert!(run.record["outcome"]["limit_hit"].as_array().unwrap().is_empty());
+}
