@@ -42,6 +42,8 @@ pub struct Ctx<'a> {
     pub landlock_abi: u32,
     /// Cage end of the status channel.
     pub sock: RawFd,
+    /// The init was cloned straight into the launch cgroup (v2): no need to wait to be moved.
+    pub born_in_cgroup: bool,
     /// Write end of the stdout pipe.
     pub stdout_w: RawFd,
     /// Write end of the stderr pipe.
@@ -113,10 +115,10 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     if ctx.plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
     }
-    // The supervisor says go once we are in the launch cgroup; nothing forks before that.
-    match channel::recv_byte(ctx.sock) {
-        Ok(Some(GO)) => {}
-        _ => exit_now(1),
+    // On v1 the supervisor says go once it has moved us into the launch cgroup; nothing forks
+    // before that.
+    if !ctx.born_in_cgroup && !matches!(channel::recv_byte(ctx.sock), Ok(Some(GO))) {
+        exit_now(1);
     }
     ctx.inject(Stage::Namespaces)?;
     // SAFETY: plain syscall; we are in the launch cgroup, which becomes the namespace root.
@@ -169,7 +171,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
         .and_then(|_| identity::clear_caps())
         .and_then(|_| identity::no_new_privs())
         .map_err(|e| e.to_string())
-        .and_then(|_| seccomp::install(ctx.filters));
+        .and_then(|_| seccomp::install_init(ctx.filters));
     // A uid change clears the parent-death signal: arm it again, then make sure the supervisor
     // did not die in between (its end of the result pipe would be closed).
     // SAFETY: plain prctl and a zero-timeout poll of our own fd.
@@ -208,6 +210,10 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
                 }
             } else if sig > 0 {
                 libc::kill(target, sig);
+            } else if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                // Cannot wait any more: end the cage rather than leave the target unsupervised.
+                libc::kill(target, libc::SIGKILL);
+                libc::_exit(1);
             }
         }
     }

@@ -250,7 +250,10 @@ fn with_cgroup(
         result: pipe().map_err(io_err)?,
     };
     inject(plan, Stage::Namespaces)?;
+    // On v2 the init starts inside the launch cgroup; on v1 it is moved there after clone.
+    let v2_dir = cg.v2_dir();
     let ctx = Ctx {
+        born_in_cgroup: v2_dir.is_some(),
         plan,
         prepared,
         filters,
@@ -260,8 +263,6 @@ fn with_cgroup(
         stderr_w: w.stderr.1.as_raw_fd(),
         result_w: w.result.1.as_raw_fd(),
     };
-    // On v2 the init starts inside the launch cgroup; on v1 it is moved there after clone.
-    let v2_dir = cg.v2_dir();
     let cloned = match &v2_dir {
         Some(dir) => sys::clone_into_cgroup(CLONE_FLAGS, dir.as_fd()),
         None => sys::clone_fork(CLONE_FLAGS),
@@ -309,9 +310,9 @@ fn start_cage(
 ) -> Result<Instant, Stop> {
     if !in_cgroup {
         cg.add(init).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+        // If the init already failed (mounts run before this), its report is waiting on the channel.
+        let _ = channel::send_byte(sock.as_raw_fd(), GO);
     }
-    // If the init already failed (mounts run before this), its report is waiting on the channel.
-    let _ = channel::send_byte(sock.as_raw_fd(), GO);
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
     let (reported, exec_path, script_path) = match ready.msg {

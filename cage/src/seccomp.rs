@@ -296,10 +296,27 @@ const ALLOWED: &[libc::c_long] = &[
 const ENOSYS: &[libc::c_long] =
     &[libc::SYS_clone3, libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register];
 
+/// What the cage's init still does once the target exists: wait for signals and children,
+/// forward signals, report the target's end and exit. Nothing else.
+const INIT_ALLOWED: &[libc::c_long] = &[
+    libc::SYS_rt_sigtimedwait,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_restart_syscall,
+    libc::SYS_wait4,
+    libc::SYS_kill,
+    libc::SYS_getrusage,
+    libc::SYS_write,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
 /// The compiled filters, in install order, and their digest.
 pub struct Filters {
-    /// BPF programs to install, first to last.
+    /// BPF programs the target installs, first to last.
     pub programs: Vec<BpfProgram>,
+    /// The init's own, much smaller filter (cheaper for the kernel to load and to run).
+    pub init: BpfProgram,
     /// SHA-256 over every instruction of every program, in install order.
     pub sha256: String,
 }
@@ -359,7 +376,16 @@ pub fn build() -> Result<Filters, String> {
             h.update(ins.k.to_le_bytes());
         }
     }
-    Ok(Filters { programs, sha256: hex(&h.finalize()) })
+    let init_rules: BTreeMap<i64, Vec<SeccompRule>> = INIT_ALLOWED.iter().map(|nr| (*nr, Vec::new())).collect();
+    let init = SeccompFilter::new(
+        init_rules,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .map_err(|e| err(&e))?;
+    let init = init.try_into().map_err(|e: seccompiler::BackendError| err(&e))?;
+    Ok(Filters { programs, init, sha256: hex(&h.finalize()) })
 }
 
 /// Install every program on the calling thread (no_new_privs must already be set).
@@ -368,6 +394,11 @@ pub fn install(filters: &Filters) -> Result<(), String> {
         seccompiler::apply_filter(prog).map_err(|e| format!("installing the seccomp filter: {e}"))?;
     }
     Ok(())
+}
+
+/// Install the init's filter on the calling thread (no_new_privs must already be set).
+pub fn install_init(filters: &Filters) -> Result<(), String> {
+    seccompiler::apply_filter(&filters.init).map_err(|e| format!("installing the init's seccomp filter: {e}"))
 }
 
 /// Lowercase hex of bytes.
