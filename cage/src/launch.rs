@@ -96,8 +96,20 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
     if plan.argv.is_empty() {
         return Err(reject("empty_command", "no command to run".into()));
     }
-    if !plan.cwd.is_absolute() {
-        return Err(reject("bad_cwd", format!("working directory {} is not absolute", plan.cwd.display())));
+    // The exec-stop check compares /proc/<pid>/cwd with this path, so it must be in the form
+    // the kernel prints: absolute, no '.', '..', doubled or trailing slashes.
+    let normal: std::path::PathBuf =
+        std::path::Path::new("/").join(plan.cwd.components().collect::<std::path::PathBuf>());
+    let has_dots =
+        plan.cwd.components().any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir));
+    if !plan.cwd.is_absolute() || has_dots || normal.as_os_str() != plan.cwd.as_os_str() {
+        return Err(reject(
+            "bad_cwd",
+            format!(
+                "working directory {} must be an absolute path without '.', '..' or trailing '/'",
+                plan.cwd.display()
+            ),
+        ));
     }
     if let Some(d) = &plan.expect_sha256 {
         if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {

@@ -135,7 +135,8 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
         set_env(&mut plan.env, "HOME", "/tmp");
     }
     if let Some(c) = &a.cwd {
-        plan.cwd = c.clone();
+        // Rebuilt from its components: "/tmp/" and "/tmp/./" become "/tmp" ('..' is kept and refused).
+        plan.cwd = c.components().collect();
     }
     for b in &a.ro_bind {
         plan.binds.push(split_bind(b, false)?);

@@ -212,3 +212,13 @@ fn record_file_matches_the_json_line() {
     assert_eq!(observed["status_channel_eof"], true);
     assert_eq!(observed["exe_inode"], from_file["target"]["inode"]);
 }
+
+#[test]
+fn dotted_cwd_is_rejected() {
+    let Some(e) = env("bad_cwd") else { return };
+    let run = e.run(&[], &["--cwd", "/lib/../etc"], &["/probe", "euid"]);
+    assert_failed(&run, "Rejected", "resolve", "bad_cwd", 125);
+    let run = e.run(&[], &["--cwd", "/lib/"], &["/probe", "euid"]);
+    assert_eq!(run.state(), "FullyEnforced", "a trailing slash is normalized: {}", run.stderr);
+    assert_eq!(run.record["observed"]["cwd"], "/lib");
+}
