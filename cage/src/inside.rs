@@ -42,8 +42,9 @@ pub struct Ctx<'a> {
     pub landlock_abi: u32,
     /// Cage end of the status channel.
     pub sock: RawFd,
-    /// The init was cloned straight into the launch cgroup (v2): no need to wait to be moved.
-    pub born_in_cgroup: bool,
+    /// v1: `tasks` files the init writes "0" to, moving itself into the launch cgroup. Empty on
+    /// v2, where clone3 already created it there.
+    pub cgroup_join: &'a [OwnedFd],
     /// Write end of the stdout pipe.
     pub stdout_w: RawFd,
     /// Write end of the stderr pipe.
@@ -100,8 +101,12 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
 }
 
 fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
-    // Filesystem and network do not depend on the cgroup, so they run while the supervisor moves
-    // us into the launch cgroup (on cgroup v1 that move waits for an RCU grace period).
+    for fd in ctx.cgroup_join {
+        // SAFETY: writing "0" (ourselves) to a cgroup tasks file opened by the supervisor.
+        if unsafe { libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) } != 1 {
+            return Err(fail(Stage::Cgroup, "cgroup_failed", io::Error::last_os_error()));
+        }
+    }
     ctx.inject(Stage::Mounts)?;
     ctx.prepared.attach(&ctx.plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
     ctx.inject(Stage::Pivot)?;
@@ -114,11 +119,6 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     }
     if ctx.plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
-    }
-    // On v1 the supervisor says go once it has moved us into the launch cgroup; nothing forks
-    // before that.
-    if !ctx.born_in_cgroup && !matches!(channel::recv_byte(ctx.sock), Ok(Some(GO))) {
-        exit_now(1);
     }
     ctx.inject(Stage::Namespaces)?;
     // SAFETY: plain syscall; we are in the launch cgroup, which becomes the namespace root.

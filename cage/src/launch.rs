@@ -262,10 +262,11 @@ fn with_cgroup(
         result: pipe().map_err(io_err)?,
     };
     inject(plan, Stage::Namespaces)?;
-    // On v2 the init starts inside the launch cgroup; on v1 it is moved there after clone.
+    // On v2 the init starts inside the launch cgroup; on v1 it moves itself there first thing.
     let v2_dir = cg.v2_dir();
+    let cgroup_join = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
     let ctx = Ctx {
-        born_in_cgroup: v2_dir.is_some(),
+        cgroup_join: &cgroup_join,
         plan,
         prepared,
         filters,
@@ -289,7 +290,7 @@ fn with_cgroup(
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e));
     let started = pidfd.and_then(|pidfd| {
-        let r = start_cage(plan, rec, cg, name, (init, v2_dir.is_some()), &sup_sock).map(|t| (t, pidfd));
+        let r = start_cage(plan, rec, cg, name, &sup_sock).map(|t| (t, pidfd));
         if r.is_err() {
             kill_and_reap(init);
         }
@@ -317,14 +318,8 @@ fn start_cage(
     rec: &mut LaunchRecord,
     cg: &LaunchCgroup,
     name: &str,
-    (init, in_cgroup): (libc::pid_t, bool),
     sock: &OwnedFd,
 ) -> Result<Instant, Stop> {
-    if !in_cgroup {
-        cg.add(init).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
-        // If the init already failed (mounts run before this), its report is waiting on the channel.
-        let _ = channel::send_byte(sock.as_raw_fd(), GO);
-    }
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
     let (reported, exec_path, script_path) = match ready.msg {
