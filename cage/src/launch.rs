@@ -184,6 +184,7 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
         r
     });
     if result.is_err() {
+        // Covers a janitor that could not be forked (cleanup above never ran); otherwise a no-op.
         let _ = cg.remove();
     }
     result
