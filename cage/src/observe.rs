@@ -88,8 +88,11 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
     if o.no_new_privs != 1 {
         v.push(format!("NoNewPrivs is {} (want 1)", o.no_new_privs));
     }
-    if o.seccomp != 2 || o.seccomp_filters < 2 {
-        v.push(format!("Seccomp is {} with {} filters (want mode 2 with our 2 filters)", o.seccomp, o.seccomp_filters));
+    if o.seccomp != 2 || o.seccomp_filters != 1 {
+        v.push(format!(
+            "Seccomp is {} with {} filters (want mode 2 with exactly our filter)",
+            o.seccomp, o.seccomp_filters
+        ));
     }
     for (name, value) in &o.capabilities {
         if u64::from_str_radix(value, 16) != Ok(0) {

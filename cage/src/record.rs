@@ -109,7 +109,7 @@ pub struct Reported {
     pub landlock_net: String,
     /// Scoping (abstract unix sockets, signals) status.
     pub landlock_scope: String,
-    /// SHA-256 of the seccomp BPF programs installed, in install order.
+    /// SHA-256 of the seccomp BPF program installed.
     pub seccomp_filter_sha256: String,
     /// Capability sets read back with capget/PR_CAPBSET_READ after dropping: all zero.
     pub capabilities_cleared: bool,

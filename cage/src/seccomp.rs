@@ -1,16 +1,17 @@
 //! The seccomp allow-list. Default action is `EPERM`: a system call must be named here to be
 //! usable. It is enough for bash, coreutils, python3 and cargo/rustc. It excludes namespace
 //! creation, the mount API, ptrace and cross-process memory access, bpf, perf, keyrings,
-//! userfaultfd, io_uring, kexec and module loading, and filters `clone`, `ioctl`, `socket` and
-//! `socketpair` by argument. A second filter turns `clone3` and `io_uring_*` into `ENOSYS`, so
-//! libc and runtimes fall back to what the first filter allows instead of failing hard.
+//! userfaultfd, kexec and module loading, and filters `clone`, `ioctl`, `socket` and
+//! `socketpair` by argument. `clone3` and `io_uring_*` answer `ENOSYS`, so libc and runtimes fall
+//! back to what is allowed instead of failing hard.
+//!
+//! The filter is compiled here into classic BPF as a binary search over syscall numbers: about
+//! 20 instructions run per decision instead of a linear chain of ~1,400, which matters twice —
+//! the kernel pre-evaluates every filter for every syscall number when it is attached (that took
+//! 1.3 ms per launch with a linear filter), and conditional syscalls (ioctl, socket) run it live.
 
 use std::collections::BTreeMap;
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
-    SeccompRule, TargetArch,
-};
 use sha2::{Digest, Sha256};
 
 /// Every `CLONE_NEW*` flag (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME).
@@ -311,94 +312,192 @@ const INIT_ALLOWED: &[libc::c_long] = &[
     libc::SYS_exit_group,
 ];
 
-/// The compiled filters, in install order, and their digest.
+/// A classic BPF program.
+pub type Program = Vec<libc::sock_filter>;
+
+/// The compiled filters and their digest.
 pub struct Filters {
-    /// BPF programs the target installs, first to last.
-    pub programs: Vec<BpfProgram>,
-    /// The init's own, much smaller filter (cheaper for the kernel to load and to run).
-    pub init: BpfProgram,
-    /// SHA-256 over every instruction of every program, in install order.
+    /// The target's filter.
+    pub target: Program,
+    /// The init's own, much smaller filter.
+    pub init: Program,
+    /// SHA-256 over every instruction of the target's filter.
     pub sha256: String,
 }
 
-fn cond(arg: u8, len: Len, op: Op, value: u64) -> Result<Cond, seccompiler::BackendError> {
-    Cond::new(arg, len, op, value)
+const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const LD_ABS: u16 = 0x20;
+const JEQ: u16 = 0x15;
+const JGE: u16 = 0x35;
+const JSET: u16 = 0x45;
+const JA: u16 = 0x05;
+const RET: u16 = 0x06;
+/// Offsets in `struct seccomp_data`: nr, arch, and the low 32 bits of each argument.
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const fn off_arg_low(i: u32) -> u32 {
+    16 + 8 * i
 }
 
-fn rule(conds: Vec<Cond>) -> Result<SeccompRule, seccompiler::BackendError> {
-    SeccompRule::new(conds)
+fn ins(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
 }
 
-/// Argument-filtered system calls.
-fn conditional_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
-    let mut rules = BTreeMap::new();
-    // clone: only without any CLONE_NEW* flag.
-    rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NEW_MASK), 0)?])?]);
-    // ioctl: everything but TIOCSTI/TIOCLINUX, compared on the low 32 bits the kernel uses,
-    // so `TIOCSTI | 1 << 32` cannot slip past.
-    rules.insert(
-        libc::SYS_ioctl,
-        vec![rule(vec![cond(1, Len::Dword, Op::Ne, TIOCSTI)?, cond(1, Len::Dword, Op::Ne, TIOCLINUX)?])?],
-    );
-    // socket: unix, IPv4, IPv6 only (no netlink, vsock, packet, ...).
-    let families = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6];
-    rules.insert(
-        libc::SYS_socket,
-        families.iter().map(|f| rule(vec![cond(0, Len::Dword, Op::Eq, *f as u64)?])).collect::<Result<_, _>>()?,
-    );
-    rules.insert(libc::SYS_socketpair, vec![rule(vec![cond(0, Len::Dword, Op::Eq, libc::AF_UNIX as u64)?])?]);
-    Ok(rules)
+fn ret(k: u32) -> libc::sock_filter {
+    ins(RET, 0, 0, k)
 }
 
-/// Build both filters for x86_64.
-pub fn build() -> Result<Filters, String> {
-    let err = |e: &dyn std::fmt::Display| format!("building the seccomp filter: {e}");
-    let mut allow = conditional_rules().map_err(|e| err(&e))?;
-    for nr in ALLOWED {
-        allow.insert(*nr, Vec::new());
-    }
-    let enosys: BTreeMap<i64, Vec<SeccompRule>> = ENOSYS.iter().map(|nr| (*nr, Vec::new())).collect();
-    let first =
-        SeccompFilter::new(allow, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow, TargetArch::x86_64)
-            .map_err(|e| err(&e))?;
-    let second =
-        SeccompFilter::new(enosys, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), TargetArch::x86_64)
-            .map_err(|e| err(&e))?;
-    let programs: Vec<BpfProgram> = vec![
-        first.try_into().map_err(|e: seccompiler::BackendError| err(&e))?,
-        second.try_into().map_err(|e: seccompiler::BackendError| err(&e))?,
-    ];
-    let mut h = Sha256::new();
-    for prog in &programs {
-        for ins in prog {
-            h.update(ins.code.to_le_bytes());
-            h.update([ins.jt, ins.jf]);
-            h.update(ins.k.to_le_bytes());
+fn eperm() -> libc::sock_filter {
+    ret(RET_ERRNO | libc::EPERM as u32)
+}
+
+/// What one syscall number leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Allow,
+    Enosys,
+    /// clone: no CLONE_NEW* flag (they all live in the low 32 bits).
+    CloneNoNamespaces,
+    /// ioctl: anything but TIOCSTI/TIOCLINUX, compared on the low 32 bits the kernel uses, so
+    /// `TIOCSTI | 1 << 32` cannot slip past.
+    IoctlNoTiocsti,
+    /// socket: unix, IPv4, IPv6 only (no netlink, vsock, packet, ...).
+    SocketFamilies,
+    /// socketpair: unix only.
+    SocketpairUnix,
+}
+
+/// Code for an action; the accumulator may be overwritten (every path returns).
+fn action_code(a: Action) -> Program {
+    let allow = ret(RET_ALLOW);
+    match a {
+        Action::Allow => vec![allow],
+        Action::Enosys => vec![ret(RET_ERRNO | libc::ENOSYS as u32)],
+        Action::CloneNoNamespaces => {
+            vec![ins(LD_ABS, 0, 0, off_arg_low(0)), ins(JSET, 0, 1, CLONE_NEW_MASK as u32), eperm(), allow]
+        }
+        Action::IoctlNoTiocsti => vec![
+            ins(LD_ABS, 0, 0, off_arg_low(1)),
+            ins(JEQ, 2, 0, TIOCSTI as u32),
+            ins(JEQ, 1, 0, TIOCLINUX as u32),
+            allow,
+            eperm(),
+        ],
+        Action::SocketFamilies => vec![
+            ins(LD_ABS, 0, 0, off_arg_low(0)),
+            ins(JEQ, 2, 0, libc::AF_UNIX as u32),
+            ins(JEQ, 1, 0, libc::AF_INET as u32),
+            ins(JEQ, 0, 1, libc::AF_INET6 as u32),
+            allow,
+            eperm(),
+        ],
+        Action::SocketpairUnix => {
+            vec![ins(LD_ABS, 0, 0, off_arg_low(0)), ins(JEQ, 0, 1, libc::AF_UNIX as u32), allow, eperm()]
         }
     }
-    let init_rules: BTreeMap<i64, Vec<SeccompRule>> = INIT_ALLOWED.iter().map(|nr| (*nr, Vec::new())).collect();
-    let init = SeccompFilter::new(
-        init_rules,
-        SeccompAction::Errno(libc::EPERM as u32),
-        SeccompAction::Allow,
-        TargetArch::x86_64,
-    )
-    .map_err(|e| err(&e))?;
-    let init = init.try_into().map_err(|e: seccompiler::BackendError| err(&e))?;
-    Ok(Filters { programs, init, sha256: hex(&h.finalize()) })
 }
 
-/// Install every program on the calling thread (no_new_privs must already be set).
-pub fn install(filters: &Filters) -> Result<(), String> {
-    for prog in &filters.programs {
-        seccompiler::apply_filter(prog).map_err(|e| format!("installing the seccomp filter: {e}"))?;
+/// Syscall numbers compared linearly at a leaf of the search.
+const LEAF: usize = 8;
+
+/// Binary search over sorted (nr, action); the accumulator holds the syscall number. Every path
+/// ends in a return; numbers not in `cases` get EPERM.
+fn search(cases: &[(u32, Action)]) -> Program {
+    if cases.len() <= LEAF {
+        return leaf(cases);
+    }
+    let mid = cases.len() / 2;
+    let left = search(&cases[..mid]);
+    let right = search(&cases[mid..]);
+    // nr >= pivot: fall into the long jump over the left half; otherwise skip it.
+    let mut out = vec![ins(JGE, 0, 1, cases[mid].0), ins(JA, 0, 0, left.len() as u32)];
+    out.extend(left);
+    out.extend(right);
+    out
+}
+
+/// A leaf: one comparison per number; plain allows share one `ret ALLOW` at the end.
+fn leaf(cases: &[(u32, Action)]) -> Program {
+    // Built back to front so each jump knows how far the shared ALLOW is.
+    let mut rev: Program = vec![ret(RET_ALLOW), eperm()];
+    for (nr, a) in cases.iter().rev() {
+        if *a == Action::Allow {
+            rev.push(ins(JEQ, (rev.len() - 1) as u8, 0, *nr));
+        } else {
+            let code = action_code(*a);
+            rev.extend(code.iter().rev().copied());
+            rev.push(ins(JEQ, 0, code.len() as u8, *nr));
+        }
+    }
+    rev.reverse();
+    rev
+}
+
+/// A whole filter: x86_64 only (anything else is killed), x32 numbers refused, then the search.
+fn compile(cases: &BTreeMap<u32, Action>) -> Program {
+    let cases: Vec<(u32, Action)> = cases.iter().map(|(n, a)| (*n, *a)).collect();
+    let mut out = vec![
+        ins(LD_ABS, 0, 0, OFF_ARCH),
+        ins(JEQ, 1, 0, AUDIT_ARCH_X86_64),
+        ret(RET_KILL_PROCESS),
+        ins(LD_ABS, 0, 0, OFF_NR),
+        ins(JGE, 0, 1, X32_SYSCALL_BIT),
+        eperm(),
+    ];
+    out.extend(search(&cases));
+    out
+}
+
+fn target_cases() -> BTreeMap<u32, Action> {
+    let mut cases: BTreeMap<u32, Action> = ALLOWED.iter().map(|nr| (*nr as u32, Action::Allow)).collect();
+    cases.extend(ENOSYS.iter().map(|nr| (*nr as u32, Action::Enosys)));
+    cases.insert(libc::SYS_clone as u32, Action::CloneNoNamespaces);
+    cases.insert(libc::SYS_ioctl as u32, Action::IoctlNoTiocsti);
+    cases.insert(libc::SYS_socket as u32, Action::SocketFamilies);
+    cases.insert(libc::SYS_socketpair as u32, Action::SocketpairUnix);
+    cases
+}
+
+/// Build the target's and the init's filters (x86_64).
+pub fn build() -> Result<Filters, String> {
+    let target = compile(&target_cases());
+    let init = compile(&INIT_ALLOWED.iter().map(|nr| (*nr as u32, Action::Allow)).collect());
+    if target.len() > 4096 {
+        return Err(format!("the seccomp filter has {} instructions, more than the kernel takes", target.len()));
+    }
+    let mut h = Sha256::new();
+    for i in &target {
+        h.update(i.code.to_le_bytes());
+        h.update([i.jt, i.jf]);
+        h.update(i.k.to_le_bytes());
+    }
+    Ok(Filters { target, init, sha256: hex(&h.finalize()) })
+}
+
+fn apply(prog: &Program, what: &str) -> Result<(), String> {
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: fprog points at a live program of the given length.
+    let r = unsafe {
+        libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER as libc::c_ulong, &fprog as *const libc::sock_fprog)
+    };
+    if r != 0 {
+        return Err(format!("installing the {what} seccomp filter: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }
 
+/// Install the target's filter on the calling thread (no_new_privs must already be set).
+pub fn install(filters: &Filters) -> Result<(), String> {
+    apply(&filters.target, "target's")
+}
+
 /// Install the init's filter on the calling thread (no_new_privs must already be set).
 pub fn install_init(filters: &Filters) -> Result<(), String> {
-    seccompiler::apply_filter(&filters.init).map_err(|e| format!("installing the init's seccomp filter: {e}"))
+    apply(&filters.init, "init's")
 }
 
 /// Lowercase hex of bytes.
@@ -414,12 +513,85 @@ pub fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// A classic-BPF interpreter for the instructions `compile` emits.
+    fn run(prog: &Program, nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_le_bytes());
+        data[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = prog[pc];
+            pc += 1;
+            match i.code {
+                LD_ABS => acc = u32::from_le_bytes(data[i.k as usize..i.k as usize + 4].try_into().unwrap()),
+                JA => pc += i.k as usize,
+                JEQ | JGE | JSET => {
+                    let hit = match i.code {
+                        JEQ => acc == i.k,
+                        JGE => acc >= i.k,
+                        _ => acc & i.k != 0,
+                    };
+                    pc += usize::from(if hit { i.jt } else { i.jf });
+                }
+                RET => return i.k,
+                c => panic!("unexpected opcode {c:#x}"),
+            }
+        }
+    }
+
+    fn decide(nr: libc::c_long, args: [u64; 6]) -> u32 {
+        run(&build().unwrap().target, nr as u32, AUDIT_ARCH_X86_64, args)
+    }
+
+    const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+
     #[test]
-    fn filter_builds_and_digest_is_stable() {
+    fn every_syscall_number_gets_exactly_its_action() {
+        let f = build().unwrap();
+        let cases = target_cases();
+        for nr in 0..600u32 {
+            let got = run(&f.target, nr, AUDIT_ARCH_X86_64, [0; 6]);
+            // With all-zero arguments: socket(AF_UNSPEC) and socketpair(AF_UNSPEC) are refused.
+            let want = match cases.get(&nr) {
+                None | Some(Action::SocketFamilies | Action::SocketpairUnix) => EPERM,
+                Some(Action::Enosys) => RET_ERRNO | libc::ENOSYS as u32,
+                Some(_) => RET_ALLOW,
+            };
+            assert_eq!(got, want, "syscall {nr}");
+        }
+        assert_eq!(run(&f.target, libc::SYS_read as u32 | X32_SYSCALL_BIT, AUDIT_ARCH_X86_64, [0; 6]), EPERM);
+        assert_eq!(run(&f.target, 0, 0x4000_0003, [0; 6]), RET_KILL_PROCESS, "i386 syscalls are killed");
+        assert!(f.target.len() < 600, "compact: {} instructions", f.target.len());
+    }
+
+    #[test]
+    fn argument_filters() {
+        let newuser = libc::CLONE_NEWUSER as u64 | libc::SIGCHLD as u64;
+        assert_eq!(decide(libc::SYS_clone, [newuser, 0, 0, 0, 0, 0]), EPERM);
+        assert_eq!(decide(libc::SYS_clone, [libc::SIGCHLD as u64 | libc::CLONE_VM as u64, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(decide(libc::SYS_ioctl, [0, TIOCSTI, 0, 0, 0, 0]), EPERM);
+        assert_eq!(decide(libc::SYS_ioctl, [0, TIOCSTI | 1 << 32, 0, 0, 0, 0]), EPERM);
+        assert_eq!(decide(libc::SYS_ioctl, [0, TIOCLINUX, 0, 0, 0, 0]), EPERM);
+        assert_eq!(decide(libc::SYS_ioctl, [0, libc::TCGETS, 0, 0, 0, 0]), RET_ALLOW);
+        for (family, want) in [
+            (libc::AF_UNIX, RET_ALLOW),
+            (libc::AF_INET6, RET_ALLOW),
+            (libc::AF_NETLINK, EPERM),
+            (libc::AF_VSOCK, EPERM),
+            (libc::AF_PACKET, EPERM),
+        ] {
+            assert_eq!(decide(libc::SYS_socket, [family as u64, 0, 0, 0, 0, 0]), want, "family {family}");
+        }
+        assert_eq!(decide(libc::SYS_socketpair, [libc::AF_INET as u64, 0, 0, 0, 0, 0]), EPERM);
+    }
+
+    #[test]
+    fn dangerous_calls_are_not_listed() {
         let a = build().unwrap();
-        let b = build().unwrap();
-        assert_eq!(a.sha256, b.sha256);
-        assert_eq!(a.programs.len(), 2);
+        assert_eq!(a.sha256, build().unwrap().sha256);
         for denied in [
             libc::SYS_mount,
             libc::SYS_ptrace,
@@ -435,7 +607,29 @@ mod tests {
             libc::SYS_init_module,
             libc::SYS_open_tree,
         ] {
-            assert!(!ALLOWED.contains(&denied), "syscall {denied} must not be allowed");
+            assert_eq!(decide(denied, [0; 6]), EPERM, "syscall {denied}");
+        }
+        let init = build().unwrap().init;
+        assert_eq!(run(&init, libc::SYS_wait4 as u32, AUDIT_ARCH_X86_64, [0; 6]), RET_ALLOW);
+        assert_eq!(run(&init, libc::SYS_openat as u32, AUDIT_ARCH_X86_64, [0; 6]), EPERM);
+    }
+
+    #[test]
+    #[ignore = "timing, run by hand: cargo test --release -p chio-cage install_cost -- --ignored --nocapture"]
+    fn install_cost() {
+        let f = build().unwrap();
+        // SAFETY: test-only fork; the child only installs the filter and exits.
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                let t = std::time::Instant::now();
+                install(&f).unwrap();
+                eprintln!("install of {} instructions took {:?}", f.target.len(), t.elapsed());
+                libc::_exit(0);
+            }
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
         }
     }
 }
