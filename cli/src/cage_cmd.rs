@@ -182,8 +182,11 @@ fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
         plan.cgroup_v2_root = Some(PathBuf::from(d));
     }
     if let Ok(s) = std::env::var("CHIO_TEST_FAIL_STAGE") {
-        plan.inject_failure =
-            Some(Stage::parse(&s).with_context(|| format!("CHIO_TEST_FAIL_STAGE={s} names no stage"))?);
+        let stage = Stage::parse(&s).with_context(|| format!("CHIO_TEST_FAIL_STAGE={s} names no stage"))?;
+        if stage == Stage::Supervise {
+            bail!("CHIO_TEST_FAIL_STAGE=supervise: only setup stages can be made to fail");
+        }
+        plan.inject_failure = Some(stage);
     }
     if let Ok(s) = std::env::var("CHIO_TEST_LANDLOCK_ABI") {
         plan.landlock_abi_cap = Some(s.parse().with_context(|| format!("CHIO_TEST_LANDLOCK_ABI={s} is not a number"))?);
