@@ -9,8 +9,6 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Instant;
 
-use sha2::{Digest, Sha256};
-
 use crate::cgroup::LaunchCgroup;
 use crate::channel::{self, CageMsg, ABORT, GO};
 use crate::inside::{self, Ctx};
@@ -19,6 +17,7 @@ use crate::landlock;
 use crate::mounts::Prepared;
 use crate::observe::{self, Expect};
 use crate::plan::{CagePlan, Mode, Stage};
+use crate::prehash::{self, Early};
 use crate::record::{self, CgroupFacts, Failure, LaunchRecord, State, Target, SCHEMA};
 use crate::seccomp::{self, Filters};
 use crate::supervise::{self, Sinks};
@@ -291,7 +290,9 @@ fn with_cgroup(
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e));
     let started = pidfd.and_then(|pidfd| {
-        let r = start_cage(plan, rec, cg, name, &sup_sock).map(|t| (t, pidfd));
+        // The cage is setting itself up; meanwhile hash the file it will most likely send.
+        let early = prehash::guess(plan);
+        let r = start_cage(plan, rec, cg, name, &sup_sock, early.as_ref()).map(|t| (t, pidfd));
         if r.is_err() {
             kill_and_reap(init);
         }
@@ -320,6 +321,7 @@ fn start_cage(
     cg: &LaunchCgroup,
     name: &str,
     sock: &OwnedFd,
+    early: Option<&Early>,
 ) -> Result<Instant, Stop> {
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
@@ -334,10 +336,10 @@ fn start_cage(
     let mut fds = ready.fds.into_iter();
     let exec_fd =
         fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
-    let mut target = describe(&exec_fd, &exec_path)?;
+    let mut target = describe(&exec_fd, &exec_path, early)?;
     let exe_id = (target.device, target.inode);
     if let (Some(script_fd), Some(sp)) = (fds.next(), script_path) {
-        let script = describe(&script_fd, &sp)?;
+        let script = describe(&script_fd, &sp, early)?;
         target = Target { interpreter: Some(Box::new(target)), ..script };
     }
     let verified = verify_digest(plan, &target);
@@ -424,9 +426,13 @@ fn release_tracee(tpid: libc::pid_t) {
     }
 }
 
-fn describe(fd: &OwnedFd, path: &str) -> Result<Target, Stop> {
+fn describe(fd: &OwnedFd, path: &str, early: Option<&Early>) -> Result<Target, Stop> {
     let st = sys::fstat(fd.as_fd()).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
-    let sha256 = hash_fd(fd).map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?;
+    let sha256 = match early {
+        Some(e) if e.matches(&st) => e.sha256.clone(),
+        _ => prehash::hash_fd(fd.as_fd())
+            .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?,
+    };
     Ok(Target { path: path.to_string(), sha256, device: st.st_dev, inode: st.st_ino, interpreter: None })
 }
 
@@ -439,31 +445,6 @@ fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {
         )),
         _ => Ok(()),
     }
-}
-
-/// SHA-256 of the whole file behind `fd` (pread from offset 0: the fd's offset is shared).
-fn hash_fd(fd: &OwnedFd) -> io::Result<String> {
-    let mut h = Sha256::new();
-    // A small buffer stays in cache; a large one costs page faults on every (fresh) launch.
-    let mut buf = vec![0u8; 32 << 10];
-    let mut off: i64 = 0;
-    loop {
-        // SAFETY: pread into a buffer of the given length.
-        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n as usize]);
-        off += n as i64;
-    }
-    Ok(seccomp::hex(&h.finalize()))
 }
 
 fn seize(tpid: libc::pid_t) -> Result<(), Stop> {

@@ -15,6 +15,7 @@ pub mod mounts;
 pub mod observe;
 pub mod path;
 pub mod plan;
+mod prehash;
 pub mod record;
 pub mod seccomp;
 pub mod supervise;

@@ -25,7 +25,7 @@ const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
 /// Names the cage always provides itself, whatever the image has there.
 const RESERVED: [&str; 4] = ["proc", "dev", "tmp", "workspace"];
 /// Host directories making up the default root.
-const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+pub(crate) const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 /// Host `/etc` entries the default root carries (no shadow, no secrets).
 const HOST_ETC: [&str; 11] = [
     "passwd",

@@ -1,0 +1,135 @@
+//! The supervisor is idle while the cage sets itself up (~1.5 ms). It spends that time hashing
+//! the file the target will most likely execute, found from the host side. When the fd the cage
+//! later sends is that same inode, unchanged (size, mtime and ctime — any write moves ctime), the
+//! early digest stands; otherwise the cage's fd is hashed as before. Either way the digest is of
+//! the file the cage opened: this only moves work off the critical path.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::path;
+use crate::plan::{CagePlan, RootSpec};
+use crate::sys;
+
+/// A digest computed early, and the identity of the file it is valid for.
+#[derive(Debug, Clone)]
+pub struct Early {
+    id: [i64; 7],
+    /// Lowercase hex SHA-256.
+    pub sha256: String,
+}
+
+fn identity(st: &libc::stat) -> [i64; 7] {
+    [st.st_dev as i64, st.st_ino as i64, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec]
+}
+
+impl Early {
+    /// True when `st` describes the very file, unchanged since it was hashed.
+    pub fn matches(&self, st: &libc::stat) -> bool {
+        self.id == identity(st)
+    }
+}
+
+/// SHA-256 of the whole file behind `fd` (pread from offset 0; the fd's offset is untouched).
+pub fn hash_fd(fd: BorrowedFd<'_>) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    // A small buffer stays in cache; a large one costs page faults in every fresh supervisor.
+    let mut buf = vec![0u8; 32 << 10];
+    let mut off: i64 = 0;
+    loop {
+        // SAFETY: pread into a buffer of the given length.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n as usize]);
+        off += n as i64;
+    }
+    Ok(crate::seccomp::hex(&h.finalize()))
+}
+
+/// Where the cage will look for `argv[0]`, as absolute in-cage paths.
+fn candidates(plan: &CagePlan) -> Vec<PathBuf> {
+    let Some(argv0) = plan.argv.first() else { return Vec::new() };
+    let name = Path::new(argv0);
+    if argv0.as_encoded_bytes().contains(&b'/') {
+        return vec![plan.cwd.join(name)];
+    }
+    let path = plan.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).unwrap_or_default();
+    std::env::split_paths(&path).filter(|d| d.is_absolute()).map(|d| d.join(name)).collect()
+}
+
+/// Open `p` (an in-cage path) from the host side, or None when the cage's view could differ.
+fn open_from_host(plan: &CagePlan, p: &Path) -> Option<OwnedFd> {
+    let names = path::components(p).ok()?;
+    let first = names.first()?.to_str()?;
+    // A bind can shadow any path beneath its destination: do not guess there.
+    if plan.binds.iter().any(|b| p.starts_with(&b.dest)) {
+        return None;
+    }
+    let (root, rest): (PathBuf, PathBuf) = match (&plan.root, &plan.workspace) {
+        (_, Some(ws)) if first == "workspace" => (ws.clone(), names[1..].iter().collect()),
+        (RootSpec::Directory(dir), _) => (dir.clone(), names.iter().collect()),
+        (RootSpec::HostSystem, _) if crate::mounts::HOST_DIRS.contains(&first) => ("/".into(), names.iter().collect()),
+        _ => return None,
+    };
+    let root = path::open_host(&root, libc::O_DIRECTORY).ok()?;
+    path::resolve_in(root.as_fd(), &rest, libc::O_RDONLY).ok()
+}
+
+/// Hash the likeliest target now. None when there is no confident guess.
+pub fn guess(plan: &CagePlan) -> Option<Early> {
+    for p in candidates(plan) {
+        let Some(fd) = open_from_host(plan, &p) else { continue };
+        let before = sys::fstat(fd.as_fd()).ok()?;
+        if before.st_mode & libc::S_IFMT != libc::S_IFREG {
+            continue;
+        }
+        let sha256 = hash_fd(fd.as_fd()).ok()?;
+        let after = sys::fstat(fd.as_fd()).ok()?;
+        // Changed while we read it: no early digest.
+        return (identity(&before) == identity(&after)).then(|| Early { id: identity(&after), sha256 });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[test]
+    fn early_digest_is_only_used_for_the_unchanged_file() {
+        let dir = std::env::temp_dir().join(format!("chio-prehash-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::write(dir.join("bin/tool"), b"version one").unwrap();
+        let mut plan = CagePlan::new(vec![OsString::from("tool")]);
+        plan.root = RootSpec::Directory(dir.clone());
+        plan.env = vec![("PATH".into(), "/nope:/bin".into())];
+        let early = guess(&plan).unwrap();
+        let st = |p: &Path| {
+            let f = std::fs::File::open(p).unwrap();
+            sys::fstat(f.as_fd()).unwrap()
+        };
+        assert!(early.matches(&st(&dir.join("bin/tool"))));
+        let f = std::fs::File::open(dir.join("bin/tool")).unwrap();
+        assert_eq!(early.sha256, hash_fd(f.as_fd()).unwrap());
+        // Any write moves ctime (and here size): the early digest no longer applies.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        std::fs::write(dir.join("bin/tool"), b"version two!").unwrap();
+        assert!(!early.matches(&st(&dir.join("bin/tool"))));
+        // A bind over the path makes the host-side view unreliable: no guess.
+        plan.binds.push(crate::plan::Bind { source: dir.clone(), dest: "/bin".into(), writable: false });
+        assert!(guess(&plan).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
