@@ -26,8 +26,10 @@ const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
 const RESERVED: [&str; 4] = ["proc", "dev", "tmp", "workspace"];
 /// Host directories making up the default root.
 pub(crate) const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
-/// Host `/etc` entries the default root carries (no shadow, no secrets).
-const HOST_ETC: [&str; 11] = [
+/// Host `/etc` entries the default root carries: what the dynamic loader, name lookups and
+/// `alternatives` symlinks need — no shadow, and no `ssl` (it holds `private/`, which a target
+/// run with `--uid 0` could read as its owner).
+const HOST_ETC: [&str; 10] = [
     "passwd",
     "group",
     "nsswitch.conf",
@@ -38,7 +40,6 @@ const HOST_ETC: [&str; 11] = [
     "hosts",
     "localtime",
     "os-release",
-    "ssl",
 ];
 /// Device nodes bound into `/dev`.
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];

@@ -366,6 +366,18 @@ fn sethostname_is_refused() {
 }
 
 #[test]
+fn uid_0_in_the_cage_cannot_write_sysctls() {
+    let Some(e) = env("sysctl") else { return };
+    e.pair(
+        "write /proc/sys",
+        &["--uid", "0", "--gid", "0"],
+        &["write-sysctl"],
+        Some(libc::EACCES),
+        &["write-sysctl", "--own-ns"],
+    );
+}
+
+#[test]
 fn mknod_is_refused() {
     let Some(e) = env("mknod") else { return };
     let s = Scratch::new("mknod");

@@ -93,6 +93,7 @@ fn main() {
         "mknod" => mknod(arg(rest, 0)),
         "chroot" => chroot(arg(rest, 0)),
         "sethostname" => sethostname(rest.first().map(String::as_str) == Some("--own-ns")),
+        "write-sysctl" => write_sysctl(rest.first().map(String::as_str) == Some("--own-ns")),
         "open-by-handle" => open_by_handle(arg(rest, 0)),
         "stat" => stat(arg(rest, 0)),
         "raw-socket" => raw_socket(),
@@ -606,6 +607,14 @@ fn sethostname(own_ns: bool) -> ! {
         error("unshare(NEWUTS) for the control");
     }
     verdict("sethostname", unsafe { libc::sethostname(c"escaped".as_ptr(), 7) } as libc::c_long)
+}
+
+/// Write a sysctl through /proc/sys (the UTS hostname, so the control can use its own namespace).
+fn write_sysctl(own_ns: bool) -> ! {
+    if own_ns && unsafe { libc::unshare(libc::CLONE_NEWUTS) } != 0 {
+        error("unshare(NEWUTS) for the control");
+    }
+    write_file("/proc/sys/kernel/hostname")
 }
 
 /// The "shocker" attack: name_to_handle_at + open_by_handle_at bypass path checks.
