@@ -1,6 +1,7 @@
 //! The `chio` command.
 
 mod cage_cmd;
+mod keys_cmd;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -20,24 +21,32 @@ enum Command {
         #[command(subcommand)]
         command: CageCommand,
     },
+    /// Ed25519 keys for signing and pinning.
+    Keys {
+        #[command(subcommand)]
+        command: keys_cmd::KeysCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 enum CageCommand {
     /// Run a command in a cage and report how it was confined and how it ended.
-    Run(cage_cmd::RunArgs),
+    Run(Box<cage_cmd::RunArgs>),
 }
 
 fn main() {
     let cli = Cli::parse();
-    let code = match &cli.command {
-        Command::Cage { command: CageCommand::Run(args) } => cage_cmd::run(args),
+    // A command that cannot run exits 125 for `cage run` (its cage-failure status) and 1 for
+    // everything else; usage errors exit 2 (clap).
+    let (code, on_error) = match &cli.command {
+        Command::Cage { command: CageCommand::Run(args) } => (cage_cmd::run(args), 125),
+        Command::Keys { command } => (keys_cmd::run(command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),
         Err(e) => {
             eprintln!("chio: {e:#}");
-            std::process::exit(125);
+            std::process::exit(on_error);
         }
     }
 }
