@@ -1,0 +1,177 @@
+//! Receipts (`chio.receipt.v1`): signed statements of what the kernel admitted, launched, saw end,
+//! or denied. A receipt is a signed envelope whose body carries a sequence number and the id of
+//! the previous receipt, so the receipts of one store form a hash chain: an edited, deleted or
+//! reordered receipt breaks it. The id of a receipt is the SHA-256 of its canonical body.
+
+use ed25519_dalek::SigningKey;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::canonical;
+use crate::envelope::{self, EnvelopeError, Signed};
+
+/// Schema name of a receipt body.
+pub const SCHEMA: &str = "chio.receipt.v1";
+/// `prev` of the first receipt in a store.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// What a receipt attests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A launch reached (or failed to reach) FullyEnforced.
+    LaunchEnforcement,
+    /// A launched target ended.
+    LaunchTerminal,
+    /// A tool call made under a launch.
+    ToolCall,
+    /// Admission refused something.
+    Denial,
+}
+
+impl Kind {
+    /// The snake_case name stored and filtered on.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::LaunchEnforcement => "launch_enforcement",
+            Kind::LaunchTerminal => "launch_terminal",
+            Kind::ToolCall => "tool_call",
+            Kind::Denial => "denial",
+        }
+    }
+}
+
+/// A reference from one receipt to another (a tool call to its launch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reference {
+    /// Id of the referenced receipt.
+    pub receipt_id: String,
+    /// SHA-256 of the referenced receipt's canonical envelope.
+    pub receipt_sha256: String,
+}
+
+/// The signed content of a receipt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Body {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    /// What this attests.
+    pub kind: Kind,
+    /// Position in the store's chain, from 1.
+    pub seq: u64,
+    /// Id of the previous receipt in the chain ([`GENESIS`] for the first).
+    pub prev: String,
+    /// RFC 3339 UTC time of issue.
+    pub issued_at: String,
+    /// Tool server the receipt concerns, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_server: Option<String>,
+    /// Short outcome: a launch state, `exit:N`, `signal:N`, `denied`, ...
+    pub outcome: String,
+    /// The cage's launch record, embedded as opaque JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_record: Option<Value>,
+    /// The launch receipt a tool call or terminal receipt belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Reference>,
+    /// Kind-specific detail (denial reasons, tool call arguments digest, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Value>,
+}
+
+/// What the caller supplies; the store fills in `seq`, `prev` and `issued_at`.
+#[derive(Debug, Clone, Default)]
+pub struct Draft {
+    /// Kind (required).
+    pub kind: Option<Kind>,
+    /// Tool server.
+    pub tool_server: Option<String>,
+    /// Outcome.
+    pub outcome: String,
+    /// Embedded launch record.
+    pub launch_record: Option<Value>,
+    /// Launch reference.
+    pub launch: Option<Reference>,
+    /// Detail.
+    pub detail: Option<Value>,
+}
+
+/// Why a receipt was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReceiptError {
+    /// Envelope, key or signature problem.
+    Envelope(EnvelopeError),
+    /// The body is not a receipt.
+    Body(String),
+}
+
+impl std::fmt::Display for ReceiptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReceiptError::Envelope(e) => write!(f, "{e}"),
+            ReceiptError::Body(e) => write!(f, "not a {SCHEMA} body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReceiptError {}
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    crate::keys::hex(&Sha256::digest(bytes))
+}
+
+/// Id of a receipt body: SHA-256 of its canonical bytes.
+pub fn id_of(body: &Body) -> Result<String, ReceiptError> {
+    let v = serde_json::to_value(body).map_err(|e| ReceiptError::Body(e.to_string()))?;
+    let c = canonical::to_canonical(&v).map_err(|e| ReceiptError::Envelope(EnvelopeError::Canonical(e)))?;
+    Ok(sha256_hex(c.as_bytes()))
+}
+
+/// Sign a body.
+pub fn sign(key: &SigningKey, body: &Body) -> Result<Signed, ReceiptError> {
+    let v = serde_json::to_value(body).map_err(|e| ReceiptError::Body(e.to_string()))?;
+    envelope::sign(key, v).map_err(ReceiptError::Envelope)
+}
+
+/// A verified receipt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    /// Its id.
+    pub id: String,
+    /// Its body.
+    pub body: Body,
+}
+
+/// Verify one exported receipt (an envelope's JSON bytes) against the pinned kernel key.
+pub fn verify(bytes: &[u8], kernel_key_hex: &str) -> Result<Verified, ReceiptError> {
+    let v = envelope::verify(bytes, kernel_key_hex).map_err(ReceiptError::Envelope)?;
+    let body: Body = serde_json::from_value(v).map_err(|e| ReceiptError::Body(e.to_string()))?;
+    if body.schema != SCHEMA {
+        return Err(ReceiptError::Body(format!("schema is {:?}", body.schema)));
+    }
+    Ok(Verified { id: id_of(&body)?, body })
+}
+
+/// Check that `receipts` (verified, in order) form an unbroken chain starting after `prev`/`seq`.
+/// Returns each break as (receipt id, reason).
+pub fn chain_breaks(receipts: &[Verified], mut prev: String, mut seq: u64) -> Vec<(String, String)> {
+    let mut breaks = Vec::new();
+    for r in receipts {
+        if r.body.seq != seq + 1 {
+            breaks.push((
+                r.id.clone(),
+                format!("seq is {} but {} was expected (a receipt is missing or moved)", r.body.seq, seq + 1),
+            ));
+        }
+        if r.body.prev != prev {
+            breaks.push((r.id.clone(), format!("prev is {} but the previous receipt is {prev}", r.body.prev)));
+        }
+        prev = r.id.clone();
+        seq = r.body.seq;
+    }
+    breaks
+}

@@ -1,0 +1,407 @@
+//! The receipt store: one SQLite file, WAL, `synchronous=FULL`, checked `application_id` and
+//! `user_version`, append-only (triggers refuse UPDATE and DELETE), one writer at a time
+//! (`BEGIN IMMEDIATE`). A receipt is committed — durable — before `append` returns. Chain
+//! verification re-checks every signature against the pinned key and every hash link, so an edited,
+//! deleted or reordered row is reported even if someone bypassed the triggers.
+
+use std::path::Path;
+
+use ed25519_dalek::SigningKey;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+
+use crate::receipt::{self, Body, Draft, Verified, GENESIS, SCHEMA};
+use crate::time;
+
+/// `PRAGMA application_id` of a chio receipt store ("chio").
+pub const APPLICATION_ID: i32 = 0x6368_696f;
+/// Schema version this code reads and writes.
+pub const USER_VERSION: i32 = 1;
+
+const SCHEMA_SQL: &str = "
+CREATE TABLE receipts (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    tool_server TEXT,
+    outcome TEXT NOT NULL,
+    issued_at_ms INTEGER NOT NULL,
+    prev TEXT NOT NULL,
+    envelope TEXT NOT NULL
+) STRICT;
+CREATE INDEX receipts_by_time ON receipts(issued_at_ms, seq);
+CREATE INDEX receipts_by_tool_server ON receipts(tool_server, seq);
+CREATE INDEX receipts_by_kind ON receipts(kind, seq);
+CREATE INDEX receipts_by_outcome ON receipts(outcome, seq);
+CREATE TRIGGER receipts_no_update BEFORE UPDATE ON receipts BEGIN SELECT RAISE(ABORT, 'receipts are append-only'); END;
+CREATE TRIGGER receipts_no_delete BEFORE DELETE ON receipts BEGIN SELECT RAISE(ABORT, 'receipts are append-only'); END;
+";
+
+/// Why the store refused or failed.
+#[derive(Debug)]
+pub enum StoreError {
+    /// The file is not a chio receipt store, or a newer/older one.
+    Foreign(String),
+    /// SQLite error.
+    Sql(rusqlite::Error),
+    /// A receipt could not be built or signed.
+    Receipt(receipt::ReceiptError),
+    /// Bad input (a draft without a kind, ...).
+    Invalid(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Foreign(e) | StoreError::Invalid(e) => write!(f, "{e}"),
+            StoreError::Sql(e) => write!(f, "receipt store: {e}"),
+            StoreError::Receipt(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sql(e)
+    }
+}
+
+/// Listing filters (all optional) and cursor pagination by sequence number.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only this tool server.
+    pub tool_server: Option<String>,
+    /// Only this kind (snake_case name).
+    pub kind: Option<String>,
+    /// Only this outcome.
+    pub outcome: Option<String>,
+    /// Issued at or after (Unix ms).
+    pub since_ms: Option<i64>,
+    /// Issued before (Unix ms).
+    pub until_ms: Option<i64>,
+    /// Only receipts after this sequence number (the cursor of the previous page).
+    pub after_seq: Option<u64>,
+    /// At most this many.
+    pub limit: u64,
+}
+
+/// One stored receipt as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Sequence number (also the pagination cursor).
+    pub seq: u64,
+    /// Receipt id.
+    pub id: String,
+    /// Kind.
+    pub kind: String,
+    /// Tool server.
+    pub tool_server: Option<String>,
+    /// Outcome.
+    pub outcome: String,
+    /// RFC 3339 issue time.
+    pub issued_at: String,
+    /// The signed envelope, as stored.
+    pub envelope: String,
+}
+
+/// Result of a chain verification.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChainReport {
+    /// Receipts checked.
+    pub checked: u64,
+    /// Each problem: (sequence number, receipt id, reason).
+    pub problems: Vec<(u64, String, String)>,
+}
+
+/// An open store.
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Open (and with `create`, initialize) the store at `path`. A foreign database, or a store of
+    /// another schema version, is refused.
+    pub fn open(path: &Path, create: bool) -> Result<Store, StoreError> {
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let conn = Connection::open_with_flags(path, flags)
+            .map_err(|e| StoreError::Foreign(format!("cannot open receipt store {}: {e}", path.display())))?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+        let version: i32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+        if app == 0 && version == 0 && tables == 0 {
+            if !create {
+                return Err(StoreError::Foreign(format!("{} is empty, not a receipt store", path.display())));
+            }
+            conn.execute_batch("PRAGMA journal_mode=WAL;")?;
+            conn.execute_batch(&format!(
+                "BEGIN; {SCHEMA_SQL} PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={USER_VERSION}; COMMIT;"
+            ))?;
+        } else if app != APPLICATION_ID {
+            return Err(StoreError::Foreign(format!(
+                "{} is not a chio receipt store (application_id {app:#x})",
+                path.display()
+            )));
+        } else if version != USER_VERSION {
+            return Err(StoreError::Foreign(format!(
+                "{} has receipt store schema {version}; this chio reads schema {USER_VERSION}",
+                path.display()
+            )));
+        }
+        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")?;
+        Ok(Store { conn })
+    }
+
+    /// Append a receipt signed by `key`; it is committed (durable) when this returns.
+    pub fn append(&mut self, key: &SigningKey, draft: Draft) -> Result<Verified, StoreError> {
+        let kind = draft.kind.ok_or_else(|| StoreError::Invalid("a receipt needs a kind".into()))?;
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let last: Option<(u64, String)> = tx
+            .query_row("SELECT seq, id FROM receipts ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let (seq, prev) = last.map_or((1, GENESIS.to_string()), |(s, id)| (s + 1, id));
+        let now = time::now_ms();
+        let body = Body {
+            schema: SCHEMA.into(),
+            kind,
+            seq,
+            prev: prev.clone(),
+            issued_at: time::rfc3339(now),
+            tool_server: draft.tool_server,
+            outcome: draft.outcome,
+            launch_record: draft.launch_record,
+            launch: draft.launch,
+            detail: draft.detail,
+        };
+        let env = receipt::sign(key, &body).map_err(StoreError::Receipt)?;
+        let id = receipt::id_of(&body).map_err(StoreError::Receipt)?;
+        let text = serde_json::to_string(&env).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        tx.execute(
+            "INSERT INTO receipts (seq, id, kind, tool_server, outcome, issued_at_ms, prev, envelope)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![seq, id, kind.name(), body.tool_server, body.outcome, now, prev, text],
+        )?;
+        tx.commit()?;
+        Ok(Verified { id, body })
+    }
+
+    /// List receipts by sequence number with filters; the last row's `seq` is the next cursor.
+    pub fn list(&self, f: &Filter) -> Result<Vec<Row>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, id, kind, tool_server, outcome, issued_at_ms, envelope FROM receipts
+             WHERE (?1 IS NULL OR tool_server = ?1) AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR outcome = ?3)
+               AND (?4 IS NULL OR issued_at_ms >= ?4) AND (?5 IS NULL OR issued_at_ms < ?5) AND seq > ?6
+             ORDER BY seq LIMIT ?7",
+        )?;
+        let rows = stmt.query_map(
+            params![f.tool_server, f.kind, f.outcome, f.since_ms, f.until_ms, f.after_seq.unwrap_or(0), f.limit],
+            |r| {
+                Ok(Row {
+                    seq: r.get(0)?,
+                    id: r.get(1)?,
+                    kind: r.get(2)?,
+                    tool_server: r.get(3)?,
+                    outcome: r.get(4)?,
+                    issued_at: time::rfc3339(r.get(5)?),
+                    envelope: r.get(6)?,
+                })
+            },
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Verify the chain over `[from, to]` (whole store by default) against the pinned key: every
+    /// signature, every id, every column against its body, contiguous sequence numbers and links.
+    pub fn verify_chain(
+        &self,
+        kernel_key_hex: &str,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<ChainReport, StoreError> {
+        let from = from.unwrap_or(1).max(1);
+        let mut report = ChainReport::default();
+        let (mut seq, mut prev) = if from == 1 {
+            (0, GENESIS.to_string())
+        } else {
+            let prev: Option<String> =
+                self.conn.query_row("SELECT id FROM receipts WHERE seq = ?1", [from - 1], |r| r.get(0)).optional()?;
+            match prev {
+                Some(id) => (from - 1, id),
+                None => {
+                    report.problems.push((from - 1, String::new(), "the receipt before the range is missing".into()));
+                    (from - 1, String::new())
+                }
+            }
+        };
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, id, kind, tool_server, outcome, prev, envelope FROM receipts WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
+        )?;
+        let mut rows = stmt.query(params![from, to.unwrap_or(i64::MAX as u64)])?;
+        while let Some(r) = rows.next()? {
+            let (row_seq, row_id): (u64, String) = (r.get(0)?, r.get(1)?);
+            let columns: (String, Option<String>, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
+            let envelope: String = r.get(6)?;
+            report.checked += 1;
+            let mut problem = |why: String| report.problems.push((row_seq, row_id.clone(), why));
+            if row_seq != seq + 1 {
+                problem(format!("sequence jumps from {seq} to {row_seq}: receipts are missing"));
+            }
+            match receipt::verify(envelope.as_bytes(), kernel_key_hex) {
+                Err(e) => problem(format!("signature or body refused: {e}")),
+                Ok(v) => {
+                    if v.id != row_id {
+                        problem(format!("stored id differs from the body's digest {}", v.id));
+                    }
+                    if v.body.seq != row_seq {
+                        problem(format!("body says seq {} (rows were reordered)", v.body.seq));
+                    }
+                    if v.body.prev != prev {
+                        problem(format!("links to {} but the previous receipt is {prev}", v.body.prev));
+                    }
+                    let body_cols = (
+                        v.body.kind.name().to_string(),
+                        v.body.tool_server.clone(),
+                        v.body.outcome.clone(),
+                        v.body.prev.clone(),
+                    );
+                    if body_cols != columns {
+                        problem("indexed columns differ from the signed body".into());
+                    }
+                }
+            }
+            seq = row_seq;
+            prev = row_id;
+        }
+        Ok(report)
+    }
+
+    /// Number of receipts.
+    pub fn count(&self) -> Result<u64, StoreError> {
+        Ok(self.conn.query_row("SELECT count(*) FROM receipts", [], |r| r.get(0))?)
+    }
+
+    /// The raw connection (tests use it to play the attacker).
+    #[doc(hidden)]
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys;
+    use crate::receipt::Kind;
+
+    fn temp(tag: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("chio-store-{tag}-{}.db", std::process::id()));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+        }
+        p
+    }
+
+    fn draft(i: usize) -> Draft {
+        Draft {
+            kind: Some(if i % 2 == 0 { Kind::LaunchEnforcement } else { Kind::LaunchTerminal }),
+            tool_server: Some(format!("server-{}", i % 3)),
+            outcome: if i % 2 == 0 { "FullyEnforced".into() } else { "exit:0".into() },
+            ..Draft::default()
+        }
+    }
+
+    fn filled(tag: &str, n: usize) -> (Store, String, std::path::PathBuf) {
+        let path = temp(tag);
+        let key = keys::generate().unwrap();
+        let mut s = Store::open(&path, true).unwrap();
+        for i in 0..n {
+            s.append(&key, draft(i)).unwrap();
+        }
+        (s, keys::hex(key.verifying_key().as_bytes()), path)
+    }
+
+    #[test]
+    fn append_list_and_verify() {
+        let (s, pk, _) = filled("basic", 10);
+        assert_eq!(s.count().unwrap(), 10);
+        let report = s.verify_chain(&pk, None, None).unwrap();
+        assert_eq!(report, ChainReport { checked: 10, problems: vec![] });
+        let page = s.list(&Filter { tool_server: Some("server-1".into()), limit: 2, ..Filter::default() }).unwrap();
+        assert_eq!(page.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![2, 5]);
+        let next = s
+            .list(&Filter { tool_server: Some("server-1".into()), limit: 2, after_seq: Some(5), ..Filter::default() })
+            .unwrap();
+        assert_eq!(next.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![8]);
+        let kinds = s.list(&Filter { kind: Some("launch_terminal".into()), limit: 100, ..Filter::default() }).unwrap();
+        assert_eq!(kinds.len(), 5);
+        assert_eq!(s.verify_chain(&pk, Some(4), Some(7)).unwrap().checked, 4);
+    }
+
+    #[test]
+    fn wrong_key_fails_every_receipt() {
+        let (s, _, _) = filled("wrongkey", 3);
+        let other = keys::hex(keys::generate().unwrap().verifying_key().as_bytes());
+        assert_eq!(s.verify_chain(&other, None, None).unwrap().problems.len(), 3);
+    }
+
+    #[test]
+    fn updates_and_deletes_are_refused_by_the_store() {
+        let (s, _, _) = filled("appendonly", 2);
+        assert!(s.connection().execute("UPDATE receipts SET outcome = 'x' WHERE seq = 1", []).is_err());
+        assert!(s.connection().execute("DELETE FROM receipts WHERE seq = 1", []).is_err());
+    }
+
+    fn attacker(s: &Store, sql: &str) {
+        s.connection()
+            .execute_batch(&format!("DROP TRIGGER receipts_no_update; DROP TRIGGER receipts_no_delete; {sql}"))
+            .unwrap();
+    }
+
+    #[test]
+    fn tampering_is_detected() {
+        // An edited row (its body changed, signature now wrong).
+        let (s, pk, _) = filled("edit", 5);
+        attacker(&s, "UPDATE receipts SET envelope = replace(envelope, 'exit:0', 'exit:1') WHERE seq = 2");
+        let r = s.verify_chain(&pk, None, None).unwrap();
+        assert!(r.problems.iter().any(|(seq, _, why)| *seq == 2 && why.contains("signature")), "{r:?}");
+        // A deleted row.
+        let (s, pk, _) = filled("delete", 5);
+        attacker(&s, "DELETE FROM receipts WHERE seq = 3");
+        let r = s.verify_chain(&pk, None, None).unwrap();
+        assert!(r.problems.iter().any(|(seq, _, why)| *seq == 4 && why.contains("missing")), "{r:?}");
+        // Two rows swapped.
+        let (s, pk, _) = filled("reorder", 5);
+        attacker(
+            &s,
+            "UPDATE receipts SET seq = 100 WHERE seq = 2; UPDATE receipts SET seq = 2 WHERE seq = 3;
+             UPDATE receipts SET seq = 3 WHERE seq = 100;",
+        );
+        let r = s.verify_chain(&pk, None, None).unwrap();
+        assert!(r.problems.iter().any(|(_, _, why)| why.contains("reordered")), "{r:?}");
+        // An indexed column changed without touching the signed body.
+        let (s, pk, _) = filled("column", 3);
+        attacker(&s, "UPDATE receipts SET outcome = 'FullyEnforced' WHERE seq = 2");
+        let r = s.verify_chain(&pk, None, None).unwrap();
+        assert!(r.problems.iter().any(|(seq, _, why)| *seq == 2 && why.contains("columns")), "{r:?}");
+    }
+
+    #[test]
+    fn foreign_and_newer_databases_are_refused() {
+        let path = temp("foreign");
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE t(x); PRAGMA application_id = 42;").unwrap();
+        drop(c);
+        assert!(
+            matches!(Store::open(&path, true), Err(StoreError::Foreign(e)) if e.contains("not a chio receipt store"))
+        );
+        let (s, _, path) = filled("newer", 1);
+        s.connection().execute_batch("PRAGMA user_version = 2;").unwrap();
+        drop(s);
+        assert!(matches!(Store::open(&path, false), Err(StoreError::Foreign(e)) if e.contains("schema 2")));
+        assert!(matches!(Store::open(&temp("absent"), false), Err(StoreError::Foreign(_))));
+    }
+}
