@@ -90,6 +90,12 @@ pub struct RunArgs {
     /// Print the launch record as one JSON line, the last line on stderr.
     #[arg(long)]
     json: bool,
+    /// Append this launch's enforcement and terminal receipts to this store (needs --kernel-key).
+    #[arg(long = "receipt-db", value_name = "DB", requires = "kernel_key")]
+    receipt_db: Option<PathBuf>,
+    /// The kernel's signing seed for the receipts (needs --receipt-db).
+    #[arg(long = "kernel-key", value_name = "SEED", requires = "receipt_db")]
+    kernel_key: Option<PathBuf>,
     /// Command and arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -197,11 +203,20 @@ fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
 /// Run the command; returns the process exit status.
 pub fn run(a: &RunArgs) -> Result<i32> {
     let plan = plan_from(a)?;
+    // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
+    let mut receipts = match (&a.receipt_db, &a.kernel_key) {
+        (Some(db), Some(seed)) => Some(crate::receipt_cmd::LaunchReceipts::open(db, seed)?),
+        _ => None,
+    };
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let (mut out, mut err) = (stdout.lock(), stderr.lock());
     let rec = chio_cage::launch(&plan, &mut Sinks { stdout: &mut out, stderr: &mut err });
     drop((out, err));
+    if let Some(r) = receipts.as_mut() {
+        let ids = r.record(&rec).context("the launch ran but its receipts could not be recorded")?;
+        eprintln!("chio: receipts {}", ids.join(" "));
+    }
     report(a, &rec)?;
     Ok(rec.exit_status())
 }

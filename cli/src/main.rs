@@ -2,6 +2,7 @@
 
 mod cage_cmd;
 mod keys_cmd;
+mod receipt_cmd;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,11 @@ enum Command {
     Cage {
         #[command(subcommand)]
         command: CageCommand,
+    },
+    /// Signed receipts: offline verification, listing, chain verification.
+    Receipt {
+        #[command(subcommand)]
+        command: receipt_cmd::ReceiptCommand,
     },
     /// Ed25519 keys for signing and pinning.
     Keys {
@@ -41,6 +47,7 @@ fn main() {
     let (code, on_error) = match &cli.command {
         Command::Cage { command: CageCommand::Run(args) } => (cage_cmd::run(args), 125),
         Command::Keys { command } => (keys_cmd::run(command), 1),
+        Command::Receipt { command } => (receipt_cmd::run(command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),

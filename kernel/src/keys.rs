@@ -7,7 +7,8 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+pub use ed25519_dalek::SigningKey;
+use ed25519_dalek::{Signature, Signer, VerifyingKey};
 
 /// Why a key or signature was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

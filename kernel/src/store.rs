@@ -114,6 +114,15 @@ pub struct ChainReport {
     pub problems: Vec<(u64, String, String)>,
 }
 
+/// A receipt just appended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Appended {
+    /// Its id and body.
+    pub receipt: Verified,
+    /// The signed envelope as stored.
+    pub envelope: crate::envelope::Signed,
+}
+
 /// An open store.
 pub struct Store {
     conn: Connection,
@@ -157,7 +166,7 @@ impl Store {
     }
 
     /// Append a receipt signed by `key`; it is committed (durable) when this returns.
-    pub fn append(&mut self, key: &SigningKey, draft: Draft) -> Result<Verified, StoreError> {
+    pub fn append(&mut self, key: &SigningKey, draft: Draft) -> Result<Appended, StoreError> {
         let kind = draft.kind.ok_or_else(|| StoreError::Invalid("a receipt needs a kind".into()))?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let last: Option<(u64, String)> = tx
@@ -186,7 +195,7 @@ impl Store {
             params![seq, id, kind.name(), body.tool_server, body.outcome, now, prev, text],
         )?;
         tx.commit()?;
-        Ok(Verified { id, body })
+        Ok(Appended { receipt: Verified { id, body }, envelope: env })
     }
 
     /// List receipts by sequence number with filters; the last row's `seq` is the next cursor.

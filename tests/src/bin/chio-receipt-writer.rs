@@ -27,7 +27,7 @@ fn main() {
                 detail: Some(serde_json::json!({ "i": i, "pad": "x".repeat(200) })),
                 ..Draft::default()
             };
-            let r = store.append(&key, draft)?;
+            let r = store.append(&key, draft)?.receipt;
             writeln!(out, "ACK {} {}", r.body.seq, r.id)?;
             out.flush()?;
         }

@@ -1,0 +1,254 @@
+//! `chio receipt verify | list | verify-chain`, and the receipts `chio cage run` appends.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use chio_cage::{LaunchRecord, State};
+use chio_kernel::canonical;
+use chio_kernel::keys;
+use chio_kernel::receipt::{self, Draft, Kind, Reference, Verified};
+use chio_kernel::store::{Filter, Store};
+use chio_kernel::time;
+use clap::Subcommand;
+
+/// Largest input `receipt verify` reads.
+const MAX_INPUT_BYTES: u64 = 64 << 20;
+/// Most receipts `receipt verify` checks in one file.
+const MAX_RECORDS: usize = 100_000;
+
+/// `chio receipt …`
+#[derive(Debug, Subcommand)]
+pub enum ReceiptCommand {
+    /// Verify exported receipts offline (.json: one receipt; .ndjson: one per line, in chain order).
+    Verify {
+        /// The export.
+        #[arg(long, value_name = "FILE")]
+        input: PathBuf,
+        /// The kernel's public key: 64 hex digits, or a file holding them.
+        #[arg(long = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
+        key: String,
+    },
+    /// List receipts as JSON lines, oldest first; prints the next page's cursor on stderr.
+    List {
+        /// The receipt store.
+        #[arg(long = "receipt-db", value_name = "DB")]
+        db: PathBuf,
+        /// Only this tool server.
+        #[arg(long = "tool-server")]
+        tool_server: Option<String>,
+        /// Only this kind (launch_enforcement, launch_terminal, tool_call, denial).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this outcome.
+        #[arg(long)]
+        outcome: Option<String>,
+        /// Issued at or after (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
+        #[arg(long)]
+        since: Option<String>,
+        /// Issued before (RFC 3339 UTC).
+        #[arg(long)]
+        until: Option<String>,
+        /// Page size.
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+        /// Cursor from the previous page.
+        #[arg(long)]
+        cursor: Option<u64>,
+    },
+    /// Verify the whole store (or a range): signatures, ids, links and sequence.
+    VerifyChain {
+        /// The receipt store.
+        #[arg(long = "receipt-db", value_name = "DB")]
+        db: PathBuf,
+        /// The kernel's public key: 64 hex digits, or a file holding them.
+        #[arg(long = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
+        key: String,
+        /// First sequence number.
+        #[arg(long)]
+        from: Option<u64>,
+        /// Last sequence number.
+        #[arg(long)]
+        to: Option<u64>,
+    },
+}
+
+/// Run a receipt subcommand.
+pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
+    match cmd {
+        ReceiptCommand::Verify { input, key } => verify_file(input, &pinned_key(key)?),
+        ReceiptCommand::List { db, tool_server, kind, outcome, since, until, limit, cursor } => {
+            let when = |s: &Option<String>, flag: &str| -> Result<Option<i64>> {
+                s.as_deref()
+                    .map(|t| {
+                        time::parse_rfc3339(t)
+                            .with_context(|| format!("{flag} {t:?} is not RFC 3339 UTC (2026-11-29T00:00:00Z)"))
+                    })
+                    .transpose()
+            };
+            let filter = Filter {
+                tool_server: tool_server.clone(),
+                kind: kind.clone(),
+                outcome: outcome.clone(),
+                since_ms: when(since, "--since")?,
+                until_ms: when(until, "--until")?,
+                after_seq: *cursor,
+                limit: (*limit).clamp(1, 10_000),
+            };
+            list(db, &filter)
+        }
+        ReceiptCommand::VerifyChain { db, key, from, to } => verify_chain(db, &pinned_key(key)?, *from, *to),
+    }
+}
+
+/// A pinned key given inline or in a file; checked (weak keys refused).
+pub fn pinned_key(arg: &str) -> Result<String> {
+    let hex = if arg.len() == 64 && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
+        arg.to_string()
+    } else {
+        std::fs::read_to_string(arg).with_context(|| format!("reading key file {arg}"))?.trim().to_string()
+    };
+    keys::public_key(&hex).with_context(|| format!("trusted kernel key {hex:?}"))?;
+    Ok(hex)
+}
+
+fn verify_file(input: &Path, key: &str) -> Result<i32> {
+    let size = std::fs::metadata(input).with_context(|| format!("{}", input.display()))?.len();
+    if size > MAX_INPUT_BYTES {
+        bail!("{} is {size} bytes; receipt verify reads at most {MAX_INPUT_BYTES}", input.display());
+    }
+    let text = std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let ndjson = input.extension().is_some_and(|e| e == "ndjson");
+    let records: Vec<&str> =
+        if ndjson { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { vec![text.trim()] };
+    if records.len() > MAX_RECORDS {
+        bail!("{} holds {} receipts; receipt verify checks at most {MAX_RECORDS}", input.display(), records.len());
+    }
+    let mut ok: Vec<Verified> = Vec::new();
+    let mut failures = 0;
+    let mut err = std::io::stderr().lock();
+    for (i, rec) in records.iter().enumerate() {
+        match receipt::verify(rec.as_bytes(), key) {
+            Ok(v) => ok.push(v),
+            Err(e) => {
+                failures += 1;
+                writeln!(err, "{}:{}: receipt {}: {e}", input.display(), i + 1, claimed_id(rec))?;
+            }
+        }
+    }
+    if ndjson && failures == 0 {
+        if let Some(first) = ok.first() {
+            let (prev, seq) = (first.body.prev.clone(), first.body.seq - 1);
+            for (id, why) in receipt::chain_breaks(&ok, prev, seq) {
+                failures += 1;
+                writeln!(err, "{}: receipt {id}: {why}", input.display())?;
+            }
+        }
+    }
+    if failures > 0 {
+        writeln!(err, "chio: {failures} problem(s) in {} receipt(s)", records.len())?;
+        return Ok(1);
+    }
+    println!("ok: {} receipt(s) verified under {key}", ok.len());
+    Ok(0)
+}
+
+/// The id a receipt would have (SHA-256 of its canonical body), for error messages.
+fn claimed_id(text: &str) -> String {
+    canonical::parse_strict(text.as_bytes())
+        .ok()
+        .and_then(|v| canonical::to_canonical(v.get("body")?).ok())
+        .map_or_else(|| "(unreadable)".into(), |c| receipt::sha256_hex(c.as_bytes()))
+}
+
+fn list(db: &Path, filter: &Filter) -> Result<i32> {
+    let store = Store::open(db, false)?;
+    let rows = store.list(filter)?;
+    let mut out = std::io::stdout().lock();
+    for r in &rows {
+        let receipt: serde_json::Value = serde_json::from_str(&r.envelope)?;
+        let line = serde_json::json!({
+            "seq": r.seq, "id": r.id, "kind": r.kind, "tool_server": r.tool_server,
+            "outcome": r.outcome, "issued_at": r.issued_at, "receipt": receipt,
+        });
+        writeln!(out, "{line}")?;
+    }
+    if rows.len() as u64 == filter.limit {
+        if let Some(last) = rows.last() {
+            eprintln!("next cursor: {}", last.seq);
+        }
+    }
+    Ok(0)
+}
+
+fn verify_chain(db: &Path, key: &str, from: Option<u64>, to: Option<u64>) -> Result<i32> {
+    let store = Store::open(db, false)?;
+    let report = store.verify_chain(key, from, to)?;
+    let mut err = std::io::stderr().lock();
+    for (seq, id, why) in &report.problems {
+        writeln!(err, "receipt {seq} {id}: {why}")?;
+    }
+    if report.problems.is_empty() {
+        println!("ok: {} receipt(s), chain intact", report.checked);
+        Ok(0)
+    } else {
+        writeln!(err, "chio: {} problem(s) in {} receipt(s)", report.problems.len(), report.checked)?;
+        Ok(1)
+    }
+}
+
+/// Where `chio cage run` records its receipts.
+pub struct LaunchReceipts {
+    store: Store,
+    key: keys::SigningKey,
+}
+
+impl LaunchReceipts {
+    /// Open the store and key before anything runs, so a bad key or foreign store refuses early.
+    pub fn open(db: &Path, seed: &Path) -> Result<LaunchReceipts> {
+        let key = keys::read_seed(seed)?;
+        let store = Store::open(db, true)?;
+        Ok(LaunchReceipts { store, key })
+    }
+
+    /// Append the enforcement receipt (with the launch record) and, when the target ran, the
+    /// terminal receipt referencing it. Both are durable when this returns.
+    pub fn record(&mut self, rec: &LaunchRecord) -> Result<Vec<String>> {
+        let record = serde_json::to_value(rec)?;
+        let state = serde_json::to_value(rec.state)?.as_str().unwrap_or("unknown").to_string();
+        let enforcement = self.store.append(
+            &self.key,
+            Draft {
+                kind: Some(Kind::LaunchEnforcement),
+                outcome: state,
+                launch_record: Some(record),
+                ..Draft::default()
+            },
+        )?;
+        let mut ids = vec![enforcement.receipt.id.clone()];
+        let ran = matches!(rec.state, State::FullyEnforced | State::NotConfined);
+        if let (true, Some(o)) = (ran, &rec.outcome) {
+            let outcome = match (o.exit_code, o.signal) {
+                (Some(c), _) => format!("exit:{c}"),
+                (_, Some(s)) => format!("signal:{s}"),
+                _ => "unknown".into(),
+            };
+            let env_canon = canonical::to_canonical(&serde_json::to_value(&enforcement.envelope)?)?;
+            let terminal = self.store.append(
+                &self.key,
+                Draft {
+                    kind: Some(Kind::LaunchTerminal),
+                    outcome,
+                    launch: Some(Reference {
+                        receipt_id: enforcement.receipt.id,
+                        receipt_sha256: receipt::sha256_hex(env_canon.as_bytes()),
+                    }),
+                    detail: Some(serde_json::to_value(o)?),
+                    ..Draft::default()
+                },
+            )?;
+            ids.push(terminal.receipt.id);
+        }
+        Ok(ids)
+    }
+}

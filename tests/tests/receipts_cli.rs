@@ -1,0 +1,113 @@
+//! `chio cage run --receipt-db --kernel-key` makes a launch evidence: its receipts verify offline
+//! under the pinned kernel key, and tampering or a wrong key is reported with the receipt id.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use chio_tests::{chio_bin, privileged, shared_rootfs, Scratch};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn chio(args: &[&str]) -> Output {
+    Command::new(chio_bin(&PathBuf::from(PROBE))).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn launch_receipts_verify_offline_and_tampering_is_named() {
+    if !privileged("receipts_cli") {
+        return;
+    }
+    let dir = Scratch::new("receipts");
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let (db, seed, public) = (dir.join("r.db"), keydir.join("signing.seed"), keydir.join("public.key"));
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let run = chio(&[
+        "cage",
+        "run",
+        "--rootfs",
+        s(rootfs),
+        "--receipt-db",
+        s(&db),
+        "--kernel-key",
+        s(&seed),
+        "--",
+        "/probe",
+        "euid",
+    ]);
+    assert_eq!(run.status.code(), Some(1), "{}", String::from_utf8_lossy(&run.stderr));
+    let ok = chio(&["receipt", "verify-chain", "--receipt-db", s(&db), "--trusted-kernel-pubkey", s(&public)]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("2 receipt(s), chain intact"));
+
+    // Export as NDJSON and verify offline.
+    let listed = chio(&["receipt", "list", "--receipt-db", s(&db)]);
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(listed.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["kind"], "launch_enforcement");
+    assert_eq!(lines[0]["outcome"], "FullyEnforced");
+    assert_eq!(lines[0]["receipt"]["body"]["launch_record"]["state"], "FullyEnforced");
+    assert_eq!(lines[1]["kind"], "launch_terminal");
+    assert_eq!(lines[1]["outcome"], "exit:1");
+    assert_eq!(lines[1]["receipt"]["body"]["launch"]["receipt_id"], lines[0]["id"]);
+    let export = dir.join("export.ndjson");
+    let text: String = lines.iter().map(|l| format!("{}\n", l["receipt"])).collect();
+    std::fs::write(&export, &text).unwrap();
+    let v = chio(&["receipt", "verify", "--input", s(&export), "--trusted-kernel-pubkey", s(&public)]);
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+
+    // One changed byte: refused, naming the receipt.
+    let tampered = dir.join("tampered.ndjson");
+    std::fs::write(&tampered, text.replacen("exit:1", "exit:0", 1)).unwrap();
+    let v = chio(&["receipt", "verify", "--input", s(&tampered), "--trusted-kernel-pubkey", s(&public)]);
+    assert_eq!(v.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&v.stderr);
+    assert!(err.contains(":2: receipt ") && err.contains("does not verify"), "{err}");
+
+    // Another kernel's key: every receipt refused before its signature is checked.
+    let other = dir.join("other");
+    assert!(chio(&["keys", "generate", "--out", s(&other)]).status.success());
+    let v =
+        chio(&["receipt", "verify", "--input", s(&export), "--trusted-kernel-pubkey", s(&other.join("public.key"))]);
+    assert_eq!(v.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&v.stderr).contains("not the pinned key"));
+}
+
+#[test]
+fn a_foreign_store_refuses_the_launch_before_it_runs() {
+    if !privileged("receipts_foreign") {
+        return;
+    }
+    let dir = Scratch::new("receipts-foreign");
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let db = dir.join("not-receipts.db");
+    std::fs::write(&db, "this is not sqlite").unwrap();
+    let ws = Scratch::new("receipts-foreign-ws");
+    ws.give_to_nobody();
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let run = chio(&[
+        "cage",
+        "run",
+        "--rootfs",
+        s(rootfs),
+        "--workspace",
+        s(&ws.0),
+        "--receipt-db",
+        s(&db),
+        "--kernel-key",
+        s(&keydir.join("signing.seed")),
+        "--",
+        "/probe",
+        "write",
+        "/workspace/ran",
+    ]);
+    assert_eq!(run.status.code(), Some(125), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(!ws.join("ran").exists(), "the target ran although its receipts could not be recorded");
+}
