@@ -1,6 +1,7 @@
 //! The `chio` command.
 
 mod cage_cmd;
+mod doc_cmd;
 mod keys_cmd;
 mod receipt_cmd;
 mod units;
@@ -21,6 +22,16 @@ enum Command {
     Cage {
         #[command(subcommand)]
         command: CageCommand,
+    },
+    /// Publisher-signed tool manifests.
+    Manifest {
+        #[command(subcommand)]
+        command: doc_cmd::ManifestCommand,
+    },
+    /// Operator-signed cage launch policies and admission.
+    Policy {
+        #[command(subcommand)]
+        command: doc_cmd::PolicyCommand,
     },
     /// Signed receipts: offline verification, listing, chain verification.
     Receipt {
@@ -48,6 +59,8 @@ fn main() {
         Command::Cage { command: CageCommand::Run(args) } => (cage_cmd::run(args), 125),
         Command::Keys { command } => (keys_cmd::run(command), 1),
         Command::Receipt { command } => (receipt_cmd::run(command), 1),
+        Command::Manifest { command } => (doc_cmd::manifest(command), 1),
+        Command::Policy { command } => (doc_cmd::policy(command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),

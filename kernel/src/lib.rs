@@ -3,6 +3,7 @@
 //! the durable tamper-evident receipt store.
 
 pub mod canonical;
+pub mod documents;
 pub mod envelope;
 pub mod keys;
 pub mod receipt;

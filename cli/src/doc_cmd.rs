@@ -1,0 +1,135 @@
+//! `chio manifest sign|verify` and `chio policy sign|verify|admit`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use chio_kernel::{canonical, documents, envelope, keys};
+use clap::Subcommand;
+
+use crate::receipt_cmd::pinned_key;
+
+/// `chio manifest …`
+#[derive(Debug, Subcommand)]
+pub enum ManifestCommand {
+    /// Sign a manifest body (chio.tool-manifest.v1) with the publisher's seed.
+    Sign {
+        /// Publisher seed file.
+        #[arg(long, value_name = "SEED")]
+        key: PathBuf,
+        /// Unsigned body (JSON).
+        #[arg(long = "in", value_name = "FILE")]
+        input: PathBuf,
+        /// Signed envelope to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Verify a signed manifest under the pinned publisher key; prints its body digest.
+    Verify {
+        /// Signed manifest.
+        #[arg(long = "in", value_name = "FILE")]
+        input: PathBuf,
+        /// Publisher public key: 64 hex digits or a file.
+        #[arg(long = "public-key", value_name = "HEX|FILE")]
+        public_key: String,
+    },
+}
+
+/// `chio policy …`
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Sign a cage launch policy body (chio.cage-launch-policy.v1) with the operator's seed.
+    Sign {
+        /// Operator seed file.
+        #[arg(long, value_name = "SEED")]
+        key: PathBuf,
+        /// Unsigned body (JSON).
+        #[arg(long = "in", value_name = "FILE")]
+        input: PathBuf,
+        /// Signed envelope to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Verify a signed policy under the pinned operator key.
+    Verify {
+        /// Signed policy.
+        #[arg(long = "in", value_name = "FILE")]
+        input: PathBuf,
+        /// Operator public key: 64 hex digits or a file.
+        #[arg(long, value_name = "HEX|FILE")]
+        signer: String,
+    },
+    /// Check a signed manifest against a signed policy: admitted, or every violation named.
+    Admit {
+        /// Signed policy.
+        #[arg(long, value_name = "FILE")]
+        policy: PathBuf,
+        /// Operator public key: 64 hex digits or a file.
+        #[arg(long, value_name = "HEX|FILE")]
+        signer: String,
+        /// Signed manifest (verified under the publisher key the policy names).
+        #[arg(long, value_name = "FILE")]
+        manifest: PathBuf,
+    },
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn sign(
+    key: &Path,
+    input: &Path,
+    out: &Path,
+    validate: fn(serde_json::Value) -> Result<(), documents::DocumentError>,
+) -> Result<i32> {
+    let seed = keys::read_seed(key)?;
+    let body = canonical::parse_strict(&read(input)?).with_context(|| format!("{}", input.display()))?;
+    validate(body.clone()).with_context(|| format!("{}", input.display()))?;
+    let signed = envelope::sign(&seed, body)?;
+    std::fs::write(out, format!("{}\n", serde_json::to_string_pretty(&signed)?))
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("{}", documents::body_digest(&signed.body)?);
+    Ok(0)
+}
+
+/// Run a manifest subcommand.
+pub fn manifest(cmd: &ManifestCommand) -> Result<i32> {
+    match cmd {
+        ManifestCommand::Sign { key, input, out } => sign(key, input, out, |v| documents::manifest_from(v).map(drop)),
+        ManifestCommand::Verify { input, public_key } => {
+            let (m, digest) = documents::verify_manifest(&read(input)?, &pinned_key(public_key)?)
+                .with_context(|| format!("{}", input.display()))?;
+            println!("ok: manifest {} {} ({}), body sha256 {digest}", m.server_id, m.version, m.name);
+            Ok(0)
+        }
+    }
+}
+
+/// Run a policy subcommand.
+pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
+    match cmd {
+        PolicyCommand::Sign { key, input, out } => sign(key, input, out, |v| documents::policy_from(v).map(drop)),
+        PolicyCommand::Verify { input, signer } => {
+            let p = documents::verify_policy(&read(input)?, &pinned_key(signer)?)
+                .with_context(|| format!("{}", input.display()))?;
+            println!("ok: policy {} ({:?}) admits manifest {}", p.policy_id, p.mode, p.manifest.sha256);
+            Ok(0)
+        }
+        PolicyCommand::Admit { policy, signer, manifest } => {
+            let p = documents::verify_policy(&read(policy)?, &pinned_key(signer)?)
+                .with_context(|| format!("{}", policy.display()))?;
+            let (m, digest) = documents::verify_manifest(&read(manifest)?, &p.manifest.publisher_key)
+                .with_context(|| format!("{}", manifest.display()))?;
+            let violations = documents::admission_violations(&m, &digest, &p);
+            if violations.is_empty() {
+                println!("admitted: {} under policy {}", m.server_id, p.policy_id);
+                return Ok(0);
+            }
+            for v in &violations {
+                eprintln!("refused: {v}");
+            }
+            eprintln!("chio: {} refused by policy {}: {} violation(s)", m.server_id, p.policy_id, violations.len());
+            Ok(1)
+        }
+    }
+}
