@@ -5,6 +5,7 @@
 pub mod canonical;
 pub mod documents;
 pub mod envelope;
+pub mod journal;
 pub mod keys;
 pub mod receipt;
 pub mod store;

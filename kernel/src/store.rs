@@ -34,6 +34,13 @@ CREATE INDEX receipts_by_kind ON receipts(kind, seq);
 CREATE INDEX receipts_by_outcome ON receipts(outcome, seq);
 CREATE TRIGGER receipts_no_update BEFORE UPDATE ON receipts BEGIN SELECT RAISE(ABORT, 'receipts are append-only'); END;
 CREATE TRIGGER receipts_no_delete BEFORE DELETE ON receipts BEGIN SELECT RAISE(ABORT, 'receipts are append-only'); END;
+CREATE TABLE operations (
+    op_key TEXT PRIMARY KEY,
+    request_sha256 TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'dispatched', 'completed', 'outcome_unknown', 'abandoned')),
+    result TEXT,
+    updated_at_ms INTEGER NOT NULL
+) STRICT;
 ";
 
 /// Why the store refused or failed.
@@ -293,10 +300,15 @@ impl Store {
         Ok(self.conn.query_row("SELECT count(*) FROM receipts", [], |r| r.get(0))?)
     }
 
-    /// The raw connection (tests use it to play the attacker).
+    /// The raw connection (tests use it to play the attacker; the journal shares the file).
     #[doc(hidden)]
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+
+    /// Mutable access for the operation journal's transactions.
+    pub(crate) fn connection_mut(&mut self) -> &mut Connection {
+        &mut self.conn
     }
 }
 

@@ -1,0 +1,274 @@
+//! The operation journal, in the receipt store's file. Every call carries an operation key. The
+//! intent is committed before anything is dispatched; the same key with the same request returns
+//! the retained result instead of running again; the same key with a different request is a
+//! conflict; and after a crash an operation that was dispatched but has no recorded outcome is
+//! `outcome_unknown` — never dispatched again under that key.
+//!
+//! States and transitions:
+//! ```text
+//!   (none) --begin--> pending --dispatch--> dispatched --complete--> completed
+//!   pending --recover--> abandoned --begin (same request)--> pending
+//!   dispatched --recover--> outcome_unknown            (terminal)
+//! ```
+
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+
+use crate::store::{Store, StoreError};
+use crate::time;
+
+/// State of an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpState {
+    /// Intent committed, not dispatched yet.
+    Pending,
+    /// Dispatch began; the outcome is not recorded yet.
+    Dispatched,
+    /// Finished; the result is retained.
+    Completed,
+    /// Dispatched before a crash without a recorded outcome: never dispatched again.
+    OutcomeUnknown,
+    /// Pending when a crash happened, so never dispatched: may be claimed again.
+    Abandoned,
+}
+
+impl OpState {
+    fn name(self) -> &'static str {
+        match self {
+            OpState::Pending => "pending",
+            OpState::Dispatched => "dispatched",
+            OpState::Completed => "completed",
+            OpState::OutcomeUnknown => "outcome_unknown",
+            OpState::Abandoned => "abandoned",
+        }
+    }
+
+    fn parse(s: &str) -> Result<OpState, StoreError> {
+        Ok(match s {
+            "pending" => OpState::Pending,
+            "dispatched" => OpState::Dispatched,
+            "completed" => OpState::Completed,
+            "outcome_unknown" => OpState::OutcomeUnknown,
+            "abandoned" => OpState::Abandoned,
+            other => return Err(StoreError::Invalid(format!("journal holds an unknown state {other:?}"))),
+        })
+    }
+}
+
+/// What `begin` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// Intent committed: dispatch it (after `dispatch`).
+    Proceed,
+    /// Already completed with the same request: here is the retained result.
+    Retained(String),
+    /// The key was used for a different request.
+    Conflict {
+        /// SHA-256 of the request the key was first used for.
+        original: String,
+    },
+    /// Another call with this key is in progress.
+    InProgress,
+    /// Dispatched before a crash with no recorded outcome: it will not be dispatched again.
+    OutcomeUnknown,
+}
+
+impl Store {
+    fn op_row(
+        tx: &rusqlite::Transaction<'_>,
+        key: &str,
+    ) -> Result<Option<(String, OpState, Option<String>)>, StoreError> {
+        let row: Option<(String, String, Option<String>)> = tx
+            .query_row("SELECT request_sha256, state, result FROM operations WHERE op_key = ?1", [key], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()?;
+        row.map(|(d, s, r)| Ok((d, OpState::parse(&s)?, r))).transpose()
+    }
+
+    fn op_set(
+        tx: &rusqlite::Transaction<'_>,
+        key: &str,
+        state: OpState,
+        result: Option<&str>,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            "UPDATE operations SET state = ?2, result = COALESCE(?3, result), updated_at_ms = ?4 WHERE op_key = ?1",
+            params![key, state.name(), result, time::now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// Record the intent for `key` (committed before this returns) or say why not to dispatch.
+    pub fn op_begin(&mut self, key: &str, request_sha256: &str) -> Result<Begin, StoreError> {
+        let tx = self.connection_mut().transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let decision = match Self::op_row(&tx, key)? {
+            None => {
+                tx.execute(
+                    "INSERT INTO operations (op_key, request_sha256, state, updated_at_ms) VALUES (?1, ?2, 'pending', ?3)",
+                    params![key, request_sha256, time::now_ms()],
+                )?;
+                Begin::Proceed
+            }
+            Some((original, _, _)) if original != request_sha256 => Begin::Conflict { original },
+            Some((_, OpState::Completed, result)) => Begin::Retained(result.unwrap_or_default()),
+            Some((_, OpState::Pending | OpState::Dispatched, _)) => Begin::InProgress,
+            Some((_, OpState::OutcomeUnknown, _)) => Begin::OutcomeUnknown,
+            Some((_, OpState::Abandoned, _)) => {
+                Self::op_set(&tx, key, OpState::Pending, None)?;
+                Begin::Proceed
+            }
+        };
+        tx.commit()?;
+        Ok(decision)
+    }
+
+    fn op_transition(&mut self, key: &str, from: OpState, to: OpState, result: Option<&str>) -> Result<(), StoreError> {
+        let tx = self.connection_mut().transaction_with_behavior(TransactionBehavior::Immediate)?;
+        match Self::op_row(&tx, key)? {
+            Some((_, s, _)) if s == from => Self::op_set(&tx, key, to, result)?,
+            Some((_, s, _)) => {
+                return Err(StoreError::Invalid(format!(
+                    "operation {key} is {}; only a {} operation can become {}",
+                    s.name(),
+                    from.name(),
+                    to.name()
+                )))
+            }
+            None => return Err(StoreError::Invalid(format!("operation {key} was never begun"))),
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Mark `key` dispatched (committed before the caller dispatches).
+    pub fn op_dispatch(&mut self, key: &str) -> Result<(), StoreError> {
+        self.op_transition(key, OpState::Pending, OpState::Dispatched, None)
+    }
+
+    /// Record the outcome of a dispatched operation; it is retained for repeats of the key.
+    pub fn op_complete(&mut self, key: &str, result: &str) -> Result<(), StoreError> {
+        self.op_transition(key, OpState::Dispatched, OpState::Completed, Some(result))
+    }
+
+    /// After a crash: dispatched operations become `outcome_unknown`, pending ones `abandoned`.
+    /// Returns (outcome_unknown, abandoned) counts.
+    pub fn op_recover(&mut self) -> Result<(usize, usize), StoreError> {
+        let tx = self.connection_mut().transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let now = time::now_ms();
+        let unknown = tx.execute(
+            "UPDATE operations SET state = 'outcome_unknown', updated_at_ms = ?1 WHERE state = 'dispatched'",
+            [now],
+        )?;
+        let abandoned =
+            tx.execute("UPDATE operations SET state = 'abandoned', updated_at_ms = ?1 WHERE state = 'pending'", [now])?;
+        tx.commit()?;
+        Ok((unknown, abandoned))
+    }
+
+    /// Current state of `key`.
+    pub fn op_state(&mut self, key: &str) -> Result<Option<OpState>, StoreError> {
+        let tx = self.connection_mut().transaction()?;
+        let s = Self::op_row(&tx, key)?.map(|(_, s, _)| s);
+        tx.commit()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> Store {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("chio-journal-{}-{n}.db", std::process::id()));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+        }
+        Store::open(&p, true).unwrap()
+    }
+
+    /// Drive a fresh key into `state`.
+    fn reach(s: &mut Store, key: &str, state: OpState) {
+        assert_eq!(s.op_begin(key, "req").unwrap(), Begin::Proceed);
+        match state {
+            OpState::Pending => {}
+            OpState::Abandoned => {
+                s.op_recover().unwrap();
+            }
+            OpState::Dispatched => s.op_dispatch(key).unwrap(),
+            OpState::Completed => {
+                s.op_dispatch(key).unwrap();
+                s.op_complete(key, "result-1").unwrap();
+            }
+            OpState::OutcomeUnknown => {
+                s.op_dispatch(key).unwrap();
+                s.op_recover().unwrap();
+            }
+        }
+        assert_eq!(s.op_state(key).unwrap(), Some(state));
+    }
+
+    const ALL: [OpState; 5] =
+        [OpState::Pending, OpState::Dispatched, OpState::Completed, OpState::OutcomeUnknown, OpState::Abandoned];
+
+    #[test]
+    fn begin_from_every_state() {
+        for state in ALL {
+            let mut s = store();
+            reach(&mut s, "k", state);
+            let same = s.op_begin("k", "req").unwrap();
+            let want = match state {
+                OpState::Pending | OpState::Dispatched => Begin::InProgress,
+                OpState::Completed => Begin::Retained("result-1".into()),
+                OpState::OutcomeUnknown => Begin::OutcomeUnknown,
+                OpState::Abandoned => Begin::Proceed,
+            };
+            assert_eq!(same, want, "begin(same) from {state:?}");
+            let mut s = store();
+            reach(&mut s, "k", state);
+            assert_eq!(s.op_begin("k", "other").unwrap(), Begin::Conflict { original: "req".into() }, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn dispatch_and_complete_from_every_state() {
+        for state in ALL {
+            let mut s = store();
+            reach(&mut s, "k", state);
+            assert_eq!(s.op_dispatch("k").is_ok(), state == OpState::Pending, "dispatch from {state:?}");
+            let mut s = store();
+            reach(&mut s, "k", state);
+            assert_eq!(s.op_complete("k", "r").is_ok(), state == OpState::Dispatched, "complete from {state:?}");
+        }
+        let mut s = store();
+        assert!(s.op_dispatch("never").is_err());
+        assert!(s.op_complete("never", "r").is_err());
+    }
+
+    #[test]
+    fn recover_from_every_state() {
+        for state in ALL {
+            let mut s = store();
+            reach(&mut s, "k", state);
+            s.op_recover().unwrap();
+            let want = match state {
+                OpState::Pending | OpState::Abandoned => OpState::Abandoned,
+                OpState::Dispatched | OpState::OutcomeUnknown => OpState::OutcomeUnknown,
+                OpState::Completed => OpState::Completed,
+            };
+            assert_eq!(s.op_state("k").unwrap(), Some(want), "recover from {state:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_never_dispatched_again() {
+        let mut s = store();
+        reach(&mut s, "k", OpState::OutcomeUnknown);
+        for _ in 0..3 {
+            assert_eq!(s.op_begin("k", "req").unwrap(), Begin::OutcomeUnknown);
+            assert!(s.op_dispatch("k").is_err());
+            s.op_recover().unwrap();
+        }
+    }
+}
