@@ -174,8 +174,26 @@ impl Store {
 
     /// Append a receipt signed by `key`; it is committed (durable) when this returns.
     pub fn append(&mut self, key: &SigningKey, draft: Draft) -> Result<Appended, StoreError> {
-        let kind = draft.kind.ok_or_else(|| StoreError::Invalid("a receipt needs a kind".into()))?;
+        Ok(self.append_batch(key, vec![draft])?.remove(0))
+    }
+
+    /// Append several receipts in one transaction (group commit: one fsync for all); all are
+    /// durable when this returns, or none is stored.
+    pub fn append_batch(&mut self, key: &SigningKey, drafts: Vec<Draft>) -> Result<Vec<Appended>, StoreError> {
+        if drafts.is_empty() {
+            return Err(StoreError::Invalid("nothing to append".into()));
+        }
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut out = Vec::with_capacity(drafts.len());
+        for draft in drafts {
+            out.push(Self::append_in(&tx, key, draft)?);
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn append_in(tx: &rusqlite::Transaction<'_>, key: &SigningKey, draft: Draft) -> Result<Appended, StoreError> {
+        let kind = draft.kind.ok_or_else(|| StoreError::Invalid("a receipt needs a kind".into()))?;
         let last: Option<(u64, String)> = tx
             .query_row("SELECT seq, id FROM receipts ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
@@ -201,7 +219,6 @@ impl Store {
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![seq, id, kind.name(), body.tool_server, body.outcome, now, prev, text],
         )?;
-        tx.commit()?;
         Ok(Appended { receipt: Verified { id, body }, envelope: env })
     }
 
