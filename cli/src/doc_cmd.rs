@@ -69,6 +69,12 @@ pub enum PolicyCommand {
         /// Signed manifest (verified under the publisher key the policy names).
         #[arg(long, value_name = "FILE")]
         manifest: PathBuf,
+        /// Record a refusal as a signed denial receipt in this store (needs --kernel-key).
+        #[arg(long = "receipt-db", value_name = "DB", requires = "kernel_key")]
+        receipt_db: Option<PathBuf>,
+        /// The kernel's signing seed for the denial receipt (needs --receipt-db).
+        #[arg(long = "kernel-key", value_name = "SEED", requires = "receipt_db")]
+        kernel_key: Option<PathBuf>,
     },
 }
 
@@ -115,7 +121,7 @@ pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
             println!("ok: policy {} ({:?}) admits manifest {}", p.policy_id, p.mode, p.manifest.sha256);
             Ok(0)
         }
-        PolicyCommand::Admit { policy, signer, manifest } => {
+        PolicyCommand::Admit { policy, signer, manifest, receipt_db, kernel_key } => {
             let p = documents::verify_policy(&read(policy)?, &pinned_key(signer)?)
                 .with_context(|| format!("{}", policy.display()))?;
             let (m, digest) = documents::verify_manifest(&read(manifest)?, &p.manifest.publisher_key)
@@ -127,6 +133,21 @@ pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
             }
             for v in &violations {
                 eprintln!("refused: {v}");
+            }
+            if let (Some(db), Some(seed)) = (receipt_db, kernel_key) {
+                let key = keys::read_seed(seed)?;
+                let mut store = chio_kernel::store::Store::open(db, true)?;
+                let draft = chio_kernel::receipt::Draft {
+                    kind: Some(chio_kernel::receipt::Kind::Denial),
+                    tool_server: Some(m.server_id.clone()),
+                    outcome: "denied".into(),
+                    detail: Some(serde_json::json!({
+                        "policy_id": p.policy_id, "manifest_sha256": digest, "violations": violations,
+                    })),
+                    ..Default::default()
+                };
+                let r = store.append(&key, draft)?;
+                eprintln!("chio: denial receipt {}", r.receipt.id);
             }
             eprintln!("chio: {} refused by policy {}: {} violation(s)", m.server_id, p.policy_id, violations.len());
             Ok(1)

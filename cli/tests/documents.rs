@@ -76,8 +76,34 @@ fn readme_flow_signs_verifies_and_admits() {
     assert!(chio(&["policy", "sign", "--key", p(&op_seed), "--in", p(&policy_body), "--out", p(&policy)])
         .status
         .success());
-    let out = chio(&["policy", "admit", "--policy", p(&policy), "--signer", p(&op_key), "--manifest", p(&manifest)]);
+    let db = d.join("receipts.db");
+    let out = chio(&[
+        "policy",
+        "admit",
+        "--policy",
+        p(&policy),
+        "--signer",
+        p(&op_key),
+        "--manifest",
+        p(&manifest),
+        "--receipt-db",
+        p(&db),
+        "--kernel-key",
+        p(&op_seed),
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("environment variable LANG is not allowed"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("environment variable LANG is not allowed") && err.contains("denial receipt"), "{err}");
+    // The refusal is evidence: a signed denial receipt naming every violation.
+    let listed = chio(&["receipt", "list", "--receipt-db", p(&db), "--kind", "denial"]);
+    let line: serde_json::Value = serde_json::from_slice(listed.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(line["outcome"], "denied");
+    assert_eq!(line["tool_server"], "repo-files");
+    let violations = &line["receipt"]["body"]["detail"]["violations"];
+    assert!(violations.to_string().contains("LANG"), "{violations}");
+    let chain = chio(&["receipt", "verify-chain", "--receipt-db", p(&db), "--trusted-kernel-pubkey", p(&op_key)]);
+    assert!(chain.status.success());
+    let unsigned = chio(&["receipt", "verify-chain", "--receipt-db", p(&db)]);
+    assert!(String::from_utf8_lossy(&unsigned.stdout).contains("signatures not checked"));
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -247,11 +247,11 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Verify the chain over `[from, to]` (whole store by default) against the pinned key: every
-    /// signature, every id, every column against its body, contiguous sequence numbers and links.
+    /// Verify the chain over `[from, to]` (whole store by default): every id, every column against
+    /// its body, contiguous sequence numbers and links — and, with a pinned key, every signature.
     pub fn verify_chain(
         &self,
-        kernel_key_hex: &str,
+        kernel_key_hex: Option<&str>,
         from: Option<u64>,
         to: Option<u64>,
     ) -> Result<ChainReport, StoreError> {
@@ -283,7 +283,11 @@ impl Store {
             if row_seq != seq + 1 {
                 problem(format!("sequence jumps from {seq} to {row_seq}: receipts are missing"));
             }
-            match receipt::verify(envelope.as_bytes(), kernel_key_hex) {
+            let checked = match kernel_key_hex {
+                Some(k) => receipt::verify(envelope.as_bytes(), k),
+                None => receipt::parse_unsigned(envelope.as_bytes()),
+            };
+            match checked {
                 Err(e) => problem(format!("signature or body refused: {e}")),
                 Ok(v) => {
                     if v.id != row_id {
@@ -366,7 +370,7 @@ mod tests {
     fn append_list_and_verify() {
         let (s, pk, _) = filled("basic", 10);
         assert_eq!(s.count().unwrap(), 10);
-        let report = s.verify_chain(&pk, None, None).unwrap();
+        let report = s.verify_chain(Some(&pk), None, None).unwrap();
         assert_eq!(report, ChainReport { checked: 10, problems: vec![] });
         let page = s.list(&Filter { tool_server: Some("server-1".into()), limit: 2, ..Filter::default() }).unwrap();
         assert_eq!(page.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![2, 5]);
@@ -376,14 +380,15 @@ mod tests {
         assert_eq!(next.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![8]);
         let kinds = s.list(&Filter { kind: Some("launch_terminal".into()), limit: 100, ..Filter::default() }).unwrap();
         assert_eq!(kinds.len(), 5);
-        assert_eq!(s.verify_chain(&pk, Some(4), Some(7)).unwrap().checked, 4);
+        assert_eq!(s.verify_chain(Some(&pk), Some(4), Some(7)).unwrap().checked, 4);
+        assert_eq!(s.verify_chain(None, None, None).unwrap(), ChainReport { checked: 10, problems: vec![] });
     }
 
     #[test]
     fn wrong_key_fails_every_receipt() {
         let (s, _, _) = filled("wrongkey", 3);
         let other = keys::hex(keys::generate().unwrap().verifying_key().as_bytes());
-        assert_eq!(s.verify_chain(&other, None, None).unwrap().problems.len(), 3);
+        assert_eq!(s.verify_chain(Some(&other), None, None).unwrap().problems.len(), 3);
     }
 
     #[test]
@@ -404,12 +409,12 @@ mod tests {
         // An edited row (its body changed, signature now wrong).
         let (s, pk, _) = filled("edit", 5);
         attacker(&s, "UPDATE receipts SET envelope = replace(envelope, 'exit:0', 'exit:1') WHERE seq = 2");
-        let r = s.verify_chain(&pk, None, None).unwrap();
+        let r = s.verify_chain(Some(&pk), None, None).unwrap();
         assert!(r.problems.iter().any(|(seq, _, why)| *seq == 2 && why.contains("signature")), "{r:?}");
         // A deleted row.
         let (s, pk, _) = filled("delete", 5);
         attacker(&s, "DELETE FROM receipts WHERE seq = 3");
-        let r = s.verify_chain(&pk, None, None).unwrap();
+        let r = s.verify_chain(Some(&pk), None, None).unwrap();
         assert!(r.problems.iter().any(|(seq, _, why)| *seq == 4 && why.contains("missing")), "{r:?}");
         // Two rows swapped.
         let (s, pk, _) = filled("reorder", 5);
@@ -418,12 +423,12 @@ mod tests {
             "UPDATE receipts SET seq = 100 WHERE seq = 2; UPDATE receipts SET seq = 2 WHERE seq = 3;
              UPDATE receipts SET seq = 3 WHERE seq = 100;",
         );
-        let r = s.verify_chain(&pk, None, None).unwrap();
+        let r = s.verify_chain(Some(&pk), None, None).unwrap();
         assert!(r.problems.iter().any(|(_, _, why)| why.contains("reordered")), "{r:?}");
         // An indexed column changed without touching the signed body.
         let (s, pk, _) = filled("column", 3);
         attacker(&s, "UPDATE receipts SET outcome = 'FullyEnforced' WHERE seq = 2");
-        let r = s.verify_chain(&pk, None, None).unwrap();
+        let r = s.verify_chain(Some(&pk), None, None).unwrap();
         assert!(r.problems.iter().any(|(seq, _, why)| *seq == 2 && why.contains("columns")), "{r:?}");
     }
 

@@ -94,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let rate = 3000.0 / t0.elapsed().as_secs_f64();
     println!("  group commit (100 per transaction)                         {rate:8.0} receipts/s");
-    let report = store.verify_chain(&pk, None, None)?;
+    let report = store.verify_chain(Some(&pk), None, None)?;
     println!("  verify-chain of {} receipts: {} problems", report.checked, report.problems.len());
     std::fs::remove_dir_all(&dir)?;
     Ok(())

@@ -50,7 +50,7 @@ fn sigkilled_writers_lose_no_acknowledged_receipt() {
     }
     let store = Store::open(Path::new(&db), false).unwrap();
     let pk = keys::hex(key.verifying_key().as_bytes());
-    let report = store.verify_chain(&pk, None, None).unwrap();
+    let report = store.verify_chain(Some(&pk), None, None).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert!(report.checked >= acked.len() as u64);
     let all = store.list(&chio_kernel::store::Filter { limit: u64::MAX >> 1, ..Default::default() }).unwrap();
