@@ -126,11 +126,14 @@ pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
                 .with_context(|| format!("{}", policy.display()))?;
             let (m, digest) = documents::verify_manifest(&read(manifest)?, &p.manifest.publisher_key)
                 .with_context(|| format!("{}", manifest.display()))?;
-            let violations = documents::admission_violations(&m, &digest, &p);
-            if violations.is_empty() {
-                println!("admitted: {} under policy {}", m.server_id, p.policy_id);
-                return Ok(0);
-            }
+            let violations = match documents::admit(&m, &digest, &p) {
+                documents::Admission::Admitted(plan) => {
+                    println!("{}", serde_json::to_string(&plan)?);
+                    eprintln!("admitted: {} under policy {}", m.server_id, p.policy_id);
+                    return Ok(0);
+                }
+                documents::Admission::Refused(v) => v,
+            };
             for v in &violations {
                 eprintln!("refused: {v}");
             }

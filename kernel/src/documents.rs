@@ -303,6 +303,72 @@ fn beneath(path: &str, prefix: &str) -> bool {
     path == prefix || path.starts_with(&format!("{prefix}/")) || prefix.is_empty()
 }
 
+/// What admission hands to the launcher: everything a cage plan needs, from the two documents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AdmittedPlan {
+    /// Tool server id.
+    pub server_id: String,
+    /// Policy that admitted it.
+    pub policy_id: String,
+    /// SHA-256 of the admitted manifest body.
+    pub manifest_sha256: String,
+    /// Enforcement mode.
+    pub mode: PolicyMode,
+    /// Executable path inside the cage.
+    pub target_path: String,
+    /// Digest the executable must have (the cage checks it at launch).
+    pub target_sha256: String,
+    /// Full argv.
+    pub argv: Vec<String>,
+    /// Environment variables the target may receive (the manifest's request).
+    pub env: Vec<String>,
+    /// Paths readable / writable (the manifest's request).
+    pub read_paths: Vec<String>,
+    /// Writable paths.
+    pub write_paths: Vec<String>,
+    /// TCP destinations.
+    pub network: Vec<Destination>,
+    /// Ceilings from the policy.
+    pub ceilings: Ceilings,
+    /// Identity from the policy.
+    pub identity: Identity,
+    /// Root filesystem from the policy.
+    pub rootfs: Rootfs,
+}
+
+/// Admission's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted, with the plan description.
+    Admitted(Box<AdmittedPlan>),
+    /// Refused, naming every violation.
+    Refused(Vec<String>),
+}
+
+/// Admit `m` (with body digest `digest`) under `p`, or name every violation.
+pub fn admit(m: &Manifest, digest: &str, p: &Policy) -> Admission {
+    let violations = admission_violations(m, digest, p);
+    if !violations.is_empty() {
+        return Admission::Refused(violations);
+    }
+    Admission::Admitted(Box::new(AdmittedPlan {
+        server_id: m.server_id.clone(),
+        policy_id: p.policy_id.clone(),
+        manifest_sha256: digest.to_string(),
+        mode: p.mode,
+        target_path: m.target.path.clone(),
+        target_sha256: m.target.sha256.clone(),
+        argv: m.target.argv.clone(),
+        env: m.permissions.env.clone(),
+        read_paths: m.permissions.read_paths.clone(),
+        write_paths: m.permissions.write_paths.clone(),
+        network: m.permissions.network.clone(),
+        ceilings: p.ceilings.clone(),
+        identity: p.identity.clone(),
+        rootfs: p.rootfs.clone(),
+    }))
+}
+
 /// Every way `m` (with body digest `digest`) exceeds `p`. Empty means admitted.
 pub fn admission_violations(m: &Manifest, digest: &str, p: &Policy) -> Vec<String> {
     let mut v = Vec::new();
@@ -386,6 +452,11 @@ mod tests {
         let p_env = serde_json::to_vec(&envelope::sign(&operator, policy_body(&digest, &pk)).unwrap()).unwrap();
         let p = verify_policy(&p_env, &ok).unwrap();
         assert_eq!(admission_violations(&m, &digest, &p), Vec::<String>::new());
+        let Admission::Admitted(plan) = admit(&m, &digest, &p) else { panic!("refused") };
+        assert_eq!(
+            (plan.target_sha256.as_str(), plan.identity.uid, plan.mode),
+            ("a".repeat(64).as_str(), 65534, PolicyMode::Enforced)
+        );
         assert!(verify_policy(&p_env, &pk).is_err(), "wrong key");
     }
 
