@@ -1,0 +1,518 @@
+//! Applying one (already decompressed) tar layer onto a root directory, safely.
+//!
+//! Every operation is relative to a directory fd: parents are walked one component at a time with
+//! `O_NOFOLLOW`, so nothing is ever written through a symlink, whatever the layer planted. Names
+//! with `..` or a leading `/` are refused; hardlink targets must be regular files inside the root;
+//! an existing entry is removed before a new one is created; whiteouts (`.wh.name`, and the opaque
+//! `.wh..wh..opq`) remove lower-layer entries only — what this layer created survives. Device nodes
+//! are skipped and reported, FIFOs too unless allowed; setuid/setgid bits are kept (the cage mounts
+//! nosuid) and reported; only `user.*` xattrs are applied; uid/gid are numeric. PAX and GNU
+//! long-name headers are parsed here, after a size check, so a header bomb is refused before it is
+//! read. Budgets cap entries, bytes, header size, path length and depth.
+
+use std::collections::HashSet;
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use tar::EntryType;
+
+/// Limits for one import (shared by all its layers through [`Totals`]).
+#[derive(Debug, Clone)]
+pub struct Budgets {
+    /// Entries across all layers.
+    pub max_entries: u64,
+    /// Decompressed bytes of file content across all layers.
+    pub max_bytes: u64,
+    /// Size of one PAX or GNU long-name header.
+    pub max_header: u64,
+    /// Bytes in one path.
+    pub max_path: usize,
+    /// Components in one path.
+    pub max_depth: usize,
+    /// Create FIFOs (otherwise skipped and reported).
+    pub allow_fifos: bool,
+}
+
+impl Default for Budgets {
+    /// Generous for real toolchain images of several GiB.
+    fn default() -> Self {
+        Budgets {
+            max_entries: 4_000_000,
+            max_bytes: 64 << 30,
+            max_header: 1 << 20,
+            max_path: 4096,
+            max_depth: 256,
+            allow_fifos: false,
+        }
+    }
+}
+
+/// Running totals across the layers of one import.
+#[derive(Debug, Default, Clone)]
+pub struct Totals {
+    /// Entries seen.
+    pub entries: u64,
+    /// File bytes written.
+    pub bytes: u64,
+}
+
+/// What a layer contained that deserves an operator's attention.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LayerReport {
+    /// Files kept with setuid/setgid bits.
+    pub setuid: Vec<String>,
+    /// Device nodes not created.
+    pub skipped_devices: Vec<String>,
+    /// FIFOs not created.
+    pub skipped_fifos: Vec<String>,
+}
+
+/// Why a layer was refused.
+#[derive(Debug)]
+pub enum ExtractError {
+    /// A hostile or malformed entry.
+    Refused {
+        /// The entry's path as written in the layer.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    /// A budget was exceeded.
+    Budget(String),
+    /// An I/O error.
+    Io {
+        /// The entry.
+        path: String,
+        /// The error.
+        err: io::Error,
+    },
+}
+
+impl std::fmt::Display for ExtractError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExtractError::Refused { path, why } => write!(f, "layer entry {path:?} refused: {why}"),
+            ExtractError::Budget(e) => write!(f, "layer exceeds a budget: {e}"),
+            ExtractError::Io { path, err } => write!(f, "layer entry {path:?}: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for ExtractError {}
+
+fn refused(path: &[u8], why: impl Into<String>) -> ExtractError {
+    ExtractError::Refused { path: String::from_utf8_lossy(path).into_owned(), why: why.into() }
+}
+
+fn io_err(path: &[u8]) -> impl Fn(io::Error) -> ExtractError + '_ {
+    move |err| ExtractError::Io { path: String::from_utf8_lossy(path).into_owned(), err }
+}
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
+}
+
+fn check(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and NUL-terminated name.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    check(fd)?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<libc::stat>> {
+    // SAFETY: stat is plain data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, name and out-pointer.
+    match check(unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) }) {
+        Ok(()) => Ok(Some(st)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The normal components of a layer path; `..` and absolute names are refused.
+fn components(raw: &[u8], b: &Budgets) -> Result<Vec<OsString>, ExtractError> {
+    if raw.len() > b.max_path {
+        return Err(ExtractError::Budget(format!("path of {} bytes (limit {})", raw.len(), b.max_path)));
+    }
+    if raw.starts_with(b"/") {
+        return Err(refused(raw, "absolute path"));
+    }
+    let mut out = Vec::new();
+    for c in raw.split(|x| *x == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => return Err(refused(raw, "path contains '..'")),
+            c => out.push(OsStr::from_bytes(c).to_os_string()),
+        }
+    }
+    if out.len() > b.max_depth {
+        return Err(ExtractError::Budget(format!("path of depth {} (limit {})", out.len(), b.max_depth)));
+    }
+    Ok(out)
+}
+
+/// Open the directory holding `names[..n-1]` below `root`, one `O_NOFOLLOW` step at a time;
+/// missing directories are created when `create`. A symlink anywhere on the way is refused.
+fn open_parent(root: BorrowedFd<'_>, names: &[OsString], create: bool, raw: &[u8]) -> Result<OwnedFd, ExtractError> {
+    let mut cur = openat(root, c".", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(io_err(raw))?;
+    for name in &names[..names.len().saturating_sub(1)] {
+        let c = cstr(name).map_err(io_err(raw))?;
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        cur = match openat(cur.as_fd(), &c, flags, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {
+                // SAFETY: valid fd and name.
+                check(unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755) }).map_err(io_err(raw))?;
+                openat(cur.as_fd(), &c, flags, 0).map_err(io_err(raw))?
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
+                return Err(refused(
+                    raw,
+                    format!("{} is not a directory (a symlink is never followed)", name.to_string_lossy()),
+                ))
+            }
+            Err(e) => return Err(io_err(raw)(e)),
+        };
+    }
+    Ok(cur)
+}
+
+/// Remove `name` below `dir` (recursively for a directory), if it exists.
+fn remove(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let Some(st) = lstatat(dir, name)? else { return Ok(()) };
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let sub = openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+        for child in list(sub.as_fd())? {
+            remove(sub.as_fd(), &child)?;
+        }
+        // SAFETY: valid fd and name.
+        return check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) });
+    }
+    // SAFETY: valid fd and name.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+}
+
+/// Names in a directory fd.
+fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+    let fd = openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    // SAFETY: fdopendir takes ownership of a valid directory fd; closedir releases it.
+    let d = unsafe { libc::fdopendir(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+    if d.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: valid DIR*; the name is copied before the next call.
+        let ent = unsafe { libc::readdir(d) };
+        if ent.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated.
+        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
+        if name.to_bytes() != b"." && name.to_bytes() != b".." {
+            out.push(name.to_owned());
+        }
+    }
+    // SAFETY: d is valid and not used afterwards.
+    unsafe { libc::closedir(d) };
+    Ok(out)
+}
+
+/// Pending PAX / GNU long-name values for the next entry.
+#[derive(Default)]
+struct Pending {
+    path: Option<Vec<u8>>,
+    link: Option<Vec<u8>>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+}
+
+/// Parse PAX records (`"<len> key=value\n"`).
+fn parse_pax(data: &[u8], pending: &mut Pending, raw: &[u8]) -> Result<(), ExtractError> {
+    let mut rest = data;
+    while !rest.is_empty() {
+        let sp = rest.iter().position(|b| *b == b' ').ok_or_else(|| refused(raw, "malformed PAX record"))?;
+        let len: usize = std::str::from_utf8(&rest[..sp])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|l| *l > sp + 1 && *l <= rest.len())
+            .ok_or_else(|| refused(raw, "malformed PAX record length"))?;
+        let record = &rest[sp + 1..len];
+        let record = record.strip_suffix(b"\n").ok_or_else(|| refused(raw, "PAX record without newline"))?;
+        let eq = record.iter().position(|b| *b == b'=').ok_or_else(|| refused(raw, "PAX record without '='"))?;
+        let (key, value) = (&record[..eq], &record[eq + 1..]);
+        let num = |v: &[u8]| std::str::from_utf8(v).ok().and_then(|s| s.parse::<u32>().ok());
+        match key {
+            b"path" => pending.path = Some(value.to_vec()),
+            b"linkpath" => pending.link = Some(value.to_vec()),
+            b"uid" => pending.uid = Some(num(value).ok_or_else(|| refused(raw, "PAX uid is not a number"))?),
+            b"gid" => pending.gid = Some(num(value).ok_or_else(|| refused(raw, "PAX gid is not a number"))?),
+            b"size" => return Err(refused(raw, "PAX size records (files over 8 GiB) are not supported")),
+            k if k.starts_with(b"SCHILY.xattr.user.") => {
+                pending.xattrs.push((k["SCHILY.xattr.".len()..].to_vec(), value.to_vec()))
+            }
+            _ => {} // mtime precision, other xattrs (security.*, trusted.*): not applied.
+        }
+        rest = &rest[len..];
+    }
+    Ok(())
+}
+
+fn read_header_data<R: Read>(entry: &mut tar::Entry<'_, R>, b: &Budgets, raw: &[u8]) -> Result<Vec<u8>, ExtractError> {
+    let size = entry.size();
+    if size > b.max_header {
+        return Err(ExtractError::Budget(format!("a {size}-byte PAX/long-name header (limit {})", b.max_header)));
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    entry.read_to_end(&mut data).map_err(io_err(raw))?;
+    Ok(data)
+}
+
+/// One layer application.
+struct Layer<'a> {
+    root: BorrowedFd<'a>,
+    budgets: &'a Budgets,
+    /// Paths this layer created (whiteouts never remove them).
+    created: HashSet<Vec<OsString>>,
+    report: LayerReport,
+}
+
+/// Apply the tar stream `layer` onto the directory `root`.
+pub fn apply_layer<R: Read>(
+    root: BorrowedFd<'_>,
+    layer: R,
+    budgets: &Budgets,
+    totals: &mut Totals,
+) -> Result<LayerReport, ExtractError> {
+    let mut archive = tar::Archive::new(layer);
+    let entries = archive.entries().map_err(io_err(b"(layer)"))?.raw(true);
+    let mut l = Layer { root, budgets, created: HashSet::new(), report: LayerReport::default() };
+    let mut pending = Pending::default();
+    for entry in entries {
+        let mut entry = entry.map_err(io_err(b"(layer)"))?;
+        totals.entries += 1;
+        if totals.entries > budgets.max_entries {
+            return Err(ExtractError::Budget(format!("more than {} entries", budgets.max_entries)));
+        }
+        let header_path = entry.path_bytes().into_owned();
+        match entry.header().entry_type() {
+            EntryType::XHeader => {
+                let data = read_header_data(&mut entry, budgets, &header_path)?;
+                parse_pax(&data, &mut pending, &header_path)?;
+            }
+            EntryType::XGlobalHeader => {
+                read_header_data(&mut entry, budgets, &header_path)?;
+            }
+            EntryType::GNULongName | EntryType::GNULongLink => {
+                let mut data = read_header_data(&mut entry, budgets, &header_path)?;
+                while data.last() == Some(&0) {
+                    data.pop();
+                }
+                if entry.header().entry_type() == EntryType::GNULongName {
+                    pending.path = Some(data);
+                } else {
+                    pending.link = Some(data);
+                }
+            }
+            _ => {
+                let p = std::mem::take(&mut pending);
+                l.entry(&mut entry, p, totals)?;
+            }
+        }
+    }
+    Ok(l.report)
+}
+
+impl Layer<'_> {
+    fn entry<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        p: Pending,
+        totals: &mut Totals,
+    ) -> Result<(), ExtractError> {
+        let raw = p.path.unwrap_or_else(|| entry.path_bytes().into_owned());
+        let names = components(&raw, self.budgets)?;
+        let kind = entry.header().entry_type();
+        let Some(last) = names.last().cloned() else {
+            // The root itself: only a directory entry is meaningful, and it changes nothing.
+            return if kind == EntryType::Directory {
+                Ok(())
+            } else {
+                Err(refused(&raw, "the root must be a directory"))
+            };
+        };
+        let last_bytes = last.as_bytes();
+        if let Some(hidden) = last_bytes.strip_prefix(b".wh.") {
+            return self.whiteout(&names, hidden, &raw);
+        }
+        let parent = open_parent(self.root, &names, true, &raw)?;
+        let name = cstr(&last).map_err(io_err(&raw))?;
+        let h = entry.header();
+        let mode = h.mode().map_err(io_err(&raw))? & 0o7777;
+        let uid = p.uid.map_or_else(|| h.uid().map(|u| u as u32), Ok).map_err(io_err(&raw))?;
+        let gid = p.gid.map_or_else(|| h.gid().map(|g| g as u32), Ok).map_err(io_err(&raw))?;
+        let mtime = h.mtime().unwrap_or(0) as i64;
+        let shown = String::from_utf8_lossy(&raw).into_owned();
+        match kind {
+            EntryType::Directory => {
+                match lstatat(parent.as_fd(), &name).map_err(io_err(&raw))? {
+                    Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+                    _ => {
+                        remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                        // SAFETY: valid fd and name.
+                        check(unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) })
+                            .map_err(io_err(&raw))?;
+                    }
+                }
+            }
+            EntryType::Regular | EntryType::Continuous => {
+                remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                let size = entry.size();
+                if totals.bytes + size > self.budgets.max_bytes {
+                    return Err(ExtractError::Budget(format!("more than {} bytes of content", self.budgets.max_bytes)));
+                }
+                totals.bytes += size;
+                let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+                let fd = openat(parent.as_fd(), &name, flags, 0o600).map_err(io_err(&raw))?;
+                let mut f = std::fs::File::from(fd);
+                let copied = io::copy(&mut entry.take(size), &mut f).map_err(io_err(&raw))?;
+                if copied != size {
+                    return Err(refused(&raw, "truncated file content"));
+                }
+                f.flush().map_err(io_err(&raw))?;
+                for (k, v) in &p.xattrs {
+                    let k = CString::new(k.as_slice()).map_err(|_| refused(&raw, "NUL in an xattr name"))?;
+                    // SAFETY: valid fd, name and value buffer.
+                    check(unsafe { libc::fsetxattr(f.as_raw_fd(), k.as_ptr(), v.as_ptr().cast(), v.len(), 0) })
+                        .map_err(io_err(&raw))?;
+                }
+            }
+            EntryType::Symlink => {
+                let target = p.link.or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
+                if target.is_empty() || target.len() > self.budgets.max_path {
+                    return Err(refused(&raw, "empty or oversized symlink target"));
+                }
+                remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                let t = CString::new(target).map_err(|_| refused(&raw, "NUL in a symlink target"))?;
+                // SAFETY: valid fd and NUL-terminated strings.
+                check(unsafe { libc::symlinkat(t.as_ptr(), parent.as_raw_fd(), name.as_ptr()) })
+                    .map_err(io_err(&raw))?;
+            }
+            EntryType::Link => {
+                let target = p.link.or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
+                self.hardlink(&target, parent.as_fd(), &name, &raw)?;
+                self.created.insert(names);
+                return Ok(()); // a hardlink shares its target's owner, mode and times
+            }
+            EntryType::Char | EntryType::Block => {
+                self.report.skipped_devices.push(shown);
+                return Ok(());
+            }
+            EntryType::Fifo if !self.budgets.allow_fifos => {
+                self.report.skipped_fifos.push(shown);
+                return Ok(());
+            }
+            EntryType::Fifo => {
+                remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                // SAFETY: valid fd and name.
+                check(unsafe { libc::mkfifoat(parent.as_raw_fd(), name.as_ptr(), 0o600) }).map_err(io_err(&raw))?;
+            }
+            other => return Err(refused(&raw, format!("unsupported entry type {other:?}"))),
+        }
+        self.finish(parent.as_fd(), &name, kind, (uid, gid, mode, mtime), &raw)?;
+        if mode & 0o6000 != 0 && kind != EntryType::Symlink {
+            self.report.setuid.push(shown);
+        }
+        self.created.insert(names);
+        Ok(())
+    }
+
+    /// Owner, mode (after chown, which clears setuid) and mtime; never following a symlink.
+    fn finish(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        kind: EntryType,
+        (uid, gid, mode, mtime): (u32, u32, u32, i64),
+        raw: &[u8],
+    ) -> Result<(), ExtractError> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            // SAFETY: valid fd and name.
+            check(unsafe { libc::fchownat(dir.as_raw_fd(), name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
+                .map_err(io_err(raw))?;
+        }
+        if kind != EntryType::Symlink {
+            // fchmodat does not follow here: the entry was just created by us as a non-symlink.
+            // SAFETY: valid fd and name.
+            check(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode, 0) }).map_err(io_err(raw))?;
+        }
+        let t = libc::timespec { tv_sec: mtime, tv_nsec: 0 };
+        // SAFETY: valid fd, name and two timespecs.
+        check(unsafe { libc::utimensat(dir.as_raw_fd(), name.as_ptr(), [t, t].as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+            .map_err(io_err(raw))?;
+        Ok(())
+    }
+
+    fn hardlink(&self, target: &[u8], dir: BorrowedFd<'_>, name: &CStr, raw: &[u8]) -> Result<(), ExtractError> {
+        let tnames = components(target, self.budgets).map_err(|e| match e {
+            ExtractError::Refused { why, .. } => {
+                refused(raw, format!("hardlink target {}: {why}", String::from_utf8_lossy(target)))
+            }
+            other => other,
+        })?;
+        let Some(tlast) = tnames.last() else { return Err(refused(raw, "hardlink to the root")) };
+        let tparent = open_parent(self.root, &tnames, false, raw)?;
+        let tname = cstr(tlast).map_err(io_err(raw))?;
+        match lstatat(tparent.as_fd(), &tname).map_err(io_err(raw))? {
+            Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => {}
+            Some(_) => return Err(refused(raw, "hardlink target is not a regular file")),
+            None => {
+                return Err(refused(raw, format!("hardlink target {} does not exist", String::from_utf8_lossy(target))))
+            }
+        }
+        remove(dir, name).map_err(io_err(raw))?;
+        // SAFETY: valid fds and names; flags 0 never follows a symlink target.
+        check(unsafe { libc::linkat(tparent.as_raw_fd(), tname.as_ptr(), dir.as_raw_fd(), name.as_ptr(), 0) })
+            .map_err(io_err(raw))
+    }
+
+    /// `.wh.<name>` removes `name` from lower layers; `.wh..wh..opq` empties the directory of
+    /// everything lower layers put there.
+    fn whiteout(&mut self, names: &[OsString], hidden: &[u8], raw: &[u8]) -> Result<(), ExtractError> {
+        let parent = open_parent(self.root, names, true, raw)?;
+        let dir_names = &names[..names.len() - 1];
+        if hidden == b".wh..opq" {
+            for child in list(parent.as_fd()).map_err(io_err(raw))? {
+                let mut p = dir_names.to_vec();
+                p.push(OsStr::from_bytes(child.to_bytes()).to_os_string());
+                if !self.created.iter().any(|c| c.starts_with(&p)) {
+                    remove(parent.as_fd(), &child).map_err(io_err(raw))?;
+                }
+            }
+            return Ok(());
+        }
+        if hidden.is_empty() || hidden == b"." || hidden == b".." || hidden.starts_with(b".wh.") {
+            return Err(refused(raw, "invalid whiteout name"));
+        }
+        let mut p = dir_names.to_vec();
+        p.push(OsStr::from_bytes(hidden).to_os_string());
+        if !self.created.contains(&p) {
+            remove(parent.as_fd(), &cstr(OsStr::from_bytes(hidden)).map_err(io_err(raw))?).map_err(io_err(raw))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,5 @@
+//! Images: `docker save` archives and OCI layouts turned into verified root filesystems.
+//! So far only layer application ([`extract`]), the part every format shares and every hostile
+//! archive attacks.
+
+pub mod extract;

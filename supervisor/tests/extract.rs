@@ -1,0 +1,310 @@
+//! Layer application against ordinary and hostile layers. Every hostile case is refused or
+//! contained, and nothing is written outside the root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use chio_supervisor::image::extract::{apply_layer, Budgets, ExtractError, Totals};
+use tar::{EntryType, Header};
+
+/// A tar written header by header, so hostile names can be crafted byte for byte.
+#[derive(Default)]
+struct Tar(Vec<u8>);
+
+impl Tar {
+    fn entry(mut self, kind: EntryType, path: &[u8], link: &[u8], data: &[u8], mode: u32) -> Self {
+        let mut h = Header::new_ustar();
+        h.as_old_mut().name[..path.len()].copy_from_slice(path);
+        h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_cksum();
+        self.0.extend_from_slice(h.as_bytes());
+        self.0.extend_from_slice(data);
+        self.0.resize(self.0.len().div_ceil(512) * 512, 0);
+        self
+    }
+    fn file(self, path: &str, data: &str) -> Self {
+        self.entry(EntryType::Regular, path.as_bytes(), b"", data.as_bytes(), 0o644)
+    }
+    fn raw_file(self, path: &[u8]) -> Self {
+        self.entry(EntryType::Regular, path, b"", b"pwned", 0o644)
+    }
+    fn dir(self, path: &str) -> Self {
+        self.entry(EntryType::Directory, path.as_bytes(), b"", b"", 0o755)
+    }
+    fn symlink(self, path: &str, target: &str) -> Self {
+        self.entry(EntryType::Symlink, path.as_bytes(), target.as_bytes(), b"", 0o777)
+    }
+    fn hardlink(self, path: &str, target: &str) -> Self {
+        self.entry(EntryType::Link, path.as_bytes(), target.as_bytes(), b"", 0o644)
+    }
+    fn pax(self, records: &[(&str, &str)]) -> Self {
+        let mut data = Vec::new();
+        for (k, v) in records {
+            let body = format!(" {k}={v}\n");
+            let mut len = body.len() + 1;
+            while format!("{len}{body}").len() != len {
+                len += 1;
+            }
+            data.extend_from_slice(format!("{len}{body}").as_bytes());
+        }
+        self.entry(EntryType::XHeader, b"././@PaxHeader", b"", &data, 0o644)
+    }
+    fn done(mut self) -> Vec<u8> {
+        self.0.extend_from_slice(&[0u8; 1024]);
+        self.0
+    }
+}
+
+struct Fixture {
+    base: PathBuf,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Fixture {
+        let base = std::env::temp_dir().join(format!("chio-extract-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("root")).unwrap();
+        std::fs::create_dir_all(base.join("outside")).unwrap();
+        std::fs::write(base.join("outside/secret"), "untouched").unwrap();
+        Fixture { base }
+    }
+    fn root(&self) -> PathBuf {
+        self.base.join("root")
+    }
+    fn apply(&self, layer: Vec<u8>) -> Result<chio_supervisor::image::extract::LayerReport, ExtractError> {
+        self.apply_with(layer, &Budgets::default())
+    }
+    fn apply_with(
+        &self,
+        layer: Vec<u8>,
+        b: &Budgets,
+    ) -> Result<chio_supervisor::image::extract::LayerReport, ExtractError> {
+        let dir = std::fs::File::open(self.root()).unwrap();
+        apply_layer(dir.as_fd(), &layer[..], b, &mut Totals::default())
+    }
+    /// The only things outside the root are what the fixture put there.
+    fn outside_untouched(&self) {
+        let mut names: Vec<String> =
+            std::fs::read_dir(&self.base).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, ["outside", "root"]);
+        let outside: Vec<_> = std::fs::read_dir(self.base.join("outside")).unwrap().collect();
+        assert_eq!(outside.len(), 1, "something was written into the outside directory");
+        assert_eq!(std::fs::read_to_string(self.base.join("outside/secret")).unwrap(), "untouched");
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+fn refused(r: Result<chio_supervisor::image::extract::LayerReport, ExtractError>, needle: &str) {
+    match r {
+        Err(ExtractError::Refused { why, .. }) => assert!(why.contains(needle), "{why}"),
+        other => panic!("expected a refusal containing {needle:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn ordinary_layer_with_parents_symlinks_hardlinks_and_duplicates() {
+    let f = Fixture::new("ordinary");
+    f.apply(
+        Tar::default()
+            .dir("./")
+            .file("usr/bin/tool", "v1")
+            .file("usr/bin/tool", "v2")
+            .symlink("bin", "usr/bin")
+            .hardlink("usr/bin/tool2", "usr/bin/tool")
+            .entry(EntryType::Regular, b"usr/bin/su", b"", b"x", 0o4755)
+            .done(),
+    )
+    .unwrap();
+    let r = f.root();
+    assert_eq!(std::fs::read_to_string(r.join("usr/bin/tool")).unwrap(), "v2", "a later duplicate wins");
+    assert_eq!(std::fs::read_link(r.join("bin")).unwrap(), Path::new("usr/bin"));
+    let (a, b) =
+        (std::fs::metadata(r.join("usr/bin/tool")).unwrap(), std::fs::metadata(r.join("usr/bin/tool2")).unwrap());
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(std::fs::metadata(r.join("usr/bin/su")).unwrap().permissions().mode() & 0o7777, 0o4755);
+    f.outside_untouched();
+}
+
+#[test]
+fn setuid_is_kept_and_reported_devices_and_fifos_skipped() {
+    let f = Fixture::new("report");
+    let report = f
+        .apply(
+            Tar::default()
+                .entry(EntryType::Regular, b"su", b"", b"x", 0o4755)
+                .entry(EntryType::Char, b"dev/null", b"", b"", 0o666)
+                .entry(EntryType::Block, b"dev/sda", b"", b"", 0o660)
+                .entry(EntryType::Fifo, b"pipe", b"", b"", 0o644)
+                .done(),
+        )
+        .unwrap();
+    assert_eq!(report.setuid, ["su"]);
+    assert_eq!(report.skipped_devices, ["dev/null", "dev/sda"]);
+    assert_eq!(report.skipped_fifos, ["pipe"]);
+    assert!(
+        !f.root().join("dev/null").exists() && !f.root().join("dev/sda").exists() && !f.root().join("pipe").exists()
+    );
+}
+
+#[test]
+fn dotdot_and_absolute_names_are_refused() {
+    for (tag, name) in [("dotdot", &b"../escape"[..]), ("deep", b"a/../../escape"), ("abs", b"/escape")] {
+        let f = Fixture::new(tag);
+        let r = f.apply(Tar::default().raw_file(name).done());
+        assert!(matches!(r, Err(ExtractError::Refused { .. })), "{tag}: {r:?}");
+        f.outside_untouched();
+    }
+}
+
+#[test]
+fn nothing_is_written_through_a_symlink() {
+    let f = Fixture::new("symwrite");
+    let outside = f.base.join("outside");
+    let r = f.apply(Tar::default().symlink("link", outside.to_str().unwrap()).file("link/pwned", "x").done());
+    refused(r, "not a directory");
+    f.outside_untouched();
+    // A relative symlink climbing out, then a write beneath it.
+    let f = Fixture::new("symwrite-rel");
+    refused(f.apply(Tar::default().symlink("up", "../outside").file("up/pwned", "x").done()), "not a directory");
+    f.outside_untouched();
+}
+
+#[test]
+fn a_file_replaces_a_symlink_instead_of_writing_through_it() {
+    let f = Fixture::new("symreplace");
+    let secret = f.base.join("outside/secret");
+    f.apply(Tar::default().symlink("a", secret.to_str().unwrap()).file("a", "mine").done()).unwrap();
+    assert!(std::fs::symlink_metadata(f.root().join("a")).unwrap().is_file());
+    assert_eq!(std::fs::read_to_string(f.root().join("a")).unwrap(), "mine");
+    f.outside_untouched();
+}
+
+#[test]
+fn the_root_cannot_be_a_symlink() {
+    let f = Fixture::new("rootlink");
+    refused(f.apply(Tar::default().symlink("./", "/").done()), "root must be a directory");
+}
+
+#[test]
+fn hardlinks_stay_inside_the_root() {
+    let outside = |f: &Fixture| f.base.join("outside/secret").to_str().unwrap().to_string();
+    let f = Fixture::new("hl-dotdot");
+    refused(f.apply(Tar::default().hardlink("h", "../outside/secret").done()), "'..'");
+    let f2 = Fixture::new("hl-abs");
+    refused(f2.apply(Tar::default().hardlink("h", &outside(&f2)).done()), "absolute");
+    let f3 = Fixture::new("hl-through-symlink");
+    let target_dir = f3.base.join("outside");
+    refused(
+        f3.apply(Tar::default().symlink("l", target_dir.to_str().unwrap()).hardlink("h", "l/secret").done()),
+        "not a directory",
+    );
+    let f4 = Fixture::new("hl-to-symlink");
+    refused(f4.apply(Tar::default().symlink("s", &outside(&f4)).hardlink("h", "s").done()), "not a regular file");
+    let f5 = Fixture::new("hl-missing");
+    refused(f5.apply(Tar::default().hardlink("h", "nope").done()), "does not exist");
+    for f in [f, f2, f3, f4, f5] {
+        f.outside_untouched();
+    }
+}
+
+#[test]
+fn whiteouts_remove_lower_layers_only() {
+    let f = Fixture::new("whiteout");
+    f.apply(Tar::default().file("d/a", "1").file("d/b", "2").file("x", "3").file("o/old", "4").done()).unwrap();
+    f.apply(
+        Tar::default()
+            .file("d/.wh.a", "")
+            .file(".wh.x", "")
+            .file("o/new", "5")
+            .file("o/.wh..wh..opq", "")
+            .file("n", "6")
+            .file(".wh.n", "")
+            .done(),
+    )
+    .unwrap();
+    let r = f.root();
+    assert!(!r.join("d/a").exists() && !r.join("x").exists() && !r.join("o/old").exists());
+    assert!(r.join("d/b").exists(), "untouched sibling");
+    assert_eq!(
+        std::fs::read_to_string(r.join("o/new")).unwrap(),
+        "5",
+        "created in this layer: survives the opaque whiteout"
+    );
+    assert!(r.join("n").exists(), "created in this layer: survives its own whiteout");
+    assert!(!r.join("d/.wh.a").exists() && !r.join("o/.wh..wh..opq").exists(), "whiteouts are not files");
+}
+
+#[test]
+fn invalid_whiteouts_are_refused() {
+    for (tag, name) in [("empty", ".wh."), ("dot", ".wh.."), ("dotdot", "d/.wh..."), ("nested", ".wh..wh.x")] {
+        let f = Fixture::new(&format!("wh-{tag}"));
+        let r = f.apply(Tar::default().file(name, "").done());
+        assert!(matches!(r, Err(ExtractError::Refused { .. })), "{name}: {r:?}");
+        f.outside_untouched();
+    }
+}
+
+#[test]
+fn pax_paths_xattrs_and_ownership() {
+    let f = Fixture::new("pax");
+    let long = format!("deep/{}/file", "d".repeat(150));
+    f.apply(
+        Tar::default()
+            .pax(&[
+                ("path", &long),
+                ("uid", "1234"),
+                ("gid", "4321"),
+                ("SCHILY.xattr.user.tag", "v"),
+                ("SCHILY.xattr.security.capability", "x"),
+            ])
+            .file("ignored-name", "long")
+            .done(),
+    )
+    .unwrap();
+    let p = f.root().join(&long);
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), "long");
+    let m = std::fs::metadata(&p).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!((m.uid(), m.gid()), (1234, 4321));
+    }
+    assert!(!f.root().join("ignored-name").exists());
+}
+
+#[test]
+fn budgets_hold_against_bombs() {
+    let small = Budgets { max_entries: 50, max_bytes: 1 << 20, max_header: 4096, ..Budgets::default() };
+    let f = Fixture::new("count-bomb");
+    let mut t = Tar::default();
+    for i in 0..100 {
+        t = t.file(&format!("f{i}"), "x");
+    }
+    assert!(matches!(f.apply_with(t.done(), &small), Err(ExtractError::Budget(e)) if e.contains("entries")));
+    let f = Fixture::new("size-bomb");
+    let big = vec![0u8; 2 << 20];
+    let r = f.apply_with(Tar::default().entry(EntryType::Regular, b"zeros", b"", &big, 0o644).done(), &small);
+    assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("bytes")));
+    let f = Fixture::new("pax-bomb");
+    let huge = "y".repeat(64 << 10);
+    let r = f.apply_with(Tar::default().pax(&[("comment", &huge)]).file("a", "x").done(), &small);
+    assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("header")));
+    let f = Fixture::new("path-bomb");
+    let deep = vec!["d"; 300].join("/");
+    let r = f.apply(Tar::default().pax(&[("path", &deep)]).file("x", "x").done());
+    assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("depth")));
+}
