@@ -362,8 +362,10 @@ impl Layer<'_> {
         let name = cstr(&last).map_err(io_err(&raw))?;
         let h = entry.header();
         let mode = h.mode().map_err(io_err(&raw))? & 0o7777;
-        let uid = p.uid.map_or_else(|| h.uid().map(|u| u as u32), Ok).map_err(io_err(&raw))?;
-        let gid = p.gid.map_or_else(|| h.gid().map(|g| g as u32), Ok).map_err(io_err(&raw))?;
+        // A blank numeric owner field (some writers leave it NUL) means 0; the rootfs is
+        // read-only and nosuid in the cage, so root ownership grants nothing there.
+        let uid = p.uid.unwrap_or_else(|| h.uid().map_or(0, |u| u as u32));
+        let gid = p.gid.unwrap_or_else(|| h.gid().map_or(0, |g| g as u32));
         let mtime = h.mtime().unwrap_or(0) as i64;
         let shown = String::from_utf8_lossy(&raw).into_owned();
         match kind {

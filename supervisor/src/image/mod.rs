@@ -3,3 +3,6 @@
 //! archive attacks.
 
 pub mod extract;
+pub mod import;
+pub mod source;
+pub mod store;

@@ -1,0 +1,155 @@
+//! Where an image's files come from, read in place: an OCI layout directory, or a tar archive
+//! (`docker save`, `oci-archive`) indexed once and then read with seeks — the outer archive is never
+//! unpacked to disk. Members that are symlinks to other members (legacy `docker save` layer
+//! sharing) are resolved by path arithmetic within the archive, never on disk.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Largest JSON document (index, manifest, config) read into memory.
+pub const MAX_JSON: u64 = 8 << 20;
+
+/// A member of the outer archive.
+#[derive(Debug, Clone)]
+pub struct Member {
+    offset: u64,
+    size: u64,
+    link: Option<String>,
+}
+
+/// Files of an image, by relative path.
+pub enum Source {
+    /// An OCI image layout directory.
+    Dir(PathBuf),
+    /// A tar archive and its member index.
+    Tar {
+        /// The archive.
+        file: PathBuf,
+        /// Member name (normalized) to location.
+        members: HashMap<String, Member>,
+    },
+}
+
+fn normalize(name: &str) -> Option<String> {
+    let mut out: Vec<&str> = Vec::new();
+    for c in name.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            c => out.push(c),
+        }
+    }
+    Some(out.join("/"))
+}
+
+impl Source {
+    /// Open `path`: a directory is an OCI layout; anything else is read as a tar archive.
+    pub fn open(path: &Path) -> io::Result<Source> {
+        if path.is_dir() {
+            return Ok(Source::Dir(path.to_path_buf()));
+        }
+        let mut archive = tar::Archive::new(File::open(path)?);
+        let mut members = HashMap::new();
+        for entry in archive.entries_with_seek()? {
+            let entry = entry?;
+            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let Some(name) = normalize(&name) else { continue };
+            let kind = entry.header().entry_type();
+            let link = match kind {
+                tar::EntryType::Symlink | tar::EntryType::Link => {
+                    entry.link_name_bytes().map(|l| String::from_utf8_lossy(&l).into_owned())
+                }
+                _ => None,
+            };
+            if kind.is_file() || link.is_some() {
+                members.insert(name, Member { offset: entry.raw_file_position(), size: entry.size(), link });
+            }
+        }
+        Ok(Source::Tar { file: path.to_path_buf(), members })
+    }
+
+    /// Whether `name` exists.
+    pub fn exists(&self, name: &str) -> bool {
+        match self {
+            Source::Dir(d) => normalize(name).is_some_and(|n| d.join(n).is_file()),
+            Source::Tar { .. } => self.resolve(name).is_ok(),
+        }
+    }
+
+    /// Resolve a member through symlinks inside the archive (bounded, no escape above the top).
+    fn resolve(&self, name: &str) -> io::Result<(u64, u64)> {
+        let Source::Tar { members, .. } = self else { return Err(io::ErrorKind::Unsupported.into()) };
+        let mut cur = normalize(name).ok_or_else(|| not_found(name))?;
+        for _ in 0..16 {
+            let m = members.get(&cur).ok_or_else(|| not_found(name))?;
+            match &m.link {
+                None => return Ok((m.offset, m.size)),
+                Some(link) => {
+                    let base = if link.starts_with('/') {
+                        String::new()
+                    } else {
+                        cur.rsplit_once('/').map_or(String::new(), |(d, _)| d.to_string())
+                    };
+                    cur = normalize(&format!("{base}/{link}")).ok_or_else(|| not_found(name))?;
+                }
+            }
+        }
+        Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: too many links inside the archive")))
+    }
+
+    /// Size of `name`.
+    pub fn size(&self, name: &str) -> io::Result<u64> {
+        match self {
+            Source::Dir(d) => Ok(std::fs::metadata(d.join(normalize(name).ok_or_else(|| not_found(name))?))?.len()),
+            Source::Tar { .. } => Ok(self.resolve(name)?.1),
+        }
+    }
+
+    /// A reader of `name`'s content.
+    pub fn read(&self, name: &str) -> io::Result<Box<dyn Read + '_>> {
+        match self {
+            Source::Dir(d) => {
+                // A layout's files are regular files: a planted symlink or FIFO is not followed.
+                let rel = normalize(name).ok_or_else(|| not_found(name))?;
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(d.join(rel))?;
+                let meta = f.metadata()?;
+                if !meta.is_file() {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name} is not a regular file")));
+                }
+                Ok(Box::new(f.take(meta.len())))
+            }
+            Source::Tar { file, .. } => {
+                let (offset, size) = self.resolve(name)?;
+                let mut f = File::open(file)?;
+                f.seek(SeekFrom::Start(offset))?;
+                Ok(Box::new(f.take(size)))
+            }
+        }
+    }
+
+    /// A small JSON document, size-capped.
+    pub fn json(&self, name: &str) -> io::Result<serde_json::Value> {
+        let size = self.size(name)?;
+        if size > MAX_JSON {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{name} is {size} bytes (limit {MAX_JSON})"),
+            ));
+        }
+        let mut buf = Vec::with_capacity(size as usize);
+        self.read(name)?.take(MAX_JSON).read_to_end(&mut buf)?;
+        serde_json::from_slice(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}")))
+    }
+}
+
+fn not_found(name: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{name} is not in the image"))
+}

@@ -1,0 +1,292 @@
+//! The image store under a state directory (mode 0700): `images/<id>.json` per image,
+//! `rootfs/<chain-id>/` one flattened tree per ChainID (shared by images with the same layers),
+//! `tmp/` for extractions in progress, renamed into place only when complete — a crash or a
+//! refusal leaves nothing half-imported. One import at a time (an exclusive lock file). Each image
+//! records a digest of its extracted tree so `verify` can detect later tampering.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::extract::{self, Budgets, LayerReport, Totals};
+use super::import::{self, decompress, Hashing, ImportError, Selection};
+use super::source::Source;
+
+/// One layer as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerRecord {
+    /// Compressed blob digest (OCI) or null (legacy `docker save`).
+    pub digest: Option<String>,
+    /// Uncompressed DiffID.
+    pub diff_id: String,
+    /// Bytes read from the source.
+    pub size: u64,
+}
+
+/// An imported image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// `sha256:` of the config: the image ID.
+    pub image_id: String,
+    /// References (tags) and the `--name` given at import.
+    pub references: Vec<String>,
+    /// `os/arch[/variant]`.
+    pub platform: String,
+    /// Entrypoint, Cmd, Env, WorkingDir, User from the config.
+    pub config: Value,
+    /// Layers, bottom first.
+    pub layers: Vec<LayerRecord>,
+    /// ChainID of the top layer: the flattened tree's name.
+    pub chain_id: String,
+    /// Digest of the extracted tree.
+    pub tree_sha256: String,
+    /// Files kept with setuid/setgid bits (the cage mounts nosuid).
+    pub setuid: Vec<String>,
+    /// Device nodes and FIFOs that were not created.
+    pub skipped: Vec<String>,
+}
+
+/// The store.
+pub struct ImageStore {
+    dir: PathBuf,
+}
+
+fn hex_of(d: &str) -> &str {
+    d.strip_prefix("sha256:").unwrap_or(d)
+}
+
+/// ChainIDs of a layer stack (OCI image spec): ChainID(L0) = DiffID(L0),
+/// ChainID(Ln) = sha256(ChainID(Ln-1) + " " + DiffID(Ln)).
+pub fn chain_id(diff_ids: &[String]) -> Option<String> {
+    let mut it = diff_ids.iter();
+    let mut chain = it.next()?.clone();
+    for d in it {
+        let h = Sha256::digest(format!("{chain} {d}").as_bytes());
+        chain = format!("sha256:{}", h.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    }
+    Some(chain)
+}
+
+impl ImageStore {
+    /// Open (creating) the store at `dir`, mode 0700.
+    pub fn open(dir: &Path) -> io::Result<ImageStore> {
+        for sub in ["", "images", "rootfs", "tmp"] {
+            fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.join(sub))?;
+        }
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        Ok(ImageStore { dir: dir.to_path_buf() })
+    }
+
+    /// Path of an image's root filesystem.
+    pub fn rootfs(&self, rec: &ImageRecord) -> PathBuf {
+        self.dir.join("rootfs").join(hex_of(&rec.chain_id))
+    }
+
+    fn lock(&self) -> io::Result<fs::File> {
+        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.dir.join("lock"))?;
+        // SAFETY: flock on our own open file; released when it is closed.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(f)
+    }
+
+    /// Import the image at `path`. `progress` receives one line per step.
+    pub fn import(
+        &self,
+        path: &Path,
+        sel: &Selection,
+        name: Option<&str>,
+        budgets: &Budgets,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<ImageRecord, ImportError> {
+        let _lock = self.lock()?;
+        let src = Source::open(path)?;
+        let res = import::resolve(&src, sel)?;
+        progress(&format!("image {} ({} layers)", res.image_id, res.layers.len()));
+        let ids: Vec<String> = res.layers.iter().map(|l| l.diff_id.clone()).collect();
+        let chain = chain_id(&ids).ok_or_else(|| ImportError::Invalid("an image without layers".into()))?;
+        let target = self.dir.join("rootfs").join(hex_of(&chain));
+        let present = target.is_dir();
+        let tmp = self.dir.join("tmp").join(format!("{}-{}", hex_of(&chain), std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::DirBuilder::new().mode(0o755).create(&tmp)?;
+        let result = self.stream_layers(&src, &res, if present { None } else { Some(&tmp) }, budgets, progress);
+        let outcome = result.and_then(|(layers, report)| {
+            if !present {
+                fs::rename(&tmp, &target)?;
+            }
+            let tree = tree_digest(&target)?;
+            Ok((layers, report, tree))
+        });
+        let _ = fs::remove_dir_all(&tmp);
+        let (layers, report, tree) = outcome?;
+        let c = &res.config["config"];
+        let mut references = res.references.clone();
+        references.extend(name.map(str::to_string));
+        let rec = ImageRecord {
+            image_id: res.image_id.clone(),
+            references,
+            platform: format!(
+                "{}/{}",
+                res.config["os"].as_str().unwrap_or("?"),
+                res.config["architecture"].as_str().unwrap_or("?")
+            ),
+            config: serde_json::json!({
+                "Entrypoint": c["Entrypoint"], "Cmd": c["Cmd"], "Env": c["Env"], "WorkingDir": c["WorkingDir"], "User": c["User"],
+            }),
+            layers,
+            chain_id: chain,
+            tree_sha256: tree,
+            setuid: report.setuid,
+            skipped: report.skipped_devices.into_iter().chain(report.skipped_fifos).collect(),
+        };
+        let meta = self.dir.join("images").join(format!("{}.json", hex_of(&rec.image_id)));
+        let tmp_meta = meta.with_extension("json.tmp");
+        fs::write(&tmp_meta, serde_json::to_vec_pretty(&rec).map_err(|e| ImportError::Invalid(e.to_string()))?)?;
+        fs::rename(&tmp_meta, &meta)?;
+        progress(&format!("{} {}", if present { "verified (already extracted)" } else { "imported" }, rec.image_id));
+        Ok(rec)
+    }
+
+    /// Stream every layer once: compressed digest, decompression, DiffID, and (with `into`)
+    /// extraction. Without `into` the layers are only verified.
+    fn stream_layers(
+        &self,
+        src: &Source,
+        res: &import::Resolved,
+        into: Option<&Path>,
+        budgets: &Budgets,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(Vec<LayerRecord>, LayerReport), ImportError> {
+        let root = match into {
+            Some(p) => Some(fs::File::open(p)?),
+            None => None,
+        };
+        let mut totals = Totals::default();
+        let mut report = LayerReport::default();
+        let mut out = Vec::new();
+        for (i, layer) in res.layers.iter().enumerate() {
+            let mut raw = Hashing::new(src.read(&layer.name)?);
+            let mut plain = Hashing::new(decompress(&mut raw)?);
+            match &root {
+                Some(dir) => {
+                    let r = extract::apply_layer(dir.as_fd(), &mut plain, budgets, &mut totals)
+                        .map_err(|e| ImportError::Invalid(format!("layer {i} ({}): {e}", layer.name)))?;
+                    report.setuid.extend(r.setuid);
+                    report.skipped_devices.extend(r.skipped_devices);
+                    report.skipped_fifos.extend(r.skipped_fifos);
+                }
+                None => {
+                    io::copy(&mut plain, &mut io::sink())?;
+                }
+            }
+            let (diff_id, _) = plain.finish()?;
+            let (blob_digest, blob_size) = raw.finish()?;
+            if let Some((digest, size)) = &layer.blob {
+                if blob_size != *size || &blob_digest != digest {
+                    return Err(ImportError::Digest(format!(
+                        "layer {i}: blob is {blob_digest} ({blob_size} bytes), descriptor says {digest} ({size} bytes)"
+                    )));
+                }
+            }
+            if diff_id != layer.diff_id {
+                return Err(ImportError::Digest(format!(
+                    "layer {i}: uncompressed digest {diff_id} is not the config's diff_id {} (corrupt, or layers out of order)",
+                    layer.diff_id
+                )));
+            }
+            progress(&format!("layer {}/{} {diff_id}", i + 1, res.layers.len()));
+            out.push(LayerRecord { digest: layer.blob.as_ref().map(|b| b.0.clone()), diff_id, size: blob_size });
+        }
+        Ok((out, report))
+    }
+
+    /// Every imported image.
+    pub fn list(&self) -> io::Result<Vec<ImageRecord>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(self.dir.join("images"))? {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                let rec: ImageRecord = serde_json::from_slice(&fs::read(&p)?)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))?;
+                out.push(rec);
+            }
+        }
+        out.sort_by(|a, b| a.image_id.cmp(&b.image_id));
+        Ok(out)
+    }
+
+    /// The image named by a reference, a full ID, or an unambiguous ID prefix (12+ hex digits).
+    pub fn find(&self, what: &str) -> io::Result<ImageRecord> {
+        let all = self.list()?;
+        let by_ref: Vec<&ImageRecord> = all.iter().filter(|r| r.references.iter().any(|n| n == what)).collect();
+        let hex = hex_of(what);
+        let by_id: Vec<&ImageRecord> =
+            all.iter().filter(|r| hex.len() >= 12 && hex_of(&r.image_id).starts_with(hex)).collect();
+        match (by_ref.as_slice(), by_id.as_slice()) {
+            ([one], _) | ([], [one]) => Ok((*one).clone()),
+            ([], []) => {
+                Err(io::Error::new(io::ErrorKind::NotFound, format!("no image named {what:?} (see chio image list)")))
+            }
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{what:?} names several images; use the full image ID"),
+            )),
+        }
+    }
+
+    /// Recompute the tree digest of an image's rootfs: true when it is unchanged since import.
+    pub fn verify(&self, rec: &ImageRecord) -> io::Result<bool> {
+        Ok(tree_digest(&self.rootfs(rec))? == rec.tree_sha256)
+    }
+
+    /// Remove an image and any rootfs no other image uses.
+    pub fn remove(&self, rec: &ImageRecord) -> io::Result<bool> {
+        let _lock = self.lock()?;
+        fs::remove_file(self.dir.join("images").join(format!("{}.json", hex_of(&rec.image_id))))?;
+        let still_used = self.list()?.iter().any(|r| r.chain_id == rec.chain_id);
+        if !still_used {
+            fs::remove_dir_all(self.rootfs(rec))?;
+        }
+        Ok(!still_used)
+    }
+}
+
+/// SHA-256 over every entry of a tree (sorted path, type, mode, owner, size, content digest or
+/// link target), never following a symlink.
+pub fn tree_digest(root: &Path) -> io::Result<String> {
+    let mut h = Sha256::new();
+    walk(root, Path::new(""), &mut h)?;
+    Ok(format!("sha256:{}", h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+fn walk(root: &Path, rel: &Path, h: &mut Sha256) -> io::Result<()> {
+    let mut names: Vec<_> =
+        fs::read_dir(root.join(rel))?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
+    names.sort();
+    for name in names {
+        let p = rel.join(&name);
+        let full = root.join(&p);
+        let m = fs::symlink_metadata(&full)?;
+        h.update(format!("{}\0{:o}\0{}\0{}\0{}\0", p.display(), m.mode(), m.uid(), m.gid(), m.size()).as_bytes());
+        if m.file_type().is_symlink() {
+            h.update(fs::read_link(&full)?.as_os_str().as_encoded_bytes());
+        } else if m.is_file() {
+            let mut f = fs::File::open(&full)?;
+            let mut fh = Sha256::new();
+            io::copy(&mut f, &mut fh)?;
+            h.update(fh.finalize());
+        } else if m.is_dir() {
+            walk(root, &p, h)?;
+        }
+        h.update(b"\n");
+    }
+    Ok(())
+}

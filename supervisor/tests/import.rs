@@ -1,0 +1,329 @@
+//! Image import from every format the tests can write themselves (OCI layout directory,
+//! oci-archive, Docker 25+ and legacy `docker save`), giving the same tree for the same image; and
+//! the hostile set: digest and size mismatches, wrong layer order, missing blobs, media-type
+//! confusion, a decompression bomb and a hostile layer — each refused with nothing half-imported.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use chio_supervisor::image::extract::Budgets;
+use chio_supervisor::image::import::Selection;
+use chio_supervisor::image::store::ImageStore;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+fn hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn layer(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path, data.as_bytes()).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn zstd(data: &[u8]) -> Vec<u8> {
+    zstd::stream::encode_all(data, 3).unwrap()
+}
+
+struct Image {
+    layers_plain: Vec<Vec<u8>>,
+    layers_blob: Vec<Vec<u8>>,
+    config: Vec<u8>,
+}
+
+fn image() -> Image {
+    let l1 = layer(&[("usr/bin/tool", "v1"), ("etc/os-release", "ID=test\n"), ("etc/gone", "x")]);
+    let l2 = layer(&[("usr/bin/tool", "v2"), ("etc/.wh.gone", "")]);
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/usr/bin"], "WorkingDir": "/work", "Entrypoint": ["/usr/bin/tool"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&l1)), format!("sha256:{}", hex(&l2))]}
+    }))
+    .unwrap();
+    Image { layers_blob: vec![gzip(&l1), zstd(&l2)], layers_plain: vec![l1, l2], config }
+}
+
+fn desc(media: &str, data: &[u8]) -> serde_json::Value {
+    json!({"mediaType": media, "digest": format!("sha256:{}", hex(data)), "size": data.len()})
+}
+
+/// Write an OCI layout; `tweak` may edit the manifest JSON before it is written.
+fn oci_dir(dir: &Path, img: &Image, tweak: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |data: &[u8]| std::fs::write(blobs.join(hex(data)), data).unwrap();
+    put(&img.config);
+    let mut layers = Vec::new();
+    for (blob, media) in img
+        .layers_blob
+        .iter()
+        .zip(["application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.oci.image.layer.v1.tar+zstd"])
+    {
+        put(blob);
+        layers.push(desc(media, blob));
+    }
+    let mut manifest = json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": desc("application/vnd.oci.image.config.v1+json", &img.config), "layers": layers,
+    });
+    tweak(&mut manifest);
+    let m = serde_json::to_vec(&manifest).unwrap();
+    put(&m);
+    let mut md = desc("application/vnd.oci.image.manifest.v1+json", &m);
+    md["annotations"] = json!({"org.opencontainers.image.ref.name": "app:1"});
+    md["platform"] = json!({"os": "linux", "architecture": "amd64"});
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [md]})).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    dir.to_path_buf()
+}
+
+fn tar_dir(dir: &Path, out: &Path) -> PathBuf {
+    let mut b = tar::Builder::new(std::fs::File::create(out).unwrap());
+    b.append_dir_all(".", dir).unwrap();
+    b.finish().unwrap();
+    out.to_path_buf()
+}
+
+fn legacy(dir: &Path, img: &Image) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let cfg = format!("{}.json", hex(&img.config));
+    std::fs::write(dir.join(&cfg), &img.config).unwrap();
+    let mut names = Vec::new();
+    for (i, l) in img.layers_plain.iter().enumerate() {
+        let d = dir.join(format!("layer{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("layer.tar"), l).unwrap();
+        names.push(format!("layer{i}/layer.tar"));
+    }
+    // A third layer entry reusing layer0 through a symlink member, as docker save does for shared layers.
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_vec(&json!([{"Config": cfg, "RepoTags": ["app:1"], "Layers": names}])).unwrap(),
+    )
+    .unwrap();
+    let out = dir.with_extension("tar");
+    tar_dir(dir, &out)
+}
+
+struct Env {
+    base: PathBuf,
+    store: ImageStore,
+}
+
+fn env(tag: &str) -> Env {
+    let base = std::env::temp_dir().join(format!("chio-import-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let store = ImageStore::open(&base.join("state")).unwrap();
+    Env { base, store }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+impl Env {
+    fn import(
+        &self,
+        p: &Path,
+    ) -> Result<chio_supervisor::image::store::ImageRecord, chio_supervisor::image::import::ImportError> {
+        self.import_with(p, &Budgets::default())
+    }
+    fn import_with(
+        &self,
+        p: &Path,
+        b: &Budgets,
+    ) -> Result<chio_supervisor::image::store::ImageRecord, chio_supervisor::image::import::ImportError> {
+        let sel = Selection { reference: None, platform: "linux/amd64".into() };
+        self.store.import(p, &sel, None, b, &mut |_| {})
+    }
+    /// Nothing half-imported: no rootfs, no temp, no image record.
+    fn empty(&self) {
+        for sub in ["rootfs", "tmp", "images"] {
+            let n = std::fs::read_dir(self.base.join("state").join(sub)).unwrap().count();
+            assert_eq!(n, 0, "state/{sub} is not empty");
+        }
+    }
+}
+
+#[test]
+fn every_format_gives_the_same_tree() {
+    let img = image();
+    let e = env("formats");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let a = e.import(&dir).unwrap();
+    let root = e.store.rootfs(&a);
+    assert_eq!(std::fs::read_to_string(root.join("usr/bin/tool")).unwrap(), "v2");
+    assert!(!root.join("etc/gone").exists(), "whiteout applied");
+    assert_eq!(a.references, ["app:1"]);
+    assert_eq!(a.config["WorkingDir"], "/work");
+    let archive = tar_dir(&dir, &e.base.join("oci-archive.tar"));
+    let b = e.import(&archive).unwrap();
+    // Docker 25+: an OCI layout plus a legacy manifest.json in the same tar.
+    std::fs::write(dir.join("manifest.json"), "[]").unwrap();
+    let docker25 = tar_dir(&dir, &e.base.join("docker25.tar"));
+    let c = e.import(&docker25).unwrap();
+    let d = e.import(&legacy(&e.base.join("legacy"), &img)).unwrap();
+    for r in [&b, &c, &d] {
+        assert_eq!(r.image_id, a.image_id);
+        assert_eq!(r.chain_id, a.chain_id);
+        assert_eq!(r.tree_sha256, a.tree_sha256);
+    }
+    assert!(e.store.verify(&a).unwrap());
+    std::fs::write(root.join("usr/bin/tool"), "tampered").unwrap();
+    assert!(!e.store.verify(&a).unwrap(), "tampering is detected");
+}
+
+#[test]
+fn reimport_verifies_without_extracting_and_rm_collects() {
+    let img = image();
+    let e = env("reimport");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let a = e.import(&dir).unwrap();
+    let marker = e.store.rootfs(&a).join("etc/os-release");
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&marker).unwrap());
+    let mut lines = Vec::new();
+    let sel = Selection { reference: Some("app:1".into()), platform: Selection::host_platform() };
+    e.store.import(&dir, &sel, Some("mine"), &Budgets::default(), &mut |l| lines.push(l.to_string())).unwrap();
+    assert!(lines.iter().any(|l| l.contains("already extracted")), "{lines:?}");
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&marker).unwrap()), ino, "not re-extracted");
+    let found = e.store.find("mine").unwrap();
+    assert!(e.store.remove(&found).unwrap(), "last user of the rootfs: collected");
+    e.empty();
+}
+
+#[test]
+fn hostile_images_are_refused_with_nothing_half_imported() {
+    let img = image();
+    // A layer blob whose bytes do not match its digest.
+    let e = env("bad-blob");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let blob = dir.join("blobs/sha256").join(hex(&img.layers_blob[1]));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    assert!(e.import(&dir).is_err());
+    e.empty();
+    // A descriptor with the wrong size.
+    let e = env("bad-size");
+    let dir = oci_dir(&e.base.join("oci"), &img, |m| m["layers"][0]["size"] = json!(3));
+    assert!(e.import(&dir).unwrap_err().to_string().contains("descriptor says"));
+    e.empty();
+    // Layers in the wrong order (the Docker 25.0.0 bug): DiffIDs no longer match by position.
+    let e = env("order");
+    let dir = oci_dir(&e.base.join("oci"), &img, |m| {
+        let l = m["layers"].as_array_mut().unwrap();
+        l.swap(0, 1);
+    });
+    assert!(e.import(&dir).unwrap_err().to_string().contains("out of order"));
+    e.empty();
+    // A missing blob.
+    let e = env("missing");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    std::fs::remove_file(dir.join("blobs/sha256").join(hex(&img.layers_blob[0]))).unwrap();
+    assert!(e.import(&dir).is_err());
+    e.empty();
+    // Media-type confusion: the index says "index" for a manifest.
+    let e = env("media");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let idx = dir.join("index.json");
+    let text = std::fs::read_to_string(&idx).unwrap().replace("image.manifest.v1+json", "image.index.v1+json");
+    std::fs::write(&idx, text).unwrap();
+    assert!(e.import(&dir).unwrap_err().to_string().contains("descriptor says"));
+    e.empty();
+}
+
+#[test]
+fn bombs_and_hostile_layers_are_refused() {
+    // A gzip bomb: 64 MiB of zeros compress to ~64 KiB; the content budget stops it.
+    let zeros = vec![0u8; 64 << 20];
+    let l = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(zeros.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "zeros", &zeros[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&l))]}})).unwrap();
+    let bomb = Image { layers_blob: vec![gzip(&l)], layers_plain: vec![l], config };
+    let e = env("bomb");
+    let dir = oci_dir(&e.base.join("oci"), &bomb, |m| {
+        m["layers"].as_array_mut().unwrap().truncate(1);
+    });
+    let small = Budgets { max_bytes: 8 << 20, ..Budgets::default() };
+    assert!(e.import_with(&dir, &small).unwrap_err().to_string().contains("budget"));
+    e.empty();
+    // A layer trying to write outside through '..'.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.as_old_mut().name[..9].copy_from_slice(b"../escape");
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append(&h, &b"x"[..]).unwrap();
+    let evil = b.into_inner().unwrap();
+    let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&evil))]}})).unwrap();
+    let img = Image { layers_blob: vec![gzip(&evil)], layers_plain: vec![evil], config };
+    let e = env("evil");
+    let dir = oci_dir(&e.base.join("oci"), &img, |m| {
+        m["layers"].as_array_mut().unwrap().truncate(1);
+    });
+    assert!(e.import(&dir).unwrap_err().to_string().contains("'..'"));
+    e.empty();
+    assert!(!e.base.join("state/escape").exists() && !e.base.join("escape").exists());
+}
+
+#[test]
+fn archive_members_that_are_symlinks_resolve_inside_the_archive() {
+    use chio_supervisor::image::source::Source;
+    use std::io::Read;
+    let e = env("members");
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(5);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "a/layer.tar", &b"hello"[..]).unwrap();
+    for (name, target) in
+        [("b/layer.tar", "../a/layer.tar"), ("c/layer.tar", "/a/layer.tar"), ("d/layer.tar", "../../etc/passwd")]
+    {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, name, target).unwrap();
+    }
+    let path = e.base.join("members.tar");
+    std::fs::write(&path, b.into_inner().unwrap()).unwrap();
+    let src = Source::open(&path).unwrap();
+    for name in ["b/layer.tar", "c/layer.tar"] {
+        let mut s = String::new();
+        src.read(name).unwrap().read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello", "{name}");
+    }
+    assert!(src.read("d/layer.tar").is_err(), "a member link cannot climb out of the archive");
+}
