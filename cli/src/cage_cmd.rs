@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use chio_cage::{Bind, CagePlan, LaunchRecord, Mode, NetMode, RootSpec, Sinks, Stage, State};
@@ -32,10 +32,17 @@ pub enum NetArg {
 /// Flags of `chio cage run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Root filesystem directory (an imported image's rootfs). Default: the host's /usr, /bin,
-    /// /lib*, /sbin and a minimal /etc, read-only.
-    #[arg(long, value_name = "DIR")]
+    /// Root filesystem directory. Default: the host's /usr, /bin, /lib*, /sbin and a minimal
+    /// /etc, read-only.
+    #[arg(long, value_name = "DIR", conflicts_with = "image")]
     rootfs: Option<PathBuf>,
+    /// An imported image (reference or ID): its rootfs read-only, its Env and WorkingDir as
+    /// defaults.
+    #[arg(long, value_name = "REF|ID")]
+    image: Option<String>,
+    /// State directory holding imported images (default $CHIO_STATE_DIR or /var/lib/chio).
+    #[arg(long = "state-dir", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Host directory mounted read-write at /workspace (and the default working directory).
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
@@ -134,6 +141,9 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
         // Not canonicalized here: the cage opens it (and reports a missing rootfs in the record).
         plan.root = RootSpec::Directory(std::path::absolute(r).with_context(|| format!("rootfs {}", r.display()))?);
     }
+    if let Some(image) = &a.image {
+        apply_image(&mut plan, image, &a.state_dir)?;
+    }
     if let Some(w) = &a.workspace {
         plan.workspace = Some(std::path::absolute(w).with_context(|| format!("workspace {}", w.display()))?);
         plan.cwd = PathBuf::from("/workspace");
@@ -171,6 +181,22 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
     plan.expect_sha256 = a.expect_sha256.clone();
     apply_environment_overrides(&mut plan)?;
     Ok(plan)
+}
+
+/// Root filesystem, environment and working directory from an imported image (flags given
+/// later override them).
+fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Result<()> {
+    let (store, rec) = crate::image_cmd::find(state, image)?;
+    plan.root = RootSpec::Directory(store.rootfs(&rec));
+    for kv in rec.config["Env"].as_array().into_iter().flatten().filter_map(|v| v.as_str()) {
+        if let Some((k, v)) = kv.split_once('=') {
+            set_env(&mut plan.env, k, v);
+        }
+    }
+    if let Some(wd) = rec.config["WorkingDir"].as_str().filter(|w| w.starts_with('/')) {
+        plan.cwd = Path::new(wd).components().collect();
+    }
+    Ok(())
 }
 
 fn set_env(env: &mut Vec<(OsString, OsString)>, k: &str, v: &str) {

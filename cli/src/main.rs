@@ -2,6 +2,7 @@
 
 mod cage_cmd;
 mod doc_cmd;
+mod image_cmd;
 mod keys_cmd;
 mod receipt_cmd;
 mod units;
@@ -22,6 +23,11 @@ enum Command {
     Cage {
         #[command(subcommand)]
         command: CageCommand,
+    },
+    /// Images imported from docker save archives and OCI layouts.
+    Image {
+        #[command(subcommand)]
+        command: image_cmd::ImageCommand,
     },
     /// Publisher-signed tool manifests.
     Manifest {
@@ -60,6 +66,7 @@ fn main() {
         Command::Keys { command } => (keys_cmd::run(command), 1),
         Command::Receipt { command } => (receipt_cmd::run(command), 1),
         Command::Manifest { command } => (doc_cmd::manifest(command), 1),
+        Command::Image { command } => (image_cmd::run(command), 1),
         Command::Policy { command } => (doc_cmd::policy(command), 1),
     };
     match code {

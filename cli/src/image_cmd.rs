@@ -1,0 +1,159 @@
+//! `chio image import | list | inspect | verify | rm`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use chio_supervisor::image::extract::Budgets;
+use chio_supervisor::image::import::Selection;
+use chio_supervisor::image::store::{ImageRecord, ImageStore};
+use clap::Subcommand;
+
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/chio";
+
+/// `chio image …`
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import a docker save archive, an oci-archive or an OCI layout directory.
+    Import {
+        /// The archive or layout directory.
+        path: PathBuf,
+        /// Which image, when the archive holds several (a tag such as app:1).
+        #[arg(long = "ref")]
+        reference: Option<String>,
+        /// os/arch[/variant] (default: the host's).
+        #[arg(long)]
+        platform: Option<String>,
+        /// An extra name to refer to the image by.
+        #[arg(long)]
+        name: Option<String>,
+        /// Print the image record as JSON.
+        #[arg(long)]
+        json: bool,
+        /// State directory (default $CHIO_STATE_DIR or /var/lib/chio).
+        #[arg(long = "state-dir")]
+        state_dir: Option<PathBuf>,
+    },
+    /// List imported images.
+    List {
+        /// State directory.
+        #[arg(long = "state-dir")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Print an image's record (JSON).
+    Inspect {
+        /// Reference, image ID or ID prefix (12+ hex digits).
+        image: String,
+        /// State directory.
+        #[arg(long = "state-dir")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Check an image's extracted tree against the digest recorded at import.
+    Verify {
+        /// Reference, image ID or ID prefix.
+        image: String,
+        /// State directory.
+        #[arg(long = "state-dir")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Remove an image (and its root filesystem when no other image uses it).
+    Rm {
+        /// Reference, image ID or ID prefix.
+        image: String,
+        /// State directory.
+        #[arg(long = "state-dir")]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// The state directory from the flag, `CHIO_STATE_DIR`, or the default.
+pub fn state_dir(flag: &Option<PathBuf>) -> PathBuf {
+    flag.clone()
+        .or_else(|| std::env::var_os("CHIO_STATE_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+}
+
+fn open(flag: &Option<PathBuf>) -> Result<ImageStore> {
+    let dir = state_dir(flag);
+    ImageStore::open(&dir).with_context(|| format!("image store {}", dir.display()))
+}
+
+/// Find an image in the store at `flag`.
+pub fn find(flag: &Option<PathBuf>, image: &str) -> Result<(ImageStore, ImageRecord)> {
+    let store = open(flag)?;
+    let rec = store.find(image)?;
+    Ok((store, rec))
+}
+
+/// Run an image subcommand.
+pub fn run(cmd: &ImageCommand) -> Result<i32> {
+    match cmd {
+        ImageCommand::Import { path, reference, platform, name, json, state_dir } => {
+            import(path, reference, platform, name.as_deref(), *json, state_dir)
+        }
+        ImageCommand::List { state_dir } => {
+            for r in open(state_dir)?.list()? {
+                let id = r.image_id.trim_start_matches("sha256:");
+                println!("{}  {:<12} {}", &id[..12.min(id.len())], r.platform, r.references.join(", "));
+            }
+            Ok(0)
+        }
+        ImageCommand::Inspect { image, state_dir } => {
+            let (store, rec) = find(state_dir, image)?;
+            let mut v = serde_json::to_value(&rec)?;
+            v["rootfs"] = serde_json::json!(store.rootfs(&rec));
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(0)
+        }
+        ImageCommand::Verify { image, state_dir } => {
+            let (store, rec) = find(state_dir, image)?;
+            if store.verify(&rec)? {
+                println!("ok: {} unchanged since import ({})", rec.image_id, rec.tree_sha256);
+                Ok(0)
+            } else {
+                eprintln!(
+                    "chio: {} has been modified since import: its tree no longer matches {}",
+                    rec.image_id, rec.tree_sha256
+                );
+                Ok(1)
+            }
+        }
+        ImageCommand::Rm { image, state_dir } => {
+            let (store, rec) = find(state_dir, image)?;
+            let collected = store.remove(&rec)?;
+            println!("removed {}{}", rec.image_id, if collected { " and its root filesystem" } else { "" });
+            Ok(0)
+        }
+    }
+}
+
+fn import(
+    path: &Path,
+    reference: &Option<String>,
+    platform: &Option<String>,
+    name: Option<&str>,
+    json: bool,
+    state: &Option<PathBuf>,
+) -> Result<i32> {
+    if !path.exists() {
+        bail!("{} does not exist", path.display());
+    }
+    let store = open(state)?;
+    let sel =
+        Selection { reference: reference.clone(), platform: platform.clone().unwrap_or_else(Selection::host_platform) };
+    let rec = store
+        .import(path, &sel, name, &Budgets::default(), &mut |line| eprintln!("chio: {line}"))
+        .with_context(|| format!("importing {}", path.display()))?;
+    if !rec.setuid.is_empty() {
+        eprintln!("chio: note: {} setuid/setgid file(s) kept (the cage mounts the root nosuid)", rec.setuid.len());
+    }
+    if !rec.skipped.is_empty() {
+        eprintln!("chio: note: {} device node(s)/FIFO(s) not created", rec.skipped.len());
+    }
+    if json {
+        println!("{}", serde_json::to_string(&rec)?);
+    } else {
+        println!("{}", rec.image_id);
+    }
+    Ok(0)
+}

@@ -1,0 +1,101 @@
+//! `chio image` end to end: an OCI layout the test writes from the probe rootfs is imported,
+//! listed, inspected, run with `chio cage run --image` (its WorkingDir honoured), verified, found
+//! tampered after a change, and removed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use chio_tests::{build_rootfs, chio_bin, parse, privileged, Scratch};
+use sha2::{Digest, Sha256};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn hex(d: &[u8]) -> String {
+    Sha256::digest(d).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn chio(args: &[&str]) -> Output {
+    Command::new(chio_bin(&PathBuf::from(PROBE))).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+/// An OCI layout with one gzip layer holding `rootfs`.
+fn oci_layout(rootfs: &Path, out: &Path) {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", rootfs).unwrap();
+    let layer = b.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&layer).unwrap();
+    let blob = gz.finish().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["GREETING=from-image"], "WorkingDir": "/etc"},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
+    }))
+    .unwrap();
+    let desc = |m: &str, d: &[u8]| serde_json::json!({"mediaType": m, "digest": format!("sha256:{}", hex(d)), "size": d.len()});
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": desc("application/vnd.oci.image.config.v1+json", &config),
+        "layers": [desc("application/vnd.oci.image.layer.v1.tar+gzip", &blob)],
+    }))
+    .unwrap();
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    for d in [&blob, &config, &manifest] {
+        std::fs::write(blobs.join(hex(d)), d).unwrap();
+    }
+    let mut md = desc("application/vnd.oci.image.manifest.v1+json", &manifest);
+    md["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": "probe:1"});
+    std::fs::write(
+        out.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [md]})).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(out.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+}
+
+#[test]
+fn import_run_verify_and_remove() {
+    if !privileged("images_cli") {
+        return;
+    }
+    let dir = Scratch::new("images");
+    let rootfs = dir.join("rootfs");
+    build_rootfs(&rootfs, Path::new(PROBE));
+    std::fs::remove_file(rootfs.join("probe-suid")).unwrap();
+    let layout = dir.join("layout");
+    oci_layout(&rootfs, &layout);
+    let state = dir.join("state");
+    let s = state.to_str().unwrap();
+    let out = chio(&["image", "import", layout.to_str().unwrap(), "--state-dir", s, "--name", "mine"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(id.starts_with("sha256:"));
+    let list = String::from_utf8(chio(&["image", "list", "--state-dir", s]).stdout).unwrap();
+    assert!(list.contains("probe:1") && list.contains("mine"), "{list}");
+    let inspect: serde_json::Value =
+        serde_json::from_slice(&chio(&["image", "inspect", "probe:1", "--state-dir", s]).stdout).unwrap();
+    assert_eq!(inspect["image_id"], id);
+
+    let run = parse(chio(&["cage", "run", "--json", "--state-dir", s, "--image", "probe:1", "--", "/probe", "euid"]));
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(run.stdout.starts_with("REFUSED: euid is 65534"));
+    assert_eq!(run.record["observed"]["cwd"], "/etc", "the image's WorkingDir is the default cwd");
+    let rootfs_path = inspect["rootfs"].as_str().unwrap();
+    assert!(run.record["reported"]["mounts"].to_string().contains(rootfs_path));
+
+    assert!(chio(&["image", "verify", "mine", "--state-dir", s]).status.success());
+    std::fs::write(Path::new(rootfs_path).join("etc/hostname"), "tampered").unwrap();
+    let v = chio(&["image", "verify", "mine", "--state-dir", s]);
+    assert_eq!(v.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&v.stderr).contains("modified since import"));
+    assert!(chio(&["image", "rm", "mine", "--state-dir", s]).status.success());
+    assert!(!Path::new(rootfs_path).exists());
+    let missing = chio(&["cage", "run", "--state-dir", s, "--image", "probe:1", "--", "/probe"]);
+    assert_eq!(missing.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no image named"));
+}
