@@ -308,3 +308,19 @@ fn budgets_hold_against_bombs() {
     let r = f.apply(Tar::default().pax(&[("path", &deep)]).file("x", "x").done());
     assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("depth")));
 }
+
+#[test]
+fn cross_layer_hardlinks_and_merged_usr() {
+    let f = Fixture::new("crosslayer");
+    f.apply(Tar::default().symlink("bin", "usr/bin").symlink("lib", "usr/lib").file("usr/bin/sh", "shell").done())
+        .unwrap();
+    f.apply(Tar::default().hardlink("usr/bin/dash", "usr/bin/sh").file("usr/lib/libc.so", "c").done()).unwrap();
+    let r = f.root();
+    let (a, b) = (std::fs::metadata(r.join("usr/bin/sh")).unwrap(), std::fs::metadata(r.join("usr/bin/dash")).unwrap());
+    assert_eq!(a.ino(), b.ino(), "a hardlink to a lower layer's file");
+    assert_eq!(std::fs::read_link(r.join("lib")).unwrap(), Path::new("usr/lib"));
+    // A later layer writing through the merged-/usr symlink is refused, not followed.
+    refused(f.apply(Tar::default().file("bin/evil", "x").done()), "not a directory");
+    assert!(!r.join("usr/bin/evil").exists());
+    f.outside_untouched();
+}
