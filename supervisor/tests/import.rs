@@ -327,3 +327,45 @@ fn archive_members_that_are_symlinks_resolve_inside_the_archive() {
     }
     assert!(src.read("d/layer.tar").is_err(), "a member link cannot climb out of the archive");
 }
+
+#[test]
+fn containerd_style_nested_index_with_attestations_and_absent_platforms() {
+    let img = image();
+    let e = env("containerd");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let blobs = dir.join("blobs/sha256");
+    // Lift the manifest descriptor out of index.json into a nested image index that also lists an
+    // arm64 manifest whose blob is absent and an attestation manifest.
+    let top: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let mut ours = top["manifests"][0].clone();
+    ours.as_object_mut().unwrap().remove("annotations");
+    let attestation = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": format!("sha256:{}", hex(b"{}")), "size": 2}, "layers": []})).unwrap();
+    std::fs::write(blobs.join(hex(&attestation)), &attestation).unwrap();
+    let mut att = desc("application/vnd.oci.image.manifest.v1+json", &attestation);
+    att["annotations"] = json!({"vnd.docker.reference.type": "attestation-manifest"});
+    att["platform"] = json!({"os": "unknown", "architecture": "unknown"});
+    let absent = json!({"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": format!("sha256:{}", "0".repeat(64)),
+        "size": 123, "platform": {"os": "linux", "architecture": "arm64"}});
+    let nested =
+        serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [absent, ours, att]}))
+        .unwrap();
+    std::fs::write(blobs.join(hex(&nested)), &nested).unwrap();
+    let mut nd = desc("application/vnd.oci.image.index.v1+json", &nested);
+    nd["annotations"] = json!({"io.containerd.image.name": "docker.io/library/app:1"});
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [nd]})).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("manifest.json"), "[]").unwrap();
+    let archive = tar_dir(&dir, &e.base.join("docker25-containerd.tar"));
+    let rec = e.import(&archive).unwrap();
+    assert_eq!(rec.references, ["docker.io/library/app:1"]);
+    assert_eq!(std::fs::read_to_string(e.store.rootfs(&rec).join("usr/bin/tool")).unwrap(), "v2");
+    // Asking for the absent platform is refused clearly.
+    let sel = Selection { reference: None, platform: "linux/arm64".into() };
+    let err = e.store.import(&archive, &sel, None, &Budgets::default(), &mut |_| {}).unwrap_err();
+    assert!(err.to_string().contains("no image for platform linux/arm64"), "{err}");
+}
