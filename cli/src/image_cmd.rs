@@ -33,6 +33,15 @@ pub enum ImageCommand {
         /// State directory (default $CHIO_STATE_DIR or /var/lib/chio).
         #[arg(long = "state-dir")]
         state_dir: Option<PathBuf>,
+        /// Most entries across all layers.
+        #[arg(long = "max-entries", default_value_t = Budgets::default().max_entries)]
+        max_entries: u64,
+        /// Most bytes of file content across all layers (e.g. 64G).
+        #[arg(long = "max-bytes", default_value = "64G")]
+        max_bytes: String,
+        /// Create FIFOs found in layers (skipped by default).
+        #[arg(long = "allow-fifos")]
+        allow_fifos: bool,
     },
     /// List imported images.
     List {
@@ -88,8 +97,24 @@ pub fn find(flag: &Option<PathBuf>, image: &str) -> Result<(ImageStore, ImageRec
 /// Run an image subcommand.
 pub fn run(cmd: &ImageCommand) -> Result<i32> {
     match cmd {
-        ImageCommand::Import { path, reference, platform, name, json, state_dir } => {
-            import(path, reference, platform, name.as_deref(), *json, state_dir)
+        ImageCommand::Import {
+            path,
+            reference,
+            platform,
+            name,
+            json,
+            state_dir,
+            max_entries,
+            max_bytes,
+            allow_fifos,
+        } => {
+            let budgets = Budgets {
+                max_entries: *max_entries,
+                max_bytes: crate::units::parse_size(max_bytes).map_err(anyhow::Error::msg).context("--max-bytes")?,
+                allow_fifos: *allow_fifos,
+                ..Budgets::default()
+            };
+            import(path, reference, platform, name.as_deref(), *json, state_dir, &budgets)
         }
         ImageCommand::List { state_dir } => {
             for r in open(state_dir)?.list()? {
@@ -134,6 +159,7 @@ fn import(
     name: Option<&str>,
     json: bool,
     state: &Option<PathBuf>,
+    budgets: &Budgets,
 ) -> Result<i32> {
     if !path.exists() {
         bail!("{} does not exist", path.display());
@@ -141,9 +167,20 @@ fn import(
     let store = open(state)?;
     let sel =
         Selection { reference: reference.clone(), platform: platform.clone().unwrap_or_else(Selection::host_platform) };
-    let rec = store
-        .import(path, &sel, name, &Budgets::default(), &mut |line| eprintln!("chio: {line}"))
-        .with_context(|| format!("importing {}", path.display()))?;
+    // On a terminal, progress rewrites one line; otherwise each step is its own line.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut progress = |line: &str| {
+        if tty {
+            eprint!("\r\x1b[Kchio: {line}");
+        } else {
+            eprintln!("chio: {line}");
+        }
+    };
+    let result = store.import(path, &sel, name, budgets, &mut progress);
+    if tty {
+        eprintln!();
+    }
+    let rec = result.with_context(|| format!("importing {}", path.display()))?;
     if !rec.setuid.is_empty() {
         eprintln!("chio: note: {} setuid/setgid file(s) kept (the cage mounts the root nosuid)", rec.setuid.len());
     }
