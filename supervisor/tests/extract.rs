@@ -324,3 +324,19 @@ fn cross_layer_hardlinks_and_merged_usr() {
     assert!(!r.join("usr/bin/evil").exists());
     f.outside_untouched();
 }
+
+#[test]
+fn a_replaced_directory_is_not_written_through_a_stale_handle() {
+    let f = Fixture::new("stale");
+    let outside = f.base.join("outside");
+    let r = f.apply(
+        Tar::default()
+            .file("a/one", "1")
+            .file("a/two", "2")
+            .symlink("a", outside.to_str().unwrap())
+            .file("a/three", "3")
+            .done(),
+    );
+    refused(r, "not a directory");
+    f.outside_untouched();
+}

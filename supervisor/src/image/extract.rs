@@ -189,19 +189,22 @@ fn open_parent(root: BorrowedFd<'_>, names: &[OsString], create: bool, raw: &[u8
     Ok(cur)
 }
 
-/// Remove `name` below `dir` (recursively for a directory), if it exists.
-fn remove(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    let Some(st) = lstatat(dir, name)? else { return Ok(()) };
+/// Remove `name` below `dir` (recursively for a directory), if it exists. True when a directory
+/// was removed (callers drop cached directory fds then).
+fn remove(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+    let Some(st) = lstatat(dir, name)? else { return Ok(false) };
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         let sub = openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
         for child in list(sub.as_fd())? {
             remove(sub.as_fd(), &child)?;
         }
         // SAFETY: valid fd and name.
-        return check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) });
+        check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })?;
+        return Ok(true);
     }
     // SAFETY: valid fd and name.
-    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })?;
+    Ok(false)
 }
 
 /// Names in a directory fd.
@@ -288,6 +291,9 @@ struct Layer<'a> {
     /// Paths this layer created (whiteouts never remove them).
     created: HashSet<Vec<OsString>>,
     report: LayerReport,
+    /// The last parent directory opened (entries arrive grouped by directory). Dropped whenever
+    /// anything is removed, so a replaced directory is never written through a stale fd.
+    parent_cache: Option<(Vec<OsString>, OwnedFd)>,
 }
 
 /// Apply the tar stream `layer` onto the directory `root`.
@@ -299,7 +305,7 @@ pub fn apply_layer<R: Read>(
 ) -> Result<LayerReport, ExtractError> {
     let mut archive = tar::Archive::new(layer);
     let entries = archive.entries().map_err(io_err(b"(layer)"))?.raw(true);
-    let mut l = Layer { root, budgets, created: HashSet::new(), report: LayerReport::default() };
+    let mut l = Layer { root, budgets, created: HashSet::new(), report: LayerReport::default(), parent_cache: None };
     let mut pending = Pending::default();
     for entry in entries {
         let mut entry = entry.map_err(io_err(b"(layer)"))?;
@@ -337,6 +343,27 @@ pub fn apply_layer<R: Read>(
 }
 
 impl Layer<'_> {
+    /// The parent directory of `names`, from the cache when it is the same directory as the
+    /// previous entry's. The returned fd is a duplicate the caller owns.
+    /// Drop the cached parent when a directory was just removed.
+    fn forget_if(&mut self, removed_dir: bool) {
+        if removed_dir {
+            self.parent_cache = None;
+        }
+    }
+
+    fn parent(&mut self, names: &[OsString], raw: &[u8]) -> Result<OwnedFd, ExtractError> {
+        let dir = &names[..names.len().saturating_sub(1)];
+        if let Some((cached, fd)) = &self.parent_cache {
+            if cached.as_slice() == dir {
+                return fd.try_clone().map_err(io_err(raw));
+            }
+        }
+        let fd = open_parent(self.root, names, true, raw)?;
+        self.parent_cache = Some((dir.to_vec(), fd.try_clone().map_err(io_err(raw))?));
+        Ok(fd)
+    }
+
     fn entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
@@ -358,7 +385,7 @@ impl Layer<'_> {
         if let Some(hidden) = last_bytes.strip_prefix(b".wh.") {
             return self.whiteout(&names, hidden, &raw);
         }
-        let parent = open_parent(self.root, &names, true, &raw)?;
+        let parent = self.parent(&names, &raw)?;
         let name = cstr(&last).map_err(io_err(&raw))?;
         let h = entry.header();
         let mode = h.mode().map_err(io_err(&raw))? & 0o7777;
@@ -373,7 +400,7 @@ impl Layer<'_> {
                 match lstatat(parent.as_fd(), &name).map_err(io_err(&raw))? {
                     Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
                     _ => {
-                        remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                        self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
                         // SAFETY: valid fd and name.
                         check(unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) })
                             .map_err(io_err(&raw))?;
@@ -381,7 +408,7 @@ impl Layer<'_> {
                 }
             }
             EntryType::Regular | EntryType::Continuous => {
-                remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
                 let size = entry.size();
                 if totals.bytes + size > self.budgets.max_bytes {
                     return Err(ExtractError::Budget(format!("more than {} bytes of content", self.budgets.max_bytes)));
@@ -407,7 +434,7 @@ impl Layer<'_> {
                 if target.is_empty() || target.len() > self.budgets.max_path {
                     return Err(refused(&raw, "empty or oversized symlink target"));
                 }
-                remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
                 let t = CString::new(target).map_err(|_| refused(&raw, "NUL in a symlink target"))?;
                 // SAFETY: valid fd and NUL-terminated strings.
                 check(unsafe { libc::symlinkat(t.as_ptr(), parent.as_raw_fd(), name.as_ptr()) })
@@ -428,7 +455,7 @@ impl Layer<'_> {
                 return Ok(());
             }
             EntryType::Fifo => {
-                remove(parent.as_fd(), &name).map_err(io_err(&raw))?;
+                self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
                 // SAFETY: valid fd and name.
                 check(unsafe { libc::mkfifoat(parent.as_raw_fd(), name.as_ptr(), 0o600) }).map_err(io_err(&raw))?;
             }
@@ -469,7 +496,7 @@ impl Layer<'_> {
         Ok(())
     }
 
-    fn hardlink(&self, target: &[u8], dir: BorrowedFd<'_>, name: &CStr, raw: &[u8]) -> Result<(), ExtractError> {
+    fn hardlink(&mut self, target: &[u8], dir: BorrowedFd<'_>, name: &CStr, raw: &[u8]) -> Result<(), ExtractError> {
         let tnames = components(target, self.budgets).map_err(|e| match e {
             ExtractError::Refused { why, .. } => {
                 refused(raw, format!("hardlink target {}: {why}", String::from_utf8_lossy(target)))
@@ -486,7 +513,9 @@ impl Layer<'_> {
                 return Err(refused(raw, format!("hardlink target {} does not exist", String::from_utf8_lossy(target))))
             }
         }
-        remove(dir, name).map_err(io_err(raw))?;
+        if remove(dir, name).map_err(io_err(raw))? {
+            self.parent_cache = None;
+        }
         // SAFETY: valid fds and names; flags 0 never follows a symlink target.
         check(unsafe { libc::linkat(tparent.as_raw_fd(), tname.as_ptr(), dir.as_raw_fd(), name.as_ptr(), 0) })
             .map_err(io_err(raw))
@@ -495,6 +524,7 @@ impl Layer<'_> {
     /// `.wh.<name>` removes `name` from lower layers; `.wh..wh..opq` empties the directory of
     /// everything lower layers put there.
     fn whiteout(&mut self, names: &[OsString], hidden: &[u8], raw: &[u8]) -> Result<(), ExtractError> {
+        self.parent_cache = None;
         let parent = open_parent(self.root, names, true, raw)?;
         let dir_names = &names[..names.len() - 1];
         if hidden == b".wh..opq" {
