@@ -107,28 +107,7 @@ fn clone_tree(fd: BorrowedFd<'_>, attrs: u64) -> io::Result<OwnedFd> {
 
 /// Entries of a directory fd: (name, file type bits from lstat).
 fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
-    let fd = sys::openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-    // SAFETY: fdopendir takes ownership of a valid directory fd; closedir releases it.
-    let d = unsafe { libc::fdopendir(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-    if d.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    loop {
-        // SAFETY: d is a valid DIR*; the entry is copied before the next readdir.
-        let ent = unsafe { libc::readdir(d) };
-        if ent.is_null() {
-            break;
-        }
-        // SAFETY: d_name is NUL-terminated.
-        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_owned();
-        if name.as_bytes() == b"." || name.as_bytes() == b".." {
-            continue;
-        }
-        out.push(name);
-    }
-    // SAFETY: d is valid and not used afterwards.
-    unsafe { libc::closedir(d) };
+    let out = path::read_dir_names(dir)?;
     let mut typed = Vec::with_capacity(out.len());
     for name in out {
         let mode = fstatat_nofollow(dir, &name)?.st_mode & libc::S_IFMT;

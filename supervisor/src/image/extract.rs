@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use tar::EntryType;
@@ -123,11 +123,7 @@ fn check(r: libc::c_int) -> io::Result<()> {
 }
 
 fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    // SAFETY: valid fd and NUL-terminated name.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode) };
-    check(fd)?;
-    // SAFETY: fresh fd from the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    chio_cage::sys::openat(dir, name, flags, mode)
 }
 
 fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<libc::stat>> {
@@ -209,28 +205,7 @@ fn remove(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
 
 /// Names in a directory fd.
 fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
-    let fd = openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-    // SAFETY: fdopendir takes ownership of a valid directory fd; closedir releases it.
-    let d = unsafe { libc::fdopendir(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-    if d.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    loop {
-        // SAFETY: valid DIR*; the name is copied before the next call.
-        let ent = unsafe { libc::readdir(d) };
-        if ent.is_null() {
-            break;
-        }
-        // SAFETY: d_name is NUL-terminated.
-        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
-        if name.to_bytes() != b"." && name.to_bytes() != b".." {
-            out.push(name.to_owned());
-        }
-    }
-    // SAFETY: d is valid and not used afterwards.
-    unsafe { libc::closedir(d) };
-    Ok(out)
+    chio_cage::path::read_dir_names(dir)
 }
 
 /// Pending PAX / GNU long-name values for the next entry.
