@@ -16,6 +16,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
+use sha2::{Digest, Sha256};
 use tar::EntryType;
 
 /// Limits for one import (shared by all its layers through [`Totals`]).
@@ -67,6 +68,26 @@ pub struct LayerReport {
     pub skipped_devices: Vec<String>,
     /// FIFOs not created.
     pub skipped_fifos: Vec<String>,
+    /// SHA-256 of each regular file's content as written, by inode, so the store's tree digest
+    /// need not read the tree back.
+    pub content: std::collections::HashMap<u64, [u8; 32]>,
+}
+
+/// A writer that hashes what it writes.
+struct HashingWriter<W> {
+    inner: W,
+    hash: Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Why a layer was refused.
@@ -391,12 +412,15 @@ impl Layer<'_> {
                 totals.bytes += size;
                 let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
                 let fd = openat(parent.as_fd(), &name, flags, 0o600).map_err(io_err(&raw))?;
-                let mut f = std::fs::File::from(fd);
-                let copied = io::copy(&mut entry.take(size), &mut f).map_err(io_err(&raw))?;
+                let mut w = HashingWriter { inner: std::fs::File::from(fd), hash: Sha256::new() };
+                let copied = io::copy(&mut entry.take(size), &mut w).map_err(io_err(&raw))?;
                 if copied != size {
                     return Err(refused(&raw, "truncated file content"));
                 }
-                f.flush().map_err(io_err(&raw))?;
+                w.flush().map_err(io_err(&raw))?;
+                let f = w.inner;
+                let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().map_err(io_err(&raw))?);
+                self.report.content.insert(ino, w.hash.finalize().into());
                 for (k, v) in &p.xattrs {
                     let k = CString::new(k.as_slice()).map_err(|_| refused(&raw, "NUL in an xattr name"))?;
                     // SAFETY: valid fd, name and value buffer.

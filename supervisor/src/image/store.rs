@@ -4,6 +4,7 @@
 //! refusal leaves nothing half-imported. One import at a time (an exclusive lock file). Each image
 //! records a digest of its extracted tree so `verify` can detect later tampering.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::fd::AsFd;
@@ -122,7 +123,9 @@ impl ImageStore {
             if !present {
                 fs::rename(&tmp, &target)?;
             }
-            let tree = tree_digest(&target)?;
+            // Fresh trees reuse the content digests taken while writing; a present tree is read.
+            let known = if present { None } else { Some(&report.content) };
+            let tree = tree_digest_with(&target, known)?;
             Ok((layers, report, tree))
         });
         let _ = fs::remove_dir_all(&tmp);
@@ -180,6 +183,7 @@ impl ImageStore {
                     let r = extract::apply_layer(dir.as_fd(), &mut plain, budgets, &mut totals)
                         .map_err(|e| ImportError::Invalid(format!("layer {i} ({}): {e}", layer.name)))?;
                     report.setuid.extend(r.setuid);
+                    report.content.extend(r.content);
                     report.skipped_devices.extend(r.skipped_devices);
                     report.skipped_fifos.extend(r.skipped_fifos);
                 }
@@ -262,12 +266,17 @@ impl ImageStore {
 /// SHA-256 over every entry of a tree (sorted path, type, mode, owner, size, content digest or
 /// link target), never following a symlink.
 pub fn tree_digest(root: &Path) -> io::Result<String> {
+    tree_digest_with(root, None)
+}
+
+/// [`tree_digest`], taking regular files' content digests from `known` (by inode) when given.
+fn tree_digest_with(root: &Path, known: Option<&HashMap<u64, [u8; 32]>>) -> io::Result<String> {
     let mut h = Sha256::new();
-    walk(root, Path::new(""), &mut h)?;
+    walk(root, Path::new(""), &mut h, known)?;
     Ok(format!("sha256:{}", h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()))
 }
 
-fn walk(root: &Path, rel: &Path, h: &mut Sha256) -> io::Result<()> {
+fn walk(root: &Path, rel: &Path, h: &mut Sha256, known: Option<&HashMap<u64, [u8; 32]>>) -> io::Result<()> {
     let mut names: Vec<_> =
         fs::read_dir(root.join(rel))?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
     names.sort();
@@ -279,12 +288,17 @@ fn walk(root: &Path, rel: &Path, h: &mut Sha256) -> io::Result<()> {
         if m.file_type().is_symlink() {
             h.update(fs::read_link(&full)?.as_os_str().as_encoded_bytes());
         } else if m.is_file() {
-            let mut f = fs::File::open(&full)?;
-            let mut fh = Sha256::new();
-            io::copy(&mut f, &mut fh)?;
-            h.update(fh.finalize());
+            match known.and_then(|k| k.get(&m.ino())) {
+                Some(d) => h.update(d),
+                None => {
+                    let mut f = fs::File::open(&full)?;
+                    let mut fh = Sha256::new();
+                    io::copy(&mut f, &mut fh)?;
+                    h.update(fh.finalize());
+                }
+            }
         } else if m.is_dir() {
-            walk(root, &p, h)?;
+            walk(root, &p, h, known)?;
         }
         h.update(b"\n");
     }
