@@ -1,4 +1,5 @@
-//! chio-supervisor: turns signed inputs into cage plans and runs them. So far: the image layer
-//! extractor the OCI image store (issue 4) is built on.
+//! chio-supervisor: turns signed inputs into cage plans and runs them. So far: images — reading
+//! `docker save` archives and OCI layouts in place, verifying them, extracting layers safely, and
+//! the content-addressed image store behind `chio image` and `chio cage run --image`.
 
 pub mod image;

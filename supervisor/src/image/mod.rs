@@ -1,6 +1,6 @@
 //! Images: `docker save` archives and OCI layouts turned into verified root filesystems.
-//! So far only layer application ([`extract`]), the part every format shares and every hostile
-//! archive attacks.
+//! [`source`] reads the input in place, [`import`] finds and verifies the image, [`extract`]
+//! applies layers safely, [`store`] keeps the results content-addressed.
 
 pub mod extract;
 pub mod import;
