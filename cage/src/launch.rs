@@ -20,7 +20,7 @@ use crate::plan::{CagePlan, Mode, Stage};
 use crate::prehash::{self, Early};
 use crate::record::{self, CgroupFacts, Failure, LaunchRecord, State, Target, SCHEMA};
 use crate::seccomp::{self, Filters};
-use crate::supervise::{self, Sinks};
+use crate::supervise::{self, OnEnforced, Sinks};
 use crate::sys;
 
 /// Namespaces every cage gets.
@@ -289,10 +289,11 @@ fn with_cgroup(
     let Wiring { sup_sock, cage_sock, stdout, stderr, result } = w;
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e));
+    let hook = sinks.on_enforced.take();
     let started = pidfd.and_then(|pidfd| {
         // The cage is setting itself up; meanwhile hash the file it will most likely send.
         let early = prehash::guess(plan);
-        let r = start_cage(plan, rec, cg, name, &sup_sock, early.as_ref()).map(|t| (t, pidfd));
+        let r = start_cage(plan, rec, cg, name, &sup_sock, early.as_ref(), hook).map(|t| (t, pidfd));
         if r.is_err() {
             kill_and_reap(init);
         }
@@ -322,6 +323,7 @@ fn start_cage(
     name: &str,
     sock: &OwnedFd,
     early: Option<&Early>,
+    hook: Option<OnEnforced<'_>>,
 ) -> Result<Instant, Stop> {
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
@@ -351,7 +353,7 @@ fn start_cage(
     // If the target died after reporting ready (a later setup step failed), its report says why.
     seize(tpid).map_err(|s| cage_report(sock).unwrap_or(s))?;
     let traced = Traced { plan, cg, name, tpid, exe: exe_id, sock };
-    let r = traced.exec_and_observe(rec);
+    let r = traced.exec_and_observe(rec, hook);
     if r.is_err() {
         release_tracee(tpid);
     }
@@ -369,8 +371,8 @@ struct Traced<'a> {
 }
 
 impl Traced<'_> {
-    /// Let the target exec, check every fact at the exec stop, then detach.
-    fn exec_and_observe(&self, rec: &mut LaunchRecord) -> Result<Instant, Stop> {
+    /// Let the target exec, check every fact at the exec stop, tell the hook, then detach.
+    fn exec_and_observe(&self, rec: &mut LaunchRecord, hook: Option<OnEnforced<'_>>) -> Result<Instant, Stop> {
         let plan = self.plan;
         channel::send_byte(self.sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e))?;
         wait_exec(self.tpid, self.sock)?;
@@ -400,6 +402,13 @@ impl Traced<'_> {
             }
         }
         rec.state = if rec.not_confined.is_empty() { State::FullyEnforced } else { State::NotConfined };
+        if let Some(h) = hook {
+            // Still stopped at exec: a failing hook kills the target before it runs.
+            h(rec).map_err(|e| {
+                rec.state = State::BootstrapFailed;
+                stop(Stage::Observe, "evidence_not_recorded", e)
+            })?;
+        }
         // SAFETY: detaching our tracee; it continues from the exec stop.
         unsafe { libc::ptrace(libc::PTRACE_DETACH, self.tpid, 0, 0) };
         rec.mark("exec_observed");

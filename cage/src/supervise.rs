@@ -13,12 +13,19 @@ const FORWARD: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, li
 /// After the init is reaped, how long to wait for the output pipes to drain.
 const DRAIN_MS: u64 = 1000;
 
-/// Where the target's output goes.
+/// Called at the exec stop once every fact holds, before the target runs one instruction. An
+/// error stops the launch (the target is killed without running): evidence that cannot be
+/// recorded means no launch.
+pub type OnEnforced<'a> = &'a mut dyn FnMut(&crate::record::LaunchRecord) -> Result<(), String>;
+
+/// Where the target's output goes, and who hears that the launch is enforced.
 pub struct Sinks<'a> {
     /// Receives the target's stdout.
     pub stdout: &'a mut dyn Write,
     /// Receives the target's stderr.
     pub stderr: &'a mut dyn Write,
+    /// Optional hook at the exec stop (see [`OnEnforced`]).
+    pub on_enforced: Option<OnEnforced<'a>>,
 }
 
 /// Inputs of the supervision loop.

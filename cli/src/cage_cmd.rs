@@ -237,10 +237,22 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let (mut out, mut err) = (stdout.lock(), stderr.lock());
-    let rec = chio_cage::launch(&plan, &mut Sinks { stdout: &mut out, stderr: &mut err });
+    // With receipts, the enforcement receipt is made durable at the exec stop, before the target
+    // runs one instruction; if it cannot be, the launch stops there.
+    let mut enforced = None;
+    let mut record_enforcement = |r: &LaunchRecord| -> std::result::Result<(), String> {
+        if let Some(rc) = receipts.as_mut() {
+            enforced = Some(rc.enforcement(r).map_err(|e| format!("recording the enforcement receipt: {e:#}"))?);
+        }
+        Ok(())
+    };
+    let rec = chio_cage::launch(
+        &plan,
+        &mut Sinks { stdout: &mut out, stderr: &mut err, on_enforced: Some(&mut record_enforcement) },
+    );
     drop((out, err));
     if let Some(r) = receipts.as_mut() {
-        let ids = r.record(&rec).context("the launch ran but its receipts could not be recorded")?;
+        let ids = r.finish(&rec, enforced.take()).context("the launch ran but its receipts could not be recorded")?;
         eprintln!("chio: receipts {}", ids.join(" "));
     }
     report(a, &rec)?;

@@ -8,7 +8,7 @@ use chio_cage::{LaunchRecord, State};
 use chio_kernel::canonical;
 use chio_kernel::keys;
 use chio_kernel::receipt::{self, Draft, Kind, Reference, Verified};
-use chio_kernel::store::{Filter, Store};
+use chio_kernel::store::{Appended, Filter, Store};
 use chio_kernel::time;
 use clap::Subcommand;
 
@@ -221,20 +221,27 @@ impl LaunchReceipts {
         Ok(LaunchReceipts { store, key })
     }
 
-    /// Append the enforcement receipt (with the launch record) and, when the target ran, the
-    /// terminal receipt referencing it. Both are durable when this returns.
-    pub fn record(&mut self, rec: &LaunchRecord) -> Result<Vec<String>> {
+    /// Append the enforcement receipt for `rec` (the record as it stands: at the exec stop, or
+    /// the failure). Durable when this returns.
+    pub fn enforcement(&mut self, rec: &LaunchRecord) -> Result<Appended> {
         let record = serde_json::to_value(rec)?;
         let state = serde_json::to_value(rec.state)?.as_str().unwrap_or("unknown").to_string();
-        let enforcement = self.store.append(
-            &self.key,
-            Draft {
-                kind: Some(Kind::LaunchEnforcement),
-                outcome: state,
-                launch_record: Some(record),
-                ..Draft::default()
-            },
-        )?;
+        let draft = Draft {
+            kind: Some(Kind::LaunchEnforcement),
+            outcome: state,
+            launch_record: Some(record),
+            ..Draft::default()
+        };
+        Ok(self.store.append(&self.key, draft)?)
+    }
+
+    /// After the launch: the enforcement receipt if the exec stop never came (a failed launch),
+    /// and, when the target ran, the terminal receipt referencing the enforcement receipt.
+    pub fn finish(&mut self, rec: &LaunchRecord, enforced: Option<Appended>) -> Result<Vec<String>> {
+        let enforcement = match enforced {
+            Some(e) => e,
+            None => self.enforcement(rec)?,
+        };
         let mut ids = vec![enforcement.receipt.id.clone()];
         let ran = matches!(rec.state, State::FullyEnforced | State::NotConfined);
         if let (true, Some(o)) = (ran, &rec.outcome) {

@@ -53,6 +53,9 @@ fn launch_receipts_verify_offline_and_tampering_is_named() {
     assert_eq!(lines[0]["kind"], "launch_enforcement");
     assert_eq!(lines[0]["outcome"], "FullyEnforced");
     assert_eq!(lines[0]["receipt"]["body"]["launch_record"]["state"], "FullyEnforced");
+    // Written at the exec stop, before the target ran: the embedded record has no outcome yet.
+    assert!(lines[0]["receipt"]["body"]["launch_record"]["outcome"].is_null());
+    assert!(lines[0]["receipt"]["body"]["launch_record"]["exec_observed_at"].is_string());
     assert_eq!(lines[1]["kind"], "launch_terminal");
     assert_eq!(lines[1]["outcome"], "exit:1");
     assert_eq!(lines[1]["receipt"]["body"]["launch"]["receipt_id"], lines[0]["id"]);
