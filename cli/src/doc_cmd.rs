@@ -4,25 +4,29 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use chio_kernel::{canonical, documents, envelope, keys};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 
 use crate::receipt_cmd::pinned_key;
+
+/// Flags of `manifest sign` and `policy sign`.
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// Signer's seed file (the publisher's for a manifest, the operator's for a policy).
+    #[arg(long, value_name = "SEED")]
+    key: PathBuf,
+    /// Unsigned body (JSON).
+    #[arg(long = "in", value_name = "FILE")]
+    input: PathBuf,
+    /// Signed envelope to write.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
 
 /// `chio manifest …`
 #[derive(Debug, Subcommand)]
 pub enum ManifestCommand {
     /// Sign a manifest body (chio.tool-manifest.v1) with the publisher's seed.
-    Sign {
-        /// Publisher seed file.
-        #[arg(long, value_name = "SEED")]
-        key: PathBuf,
-        /// Unsigned body (JSON).
-        #[arg(long = "in", value_name = "FILE")]
-        input: PathBuf,
-        /// Signed envelope to write.
-        #[arg(long, value_name = "FILE")]
-        out: PathBuf,
-    },
+    Sign(SignArgs),
     /// Verify a signed manifest under the pinned publisher key; prints its body digest.
     Verify {
         /// Signed manifest.
@@ -38,17 +42,7 @@ pub enum ManifestCommand {
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
     /// Sign a cage launch policy body (chio.cage-launch-policy.v1) with the operator's seed.
-    Sign {
-        /// Operator seed file.
-        #[arg(long, value_name = "SEED")]
-        key: PathBuf,
-        /// Unsigned body (JSON).
-        #[arg(long = "in", value_name = "FILE")]
-        input: PathBuf,
-        /// Signed envelope to write.
-        #[arg(long, value_name = "FILE")]
-        out: PathBuf,
-    },
+    Sign(SignArgs),
     /// Verify a signed policy under the pinned operator key.
     Verify {
         /// Signed policy.
@@ -82,12 +76,8 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
-fn sign(
-    key: &Path,
-    input: &Path,
-    out: &Path,
-    validate: fn(serde_json::Value) -> Result<(), documents::DocumentError>,
-) -> Result<i32> {
+fn sign(a: &SignArgs, validate: fn(serde_json::Value) -> Result<(), documents::DocumentError>) -> Result<i32> {
+    let (key, input, out) = (&a.key, &a.input, &a.out);
     let seed = keys::read_seed(key)?;
     let body = canonical::parse_strict(&read(input)?).with_context(|| format!("{}", input.display()))?;
     validate(body.clone()).with_context(|| format!("{}", input.display()))?;
@@ -101,7 +91,7 @@ fn sign(
 /// Run a manifest subcommand.
 pub fn manifest(cmd: &ManifestCommand) -> Result<i32> {
     match cmd {
-        ManifestCommand::Sign { key, input, out } => sign(key, input, out, |v| documents::manifest_from(v).map(drop)),
+        ManifestCommand::Sign(a) => sign(a, |v| documents::manifest_from(v).map(drop)),
         ManifestCommand::Verify { input, public_key } => {
             let (m, digest) = documents::verify_manifest(&read(input)?, &pinned_key(public_key)?)
                 .with_context(|| format!("{}", input.display()))?;
@@ -114,7 +104,7 @@ pub fn manifest(cmd: &ManifestCommand) -> Result<i32> {
 /// Run a policy subcommand.
 pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
     match cmd {
-        PolicyCommand::Sign { key, input, out } => sign(key, input, out, |v| documents::policy_from(v).map(drop)),
+        PolicyCommand::Sign(a) => sign(a, |v| documents::policy_from(v).map(drop)),
         PolicyCommand::Verify { input, signer } => {
             let p = documents::verify_policy(&read(input)?, &pinned_key(signer)?)
                 .with_context(|| format!("{}", input.display()))?;
