@@ -57,6 +57,8 @@ pub struct Usage {
 /// The cgroup of one launch.
 #[derive(Debug)]
 pub struct LaunchCgroup {
+    /// Directory name, `chio-<supervisor pid>-<random>`, the same in every hierarchy.
+    name: String,
     /// "v1" or "v2".
     pub version: &'static str,
     /// Directory per controller (v1), or the single directory under every controller (v2).
@@ -95,16 +97,35 @@ fn needed(limits: &Limits) -> Vec<Controller> {
     c
 }
 
-impl LaunchCgroup {
-    /// Create the launch cgroup `name` and write the ceilings. `v2_root` forces v2 under that
-    /// directory (a delegated subtree, or a private cgroup2 mount in tests).
-    pub fn create(name: &str, limits: &Limits, v2_root: Option<&Path>) -> io::Result<LaunchCgroup> {
+/// Which cgroup hierarchy launches go into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// The unified hierarchy, launch cgroups under this directory.
+    V2(PathBuf),
+    /// The legacy per-controller hierarchies, launch cgroups under our own cgroup in each.
+    V1,
+}
+
+impl Hierarchy {
+    /// The host's hierarchy; `v2_root` forces v2 under that directory (a delegated subtree,
+    /// or a private cgroup2 mount in tests).
+    pub fn detect(v2_root: Option<&Path>) -> Hierarchy {
         if let Some(root) = v2_root {
-            return Self::create_v2(root, name, limits);
+            return Hierarchy::V2(root.to_path_buf());
         }
         match statfs_magic(Path::new("/sys/fs/cgroup")) {
-            Some(CGROUP2_SUPER_MAGIC) => Self::create_v2(Path::new("/sys/fs/cgroup/chio"), name, limits),
-            _ => Self::create_v1(name, limits),
+            Some(CGROUP2_SUPER_MAGIC) => Hierarchy::V2(PathBuf::from("/sys/fs/cgroup/chio")),
+            _ => Hierarchy::V1,
+        }
+    }
+}
+
+impl LaunchCgroup {
+    /// Create the launch cgroup `name` in `hierarchy` and write the ceilings.
+    pub fn create(name: &str, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
+        match hierarchy {
+            Hierarchy::V2(root) => Self::create_v2(root, name, limits),
+            Hierarchy::V1 => Self::create_v1(name, limits),
         }
     }
 
@@ -132,8 +153,12 @@ impl LaunchCgroup {
         fs::create_dir(&dir)?;
         let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
         let has = |c: Controller| c == Controller::Cpuacct || enabled.split_whitespace().any(|a| a == c.name());
-        let mut cg =
-            LaunchCgroup { version: "v2", dirs: vec![(Controller::Cpuacct, dir.clone())], missing: Vec::new() };
+        let mut cg = LaunchCgroup {
+            name: name.to_string(),
+            version: "v2",
+            dirs: vec![(Controller::Cpuacct, dir.clone())],
+            missing: Vec::new(),
+        };
         for c in needed(limits) {
             if has(c) {
                 if c != Controller::Cpuacct {
@@ -169,7 +194,7 @@ impl LaunchCgroup {
 
     fn create_v1(name: &str, limits: &Limits) -> io::Result<LaunchCgroup> {
         let own = fs::read_to_string("/proc/self/cgroup")?;
-        let mut cg = LaunchCgroup { version: "v1", dirs: Vec::new(), missing: Vec::new() };
+        let mut cg = LaunchCgroup { name: name.to_string(), version: "v1", dirs: Vec::new(), missing: Vec::new() };
         for c in needed(limits) {
             let mount = Path::new("/sys/fs/cgroup").join(c.name());
             if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
@@ -238,12 +263,19 @@ impl LaunchCgroup {
     }
 
     /// On v2, the launch directory opened for `clone3(CLONE_INTO_CGROUP)`.
-    pub fn v2_dir(&self) -> Option<std::fs::File> {
-        if self.version != "v2" {
-            return None;
-        }
-        let d = self.dirs.first().map(|(_, d)| d)?;
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(d).ok()
+    pub fn v2_dir(&self) -> io::Result<std::fs::File> {
+        let d = self.dirs.first().map(|(_, d)| d).filter(|_| self.version == "v2");
+        let d = d.ok_or_else(|| io::Error::other("not a cgroup v2 launch cgroup"))?;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(d)
+            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", d.display())))
+    }
+
+    /// The launch cgroup's directory name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Number of distinct hierarchies the launch cgroup lives in.

@@ -19,9 +19,12 @@ pub const ABORT: u8 = b'X';
 const MAX_MSG: usize = 64 * 1024;
 const MAX_FDS: usize = 4;
 
-/// Cage → supervisor messages.
+/// Messages on the status channel (all cage → supervisor but `Join`).
 #[derive(Debug, Serialize, Deserialize)]
 pub enum CageMsg {
+    /// Supervisor → init, cgroup v1 only: the fds carry the launch cgroup's `tasks` files, one
+    /// per hierarchy, created while the init was building its namespaces.
+    Join,
     /// A setup stage failed; the cage exits without running the target.
     Failed {
         /// Stage that failed.
@@ -134,9 +137,13 @@ pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
         hdr.msg_iovlen = 1;
         hdr.msg_control = control.as_mut_ptr().cast();
         hdr.msg_controllen = control.len();
+        // ECONNRESET means the peer closed with a message of ours unread (a cage that failed
+        // before reading the supervisor's `Join`); it is reported once, ahead of whatever the
+        // peer sent before closing, which is what we want to read.
         let n = loop {
             let n = libc::recvmsg(sock.as_raw_fd(), &mut hdr, libc::MSG_CMSG_CLOEXEC);
-            if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            let again = matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EINTR | libc::ECONNRESET));
+            if n >= 0 || !again {
                 break n;
             }
         };

@@ -4,19 +4,23 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::channel::{self, CageMsg, GO};
 use crate::identity;
 use crate::landlock::{fs as lfs, net as lnet, Ruleset};
-use crate::mounts::Prepared;
+use crate::mounts::{Access, Prepared};
 use crate::path;
 use crate::plan::{CagePlan, Mode, NetMode, Stage};
 use crate::record::Reported;
 use crate::seccomp::{self, Filters};
 use crate::sys;
+
+/// Namespaces the init creates for itself right after clone (the pid namespace comes with clone,
+/// the cgroup namespace once the init is in the launch cgroup).
+const UNSHARED: libc::c_int = libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
 
 /// Signals the init forwards to the target.
 const FORWARDED: [libc::c_int; 8] = [
@@ -34,17 +38,16 @@ const FORWARDED: [libc::c_int; 8] = [
 pub struct Ctx<'a> {
     /// The plan.
     pub plan: &'a CagePlan,
-    /// Detached mounts to attach.
-    pub prepared: &'a Prepared,
     /// Compiled seccomp filters.
     pub filters: &'a Filters,
     /// Landlock ABI to build for (0 = none).
     pub landlock_abi: u32,
     /// Cage end of the status channel.
     pub sock: RawFd,
-    /// v1: `tasks` files the init writes "0" to, moving itself into the launch cgroup. Empty on
-    /// v2, where clone3 already created it there.
-    pub cgroup_join: &'a [OwnedFd],
+    /// cgroup v1: the supervisor creates the launch cgroup while the init builds its namespaces,
+    /// then sends its `tasks` files (`CageMsg::Join`); the init moves itself in before the target
+    /// exists. On v2 clone3 already started the init inside it.
+    pub await_cgroup: bool,
     /// Write end of the stdout pipe.
     pub stdout_w: RawFd,
     /// Write end of the stderr pipe.
@@ -101,24 +104,32 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
 }
 
 fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
-    for fd in ctx.cgroup_join {
-        // SAFETY: writing "0" (ourselves) to a cgroup tasks file opened by the supervisor.
-        if unsafe { libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) } != 1 {
-            return Err(fail(Stage::Cgroup, "cgroup_failed", io::Error::last_os_error()));
-        }
+    // The pid namespace came with clone; the rest are made here, so that their cost (a new
+    // network namespace is the dearest) overlaps the supervisor's cgroup and janitor work.
+    // SAFETY: plain syscall on ourselves.
+    if unsafe { libc::unshare(UNSHARED) } != 0 {
+        return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
     }
+    let plan = ctx.plan;
+    let prepared = Prepared::build(plan).map_err(|e| {
+        let code = if e.kind() == io::ErrorKind::NotFound { "path_not_found" } else { "resolve_failed" };
+        fail(Stage::Resolve, code, e)
+    })?;
     ctx.inject(Stage::Mounts)?;
-    ctx.prepared.attach(&ctx.plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
+    prepared.attach(&plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
     ctx.inject(Stage::Pivot)?;
-    ctx.prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
+    prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
     seal_memfds().map_err(|e| fail(Stage::Pivot, "memfd_noexec_failed", e))?;
     ctx.inject(Stage::Network)?;
     // SAFETY: static NUL-terminated name of the given length.
     if unsafe { libc::sethostname(c"chio".as_ptr(), 4) } != 0 {
         return Err(fail(Stage::Network, "hostname_failed", io::Error::last_os_error()));
     }
-    if ctx.plan.net == NetMode::Loopback {
+    if plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
+    }
+    if ctx.await_cgroup {
+        join_cgroup(ctx.sock)?;
     }
     ctx.inject(Stage::Namespaces)?;
     // SAFETY: plain syscall; we are in the launch cgroup, which becomes the namespace root.
@@ -131,9 +142,28 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     // SAFETY: single-threaded; the child only runs target_main and exits/execs.
     match unsafe { libc::fork() } {
         -1 => Err(fail(Stage::Namespaces, "fork_failed", io::Error::last_os_error())),
-        0 => target_main(ctx),
+        0 => target_main(ctx, &prepared),
         pid => Ok(pid),
     }
+}
+
+/// cgroup v1: wait for the supervisor's `tasks` files and move ourselves in (writing "0"). A
+/// thread moving itself skips the global threadgroup lock that moving another process takes.
+fn join_cgroup(sock: RawFd) -> Result<(), Fail> {
+    // SAFETY: the fd stays open for the whole call (it is the init's status channel).
+    let got = channel::recv(unsafe { BorrowedFd::borrow_raw(sock) });
+    let fds = match got {
+        Ok(channel::Received { msg: Some(CageMsg::Join), fds, .. }) if !fds.is_empty() => fds,
+        // No cgroup means no launch: the supervisor has given up (and will kill us).
+        _ => exit_now(1),
+    };
+    for fd in fds {
+        // SAFETY: writing "0" (ourselves) to a cgroup tasks file opened by the supervisor.
+        if unsafe { libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) } != 1 {
+            return Err(fail(Stage::Cgroup, "cgroup_failed", io::Error::last_os_error()));
+        }
+    }
+    Ok(())
 }
 
 /// Block the signals the init waits for with sigwaitinfo (and SIGCHLD).
@@ -275,7 +305,7 @@ fn loopback_up() -> io::Result<()> {
 }
 
 /// The target's pre-exec setup, in the child of the init.
-fn target_main(ctx: &Ctx<'_>) -> ! {
+fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
     let sock = match arrange_fds(ctx) {
         Ok(s) => s,
         Err(e) => {
@@ -284,7 +314,7 @@ fn target_main(ctx: &Ctx<'_>) -> ! {
         }
     };
     let ctx = Ctx { sock, ..*ctx };
-    match target_setup(&ctx) {
+    match target_setup(&ctx, prepared) {
         Ok(()) => exit_now(125),
         Err(f) => {
             ctx.report(&f);
@@ -327,13 +357,13 @@ fn reset_signals() {
     }
 }
 
-fn target_setup(ctx: &Ctx<'_>) -> Result<(), Fail> {
+fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     let plan = ctx.plan;
     reset_signals();
     let mut reported = Reported {
         proc_verified: true,
         loopback_up: plan.net == NetMode::Loopback,
-        mounts: ctx.prepared.described.clone(),
+        mounts: prepared.described.clone(),
         seccomp_filter_sha256: ctx.filters.sha256.clone(),
         ..Reported::default()
     };
@@ -357,7 +387,7 @@ fn target_setup(ctx: &Ctx<'_>) -> Result<(), Fail> {
         return Err(fail(Stage::Identity, "cwd_unavailable", format!("cannot enter {}: {e}", plan.cwd.display())));
     }
     ctx.inject(Stage::Landlock)?;
-    apply_landlock(ctx, &mut reported)?;
+    apply_landlock(ctx, &prepared.access, &mut reported)?;
     ctx.inject(Stage::Target)?;
     let target = find_target(plan)?;
     let mut fds = vec![target.exec_fd.as_raw_fd()];
@@ -388,7 +418,7 @@ fn target_setup(ctx: &Ctx<'_>) -> Result<(), Fail> {
     Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
 }
 
-fn apply_landlock(ctx: &Ctx<'_>, reported: &mut Reported) -> Result<(), Fail> {
+fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Result<(), Fail> {
     let abi = ctx.landlock_abi;
     reported.landlock_abi = abi;
     let status = |ok: bool| if ok { "FullyEnforced" } else { "NotEnforced" }.to_string();
@@ -404,10 +434,10 @@ fn apply_landlock(ctx: &Ctx<'_>, reported: &mut Reported) -> Result<(), Fail> {
     let build = || -> io::Result<Ruleset> {
         let rs = Ruleset::new(abi)?;
         rs.allow_path(c"/", lfs::READ)?;
-        for p in &ctx.prepared.access.read_exec {
+        for p in &access.read_exec {
             rs.allow_path(p, lfs::READ | lfs::EXECUTE)?;
         }
-        for p in &ctx.prepared.access.read_write_exec {
+        for p in &access.read_write_exec {
             rs.allow_path(p, lfs::READ | lfs::WRITE | lfs::EXECUTE)?;
         }
         rs.allow_path(c"/tmp", lfs::READ | lfs::WRITE)?;

@@ -9,12 +9,11 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Instant;
 
-use crate::cgroup::LaunchCgroup;
+use crate::cgroup::{Hierarchy, LaunchCgroup};
 use crate::channel::{self, CageMsg, ABORT, GO};
 use crate::inside::{self, Ctx};
 use crate::janitor;
 use crate::landlock;
-use crate::mounts::Prepared;
 use crate::observe::{self, Expect};
 use crate::plan::{CagePlan, Mode, Stage};
 use crate::prehash::{self, Early};
@@ -23,11 +22,8 @@ use crate::seccomp::{self, Filters};
 use crate::supervise::{self, OnEnforced, Sinks};
 use crate::sys;
 
-/// Namespaces every cage gets.
+/// Namespaces every cage gets (pid by clone, the others by the init itself).
 pub const NAMESPACES: [&str; 6] = ["mnt", "pid", "net", "ipc", "uts", "cgroup"];
-const CLONE_FLAGS: libc::c_ulong =
-    (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
-        as libc::c_ulong;
 /// How long the cage may take from clone to the exec stop.
 const SETUP_TIMEOUT_MS: i32 = 30_000;
 
@@ -151,10 +147,6 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
     inject(plan, Stage::Resolve)?;
     ensure_stdio();
     ensure_staging(&plan.staging_dir).map_err(|e| stop(Stage::Resolve, "staging_unavailable", e))?;
-    let prepared = Prepared::build(plan).map_err(|e| {
-        let code = if e.kind() == io::ErrorKind::NotFound { "path_not_found" } else { "resolve_failed" };
-        stop(Stage::Resolve, code, e)
-    })?;
     let abi = plan.landlock_abi_cap.map_or(landlock::abi(), |cap| landlock::abi().min(cap));
     require(
         plan,
@@ -169,24 +161,30 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
     let filters = seccomp::build().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
     rec.mark("resolve");
     inject(plan, Stage::Cgroup)?;
-    let name = format!("chio-{}-{:016x}", std::process::id(), random_u64());
-    let cg = LaunchCgroup::create(&name, &plan.limits, plan.cgroup_v2_root.as_deref())
-        .map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
-    let janitor = janitor::spawn(&cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e));
-    rec.mark("cgroup");
-    let result = janitor.and_then(|j| {
-        let r = with_cgroup(plan, sinks, rec, &prepared, &filters, abi, &cg, &name);
-        rec.mark("target_ended");
-        cleanup(&cg, rec);
-        j.release();
-        rec.mark("cleaned_up");
-        r
-    });
-    if result.is_err() {
-        // Covers a janitor that could not be forked (cleanup above never ran); otherwise a no-op.
-        let _ = cg.remove();
-    }
+    let mut held = Held::default();
+    let result = launch_cage(plan, sinks, rec, &filters, abi, &mut held);
+    rec.mark("target_ended");
+    held.tear_down(rec);
+    rec.mark("cleaned_up");
     result
+}
+
+/// What a launch holds outside the cage and must undo at the end, however it ended.
+#[derive(Default)]
+struct Held {
+    cgroup: Option<LaunchCgroup>,
+    janitor: Option<janitor::Janitor>,
+}
+
+impl Held {
+    fn tear_down(self, rec: &mut LaunchRecord) {
+        if let Some(cg) = &self.cgroup {
+            cleanup(cg, rec);
+        }
+        if let Some(j) = self.janitor {
+            j.release();
+        }
+    }
 }
 
 fn cleanup(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
@@ -211,6 +209,34 @@ fn cleanup(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
     }
 }
 
+/// Create the launch cgroup into `held` and record it; missing controllers refuse an enforced
+/// launch.
+fn make_cgroup<'h>(
+    plan: &CagePlan,
+    rec: &mut LaunchRecord,
+    hierarchy: &Hierarchy,
+    held: &'h mut Held,
+) -> Result<&'h LaunchCgroup, Stop> {
+    let name = format!("chio-{}-{:016x}", std::process::id(), random_u64());
+    let cg =
+        LaunchCgroup::create(&name, &plan.limits, hierarchy).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+    rec.cgroup = Some(CgroupFacts { version: cg.version.to_string(), paths: cg.paths() });
+    let missing = cg.missing.clone();
+    let version = cg.version;
+    let cg = held.cgroup.insert(cg);
+    require(
+        plan,
+        rec,
+        missing.is_empty(),
+        stop(
+            Stage::Cgroup,
+            "cgroup_controller_missing",
+            format!("the host's cgroup {version} lacks controllers {missing:?} needed for the ceilings"),
+        ),
+    )?;
+    Ok(cg)
+}
+
 /// Pipes and the status channel of one launch.
 struct Wiring {
     sup_sock: OwnedFd,
@@ -218,6 +244,20 @@ struct Wiring {
     stdout: (OwnedFd, OwnedFd),
     stderr: (OwnedFd, OwnedFd),
     result: (OwnedFd, OwnedFd),
+}
+
+impl Wiring {
+    fn new() -> Result<Wiring, Stop> {
+        let io_err = |e: io::Error| stop(Stage::Namespaces, "setup_failed", e);
+        let (sup_sock, cage_sock) = channel::pair().map_err(io_err)?;
+        Ok(Wiring {
+            sup_sock,
+            cage_sock,
+            stdout: pipe().map_err(io_err)?,
+            stderr: pipe().map_err(io_err)?,
+            result: pipe().map_err(io_err)?,
+        })
+    }
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -230,55 +270,40 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn with_cgroup(
+/// Clone the init and take the launch from there to the target's end. On cgroup v2 the init
+/// is cloned straight into the launch cgroup, which must exist first; on v1 the supervisor
+/// creates it while the init builds its namespaces (they run on two CPUs) and sends it over.
+fn launch_cage(
     plan: &CagePlan,
     sinks: &mut Sinks<'_>,
     rec: &mut LaunchRecord,
-    prepared: &Prepared,
     filters: &Filters,
     abi: u32,
-    cg: &LaunchCgroup,
-    name: &str,
+    held: &mut Held,
 ) -> Result<(), Stop> {
-    rec.cgroup = Some(CgroupFacts { version: cg.version.to_string(), paths: cg.paths() });
-    require(
-        plan,
-        rec,
-        cg.missing.is_empty(),
-        stop(
-            Stage::Cgroup,
-            "cgroup_controller_missing",
-            format!("the host's cgroup {} lacks controllers {:?} needed for the ceilings", cg.version, cg.missing),
-        ),
-    )?;
-    let io_err = |e: io::Error| stop(Stage::Namespaces, "setup_failed", e);
-    let (sup_sock, cage_sock) = channel::pair().map_err(io_err)?;
-    let w = Wiring {
-        sup_sock,
-        cage_sock,
-        stdout: pipe().map_err(io_err)?,
-        stderr: pipe().map_err(io_err)?,
-        result: pipe().map_err(io_err)?,
+    let hierarchy = Hierarchy::detect(plan.cgroup_v2_root.as_deref());
+    let v2_dir = match hierarchy {
+        Hierarchy::V2(_) => {
+            let cg = make_cgroup(plan, rec, &hierarchy, held)?;
+            Some(cg.v2_dir().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?)
+        }
+        Hierarchy::V1 => None,
     };
+    let w = Wiring::new()?;
     inject(plan, Stage::Namespaces)?;
-    // On v2 the init starts inside the launch cgroup; on v1 it moves itself there first thing.
-    let v2_dir = cg.v2_dir();
-    let cgroup_join = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
     let ctx = Ctx {
-        cgroup_join: &cgroup_join,
         plan,
-        prepared,
         filters,
         landlock_abi: abi,
         sock: w.cage_sock.as_raw_fd(),
+        await_cgroup: v2_dir.is_none(),
         stdout_w: w.stdout.1.as_raw_fd(),
         stderr_w: w.stderr.1.as_raw_fd(),
         result_w: w.result.1.as_raw_fd(),
     };
     let cloned = match &v2_dir {
-        Some(dir) => sys::clone_into_cgroup(CLONE_FLAGS, dir.as_fd()),
-        None => sys::clone_fork(CLONE_FLAGS),
+        Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir.as_fd()),
+        None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
     };
     let init = match cloned {
         Ok(0) => inside::init_main(&ctx),
@@ -288,18 +313,8 @@ fn with_cgroup(
     // From here the init exists: every error path must kill it before returning.
     let Wiring { sup_sock, cage_sock, stdout, stderr, result } = w;
     drop((cage_sock, stdout.1, stderr.1, result.1));
-    let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e));
-    let hook = sinks.on_enforced.take();
-    let started = pidfd.and_then(|pidfd| {
-        // The cage is setting itself up; meanwhile hash the file it will most likely send.
-        let early = prehash::guess(plan);
-        let r = start_cage(plan, rec, cg, name, &sup_sock, early.as_ref(), hook).map(|t| (t, pidfd));
-        if r.is_err() {
-            kill_and_reap(init);
-        }
-        r
-    });
-    let (exec_at, pidfd) = started?;
+    let started = start_cage(plan, rec, &hierarchy, held, init, &sup_sock, sinks.on_enforced.take());
+    let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
     let outcome = supervise::run(supervise::Run {
         init,
         pidfd: pidfd.as_fd(),
@@ -315,12 +330,41 @@ fn with_cgroup(
     Ok(())
 }
 
-/// From "init exists" to "target detached after a verified exec". Returns the exec time.
+/// The supervisor's part while the init sets up: the cgroup (v1), the janitor, a head start on
+/// hashing the target; then verify and observe the exec. Returns the exec time and a pidfd.
 fn start_cage(
     plan: &CagePlan,
     rec: &mut LaunchRecord,
+    hierarchy: &Hierarchy,
+    held: &mut Held,
+    init: libc::pid_t,
+    sock: &OwnedFd,
+    hook: Option<OnEnforced<'_>>,
+) -> Result<(Instant, OwnedFd), Stop> {
+    if held.cgroup.is_none() {
+        let cg = make_cgroup(plan, rec, hierarchy, held)?;
+        let fds = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        channel::send(sock.as_raw_fd(), &CageMsg::Join, &raw)
+            .map_err(|e| cage_report(sock).unwrap_or_else(|| stop(Stage::Cgroup, "cgroup_failed", e)))?;
+    }
+    let Some(cg) = held.cgroup.as_ref() else {
+        return Err(stop(Stage::Cgroup, "cgroup_failed", "no launch cgroup"));
+    };
+    rec.mark("cgroup");
+    held.janitor = Some(janitor::spawn(cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?);
+    let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
+    // The cage is still setting itself up; meanwhile hash the file it will most likely send.
+    let early = prehash::guess(plan);
+    let exec_at = verify_and_exec(plan, rec, cg, sock, early.as_ref(), hook)?;
+    Ok((exec_at, pidfd))
+}
+
+/// From "cage ready" to "target detached after a verified exec". Returns the exec time.
+fn verify_and_exec(
+    plan: &CagePlan,
+    rec: &mut LaunchRecord,
     cg: &LaunchCgroup,
-    name: &str,
     sock: &OwnedFd,
     early: Option<&Early>,
     hook: Option<OnEnforced<'_>>,
@@ -331,6 +375,9 @@ fn start_cage(
         Some(CageMsg::Ready { reported, exec_path, script_path }) => (reported, exec_path, script_path),
         Some(CageMsg::Failed { stage, code, detail }) => return Err(stop(stage, &code, detail)),
         None => return Err(stop(Stage::Namespaces, "cage_died", "the cage exited during setup without a report")),
+        Some(CageMsg::Join) => {
+            return Err(stop(Stage::Namespaces, "channel_failed", "the cage sent a supervisor message"))
+        }
     };
     rec.reported = Some(reported);
     let tpid =
@@ -352,7 +399,7 @@ fn start_cage(
     }
     // If the target died after reporting ready (a later setup step failed), its report says why.
     seize(tpid).map_err(|s| cage_report(sock).unwrap_or(s))?;
-    let traced = Traced { plan, cg, name, tpid, exe: exe_id, sock };
+    let traced = Traced { plan, cg, tpid, exe: exe_id, sock };
     let r = traced.exec_and_observe(rec, hook);
     if r.is_err() {
         release_tracee(tpid);
@@ -364,7 +411,6 @@ fn start_cage(
 struct Traced<'a> {
     plan: &'a CagePlan,
     cg: &'a LaunchCgroup,
-    name: &'a str,
     tpid: libc::pid_t,
     exe: (u64, u64),
     sock: &'a OwnedFd,
@@ -387,7 +433,7 @@ impl Traced<'_> {
             exe: self.exe,
             uid: plan.uid,
             gid: plan.gid,
-            cgroup: Some((self.name, self.cg.hierarchies())),
+            cgroup: Some((self.cg.name(), self.cg.hierarchies())),
             cwd: &cwd,
         };
         let mut problems = observe::violations(&observed, &expect);
