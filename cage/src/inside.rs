@@ -139,12 +139,65 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     // SAFETY: plain syscall; the init leads a new session so the target has no controlling tty.
     unsafe { libc::setsid() };
     block_forwarded_signals();
-    // SAFETY: single-threaded; the child only runs target_main and exits/execs.
-    match unsafe { libc::fork() } {
-        -1 => Err(fail(Stage::Namespaces, "fork_failed", io::Error::last_os_error())),
-        0 => target_main(ctx, &prepared),
-        pid => Ok(pid),
+    spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+}
+
+/// Stack for the target between its spawn and its exec; it runs our setup code only.
+const TARGET_STACK: usize = 1 << 20;
+
+/// What the target's entry point gets from the init.
+struct Spawn<'a, 'b> {
+    ctx: &'a Ctx<'b>,
+    prepared: &'a Prepared,
+}
+
+extern "C" fn target_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Spawn` on the init's stack, alive (the init is suspended) until we
+    // exec or exit.
+    let s = unsafe { &*(arg as *const Spawn<'_, '_>) };
+    target_main(s.ctx, s.prepared)
+}
+
+/// Start the target the way posix_spawn does: CLONE_VM | CLONE_VFORK on a stack of its own.
+/// Nothing is copied (a fork would copy the page tables the init inherited from the supervisor,
+/// and the exec would tear them down again) and the init sleeps until the target has exec'd or
+/// died; the init is single-threaded, so the target has the address space to itself meanwhile.
+fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
+    // SAFETY: a fresh private anonymous mapping; the lowest page becomes a guard page.
+    let stack = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            TARGET_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if stack == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
     }
+    // SAFETY: the first page of our own mapping.
+    unsafe { libc::mprotect(stack, 4096, libc::PROT_NONE) };
+    let spawn = Spawn { ctx, prepared };
+    // SAFETY: the child runs `target_entry` on its own stack (the top of the mapping, 16-byte
+    // aligned) and never returns to our frames; CLONE_VFORK keeps us suspended until it execs
+    // or exits, so `spawn` and the stack outlive every use.
+    let pid = unsafe {
+        libc::clone(
+            target_entry,
+            stack.cast::<u8>().add(TARGET_STACK).cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&spawn as *const Spawn<'_, '_>).cast_mut().cast(),
+        )
+    };
+    let err = io::Error::last_os_error();
+    // SAFETY: the child no longer uses the stack (it exec'd into a new address space or died).
+    unsafe { libc::munmap(stack, TARGET_STACK) };
+    if pid < 0 {
+        return Err(err);
+    }
+    Ok(pid)
 }
 
 /// cgroup v1: wait for the supervisor's `tasks` files and move ourselves in (writing "0"). A
@@ -166,6 +219,13 @@ fn join_cgroup(sock: RawFd) -> Result<(), Fail> {
     Ok(())
 }
 
+/// The init cannot supervise the target: end the cage.
+fn give_up(target: libc::pid_t) -> ! {
+    // SAFETY: plain kill of our own child.
+    unsafe { libc::kill(target, libc::SIGKILL) };
+    exit_now(1)
+}
+
 /// Block the signals the init waits for with sigwaitinfo (and SIGCHLD).
 fn block_forwarded_signals() {
     // SAFETY: sigset manipulation on a local set.
@@ -183,37 +243,35 @@ fn block_forwarded_signals() {
 /// The init after the target exists: shed privileges, forward signals, reap, and report the
 /// target's end. When the init exits the kernel kills everything left in the namespace.
 fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
-    // Keep only the result pipe (as fd 3): the status channel must reach EOF, and the output
-    // pipes must close when the target's tree is gone.
-    // SAFETY: plain fd syscalls on fds we own.
-    unsafe {
-        if ctx.result_w != 3 && libc::dup2(ctx.result_w, 3) < 0 {
-            libc::kill(target, libc::SIGKILL);
-            exit_now(1);
-        }
+    // Keep the result pipe as fd 3.
+    // SAFETY: plain fd syscall on fds we own.
+    if ctx.result_w != 3 && unsafe { libc::dup2(ctx.result_w, 3) } < 0 {
+        give_up(target);
     }
-    let _ = sys::close_from(4);
     let last = identity::last_cap();
     // The init takes the target's identity with no capabilities: that is exactly enough to
     // forward signals to it (a capability-less root could not signal uid 65534).
     let shed = identity::drop_bounding_and_lock(last)
         .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
         .and_then(|_| identity::clear_caps())
-        .and_then(|_| identity::no_new_privs())
-        .map_err(|e| e.to_string())
-        .and_then(|_| seccomp::install_init(ctx.filters));
-    // A uid change clears the parent-death signal: arm it again, then make sure the supervisor
-    // did not die in between (its end of the result pipe would be closed).
+        .and_then(|_| identity::no_new_privs());
+    // A uid change clears the parent-death signal: arm it again (before seccomp, which would
+    // refuse prctl), then make sure the supervisor did not die in between (its end of the
+    // result pipe would be closed).
     // SAFETY: plain prctl and a zero-timeout poll of our own fd.
     let orphaned = unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-        let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
-        libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLERR != 0
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 || {
+            let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
+            libc::poll(&mut p, 1, 0) != 0
+        }
     };
-    if shed.is_err() || orphaned {
-        // SAFETY: plain kill of our own child.
-        unsafe { libc::kill(target, libc::SIGKILL) };
-        exit_now(1);
+    if shed.is_err() || orphaned || seccomp::install_init(ctx.filters).is_err() {
+        give_up(target);
+    }
+    // Last, close everything else: the supervisor waits for EOF on the status channel before it
+    // lets the target run, so EOF also proves the init has shed every privilege.
+    if sys::close_from(4).is_err() {
+        give_up(target);
     }
     // SAFETY: sigset built locally; wait4/kill/write on our own children and fd.
     unsafe {

@@ -298,7 +298,8 @@ const ENOSYS: &[libc::c_long] =
     &[libc::SYS_clone3, libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register];
 
 /// What the cage's init still does once the target exists: wait for signals and children,
-/// forward signals, report the target's end and exit. Nothing else.
+/// forward signals, report the target's end and exit, and (first) close what it inherited.
+/// Nothing else.
 const INIT_ALLOWED: &[libc::c_long] = &[
     libc::SYS_rt_sigtimedwait,
     libc::SYS_rt_sigprocmask,
@@ -310,6 +311,7 @@ const INIT_ALLOWED: &[libc::c_long] = &[
     libc::SYS_write,
     libc::SYS_exit,
     libc::SYS_exit_group,
+    libc::SYS_close_range,
 ];
 
 /// A classic BPF program.

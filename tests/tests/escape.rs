@@ -638,3 +638,41 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
     }
 }
+
+/// The child of `parent` whose comm is `comm`.
+fn child_named(parent: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").unwrap().find_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == parent && name == comm).then_some(pid)
+    })
+}
+
+#[test]
+fn init_dies_with_the_supervisor_even_without_the_janitor() {
+    // The janitor would kill the cage's processes through the cgroup; kill it first, so only the
+    // init's own parent-death signal (re-armed after its uid change) can end the cage.
+    let Some(e) = env("pdeathsig") else { return };
+    let root = e.rootfs.to_str().unwrap();
+    let tag = format!("chio-pdeathsig-{}", std::process::id());
+    let mut sup = Command::new(&e.chio)
+        .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", &tag])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(sup.stdout.take().unwrap()).lines().next().unwrap().unwrap();
+    assert_eq!(line, "SLEEPING");
+    let janitor = child_named(sup.id(), "chio-janitor").expect("the launch has a janitor");
+    // SAFETY: killing the janitor of our own launch.
+    unsafe { libc::kill(janitor as i32, libc::SIGKILL) };
+    sup.kill().unwrap();
+    sup.wait().unwrap();
+    let left = wait_gone(&tag, Duration::from_secs(5));
+    for d in chio_cgroups(sup.id()) {
+        let _ = std::fs::remove_dir(d); // nobody is left to remove it; the next launch would sweep it
+    }
+    assert_eq!(left, Vec::<u32>::new(), "cage processes outlived the supervisor and its janitor");
+}
