@@ -311,9 +311,12 @@ fn launch_cage(
         Err(e) => return Err(stop(Stage::Namespaces, "namespace_failed", e)),
     };
     // From here the init exists: every error path must kill it before returning.
+    // Give the init this CPU while we make the cgroup and the janitor on another.
+    let aside = sys::step_aside();
     let Wiring { sup_sock, cage_sock, stdout, stderr, result } = w;
     drop((cage_sock, stdout.1, stderr.1, result.1));
-    let started = start_cage(plan, rec, &hierarchy, held, init, &sup_sock, sinks.on_enforced.take());
+    let fresh = FreshInit { pid: init, sock: &sup_sock, aside };
+    let started = start_cage(plan, rec, &hierarchy, held, fresh, sinks.on_enforced.take());
     let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
     let outcome = supervise::run(supervise::Run {
         init,
@@ -330,6 +333,25 @@ fn launch_cage(
     Ok(())
 }
 
+/// The init just cloned: its pid, the supervisor's end of its channel, and the affinity to
+/// restore after stepping aside for it.
+struct FreshInit<'a> {
+    pid: libc::pid_t,
+    sock: &'a OwnedFd,
+    aside: Option<libc::cpu_set_t>,
+}
+
+/// Puts the supervisor back on every CPU when dropped (normally as soon as the cgroup exists).
+struct Restore(Option<libc::cpu_set_t>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if let Some(m) = &self.0 {
+            sys::restore_affinity(m);
+        }
+    }
+}
+
 /// The supervisor's part while the init sets up: the cgroup (v1), the janitor, a head start on
 /// hashing the target; then verify and observe the exec. Returns the exec time and a pidfd.
 fn start_cage(
@@ -337,10 +359,12 @@ fn start_cage(
     rec: &mut LaunchRecord,
     hierarchy: &Hierarchy,
     held: &mut Held,
-    init: libc::pid_t,
-    sock: &OwnedFd,
+    init: FreshInit<'_>,
     hook: Option<OnEnforced<'_>>,
 ) -> Result<(Instant, OwnedFd), Stop> {
+    let FreshInit { pid: init, sock, aside } = init;
+    // Back on every CPU once the cgroup exists (before anything forks from us), or on error.
+    let mut restore = Restore(aside);
     if held.cgroup.is_none() {
         let cg = make_cgroup(plan, rec, hierarchy, held)?;
         let fds = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
@@ -352,6 +376,7 @@ fn start_cage(
         return Err(stop(Stage::Cgroup, "cgroup_failed", "no launch cgroup"));
     };
     rec.mark("cgroup");
+    drop(std::mem::replace(&mut restore, Restore(None)));
     held.janitor = Some(janitor::spawn(cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?);
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
     // The cage is still setting itself up; meanwhile hash the file it will most likely send.

@@ -299,3 +299,32 @@ pub fn thread_count() -> io::Result<u64> {
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
 }
+
+/// Move the calling thread off its current CPU to another one it may run on, and return its
+/// previous affinity for [`restore_affinity`]. Right after a fork the scheduler often leaves
+/// the child queued behind its parent on the parent's CPU (measured here: half the time it
+/// started only when the parent blocked, up to 2 ms later); stepping aside hands the child
+/// that CPU at once. `None` (nothing changed) when there is no other CPU.
+pub fn step_aside() -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data; the affinity calls get its exact size.
+    unsafe {
+        let mut mask: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mask) != 0 {
+            return None;
+        }
+        let here = libc::sched_getcpu();
+        let other = (0..libc::CPU_SETSIZE as usize).find(|&c| c as i32 != here && libc::CPU_ISSET(c, &mask))?;
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(other, &mut one);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
+            return None;
+        }
+        Some(mask)
+    }
+}
+
+/// Undo [`step_aside`].
+pub fn restore_affinity(mask: &libc::cpu_set_t) {
+    // SAFETY: a full cpu_set_t read earlier by sched_getaffinity.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), mask) };
+}

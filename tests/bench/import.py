@@ -71,8 +71,9 @@ def main():
     ap = argparse.ArgumentParser(); ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mib", type=int, default=200); ap.add_argument("--files", type=int, default=6000)
     a = ap.parse_args()
-    sh("cargo", "build", "--release", "-q", "-p", "chio-cli", cwd=REPO)
-    chio = os.path.join(REPO, "target", "release", "chio")
+    # The installable artifact: the static release build.
+    chio = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True,
+                          stdout=subprocess.PIPE).stdout.decode().strip()
     if not shutil.which("umoci"):
         sh("apt-get", "install", "-y", "-qq", "umoci", stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     with tempfile.TemporaryDirectory(prefix="chio-import-bench-", dir="/var/tmp") as tmp:

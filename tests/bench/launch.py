@@ -34,8 +34,9 @@ def sh(*cmd, **kw):
 
 
 def build_chio():
-    sh("cargo", "build", "--release", "-q", "-p", "chio-cli", cwd=REPO)
-    return os.path.join(REPO, "target", "release", "chio")
+    """The installable artifact: the static release build (packaging/build-release)."""
+    out = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True, stdout=subprocess.PIPE)
+    return out.stdout.decode().strip()
 
 
 def ensure_bwrap():
