@@ -312,7 +312,7 @@ fn launch_cage(
     };
     // From here the init exists: every error path must kill it before returning.
     // Give the init this CPU while we make the cgroup and the janitor on another.
-    let aside = sys::step_aside();
+    let aside = sys::step_aside(init);
     let Wiring { sup_sock, cage_sock, stdout, stderr, result } = w;
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let fresh = FreshInit { pid: init, sock: &sup_sock, aside };

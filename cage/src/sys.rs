@@ -300,19 +300,24 @@ pub fn thread_count() -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
 }
 
-/// Move the calling thread off its current CPU to another one it may run on, and return its
-/// previous affinity for [`restore_affinity`]. Right after a fork the scheduler often leaves
-/// the child queued behind its parent on the parent's CPU (measured here: half the time it
-/// started only when the parent blocked, up to 2 ms later); stepping aside hands the child
-/// that CPU at once. `None` (nothing changed) when there is no other CPU.
-pub fn step_aside() -> Option<libc::cpu_set_t> {
+/// If `child` is queued on our CPU, move the calling thread to another CPU it may run on and
+/// return its previous affinity for [`restore_affinity`]. Right after a fork the scheduler
+/// often leaves the child behind its parent on the parent's CPU (measured here: half the time
+/// it started only when the parent blocked, up to 2 ms later); stepping aside hands the child
+/// that CPU at once. `None` (nothing changed) when the child is elsewhere already or there is
+/// no other CPU.
+pub fn step_aside(child: libc::pid_t) -> Option<libc::cpu_set_t> {
+    // SAFETY: plain syscall.
+    let here = unsafe { libc::sched_getcpu() };
+    if task_cpu(child)? != here {
+        return None;
+    }
     // SAFETY: cpu_set_t is plain data; the affinity calls get its exact size.
     unsafe {
         let mut mask: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mask) != 0 {
             return None;
         }
-        let here = libc::sched_getcpu();
         let other = (0..libc::CPU_SETSIZE as usize).find(|&c| c as i32 != here && libc::CPU_ISSET(c, &mask))?;
         let mut one: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(other, &mut one);
@@ -321,6 +326,12 @@ pub fn step_aside() -> Option<libc::cpu_set_t> {
         }
         Some(mask)
     }
+}
+
+/// The CPU `pid` is queued on or last ran on (field 39 of `/proc/<pid>/stat`).
+fn task_cpu(pid: libc::pid_t) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(36)?.parse().ok()
 }
 
 /// Undo [`step_aside`].
