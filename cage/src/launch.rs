@@ -3,6 +3,7 @@
 //! then supervise it to the end and clean up. Any missing fact in enforced mode kills the cage
 //! before the target's first instruction.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -187,8 +188,10 @@ impl Held {
     }
 }
 
+/// Read the launch cgroup's usage into the record and remove it. The init has been reaped by
+/// now, and with it (PID 1 of the cage's pid namespace) every cage process, so the cgroup is
+/// normally empty; `remove` kills whatever it still finds.
 fn cleanup(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
-    cg.kill_all();
     let usage = cg.usage();
     if let Some(o) = rec.outcome.as_mut() {
         if usage.cpu_us > 0 {
@@ -379,9 +382,11 @@ fn start_cage(
     drop(std::mem::replace(&mut restore, Restore(None)));
     held.janitor = Some(janitor::spawn(cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?);
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
-    // The cage is still setting itself up; meanwhile hash the file it will most likely send.
+    // The cage is still setting itself up; meanwhile hash the file it will most likely send
+    // and read what the observation compares with.
     let early = prehash::guess(plan);
-    let exec_at = verify_and_exec(plan, rec, cg, sock, early.as_ref(), hook)?;
+    let host_ns = observe::own_namespaces();
+    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns }, sock, early.as_ref(), hook)?;
     Ok((exec_at, pidfd))
 }
 
@@ -389,7 +394,7 @@ fn start_cage(
 fn verify_and_exec(
     plan: &CagePlan,
     rec: &mut LaunchRecord,
-    cg: &LaunchCgroup,
+    host: Host<'_>,
     sock: &OwnedFd,
     early: Option<&Early>,
     hook: Option<OnEnforced<'_>>,
@@ -424,7 +429,7 @@ fn verify_and_exec(
     }
     // If the target died after reporting ready (a later setup step failed), its report says why.
     seize(tpid).map_err(|s| cage_report(sock).unwrap_or(s))?;
-    let traced = Traced { plan, cg, tpid, exe: exe_id, sock };
+    let traced = Traced { plan, host, tpid, exe: exe_id, sock };
     let r = traced.exec_and_observe(rec, hook);
     if r.is_err() {
         release_tracee(tpid);
@@ -432,10 +437,17 @@ fn verify_and_exec(
     r
 }
 
+/// The supervisor-side facts the target is checked against.
+#[derive(Clone, Copy)]
+struct Host<'a> {
+    cg: &'a LaunchCgroup,
+    ns: &'a BTreeMap<String, String>,
+}
+
 /// The target between PTRACE_SEIZE and detach.
 struct Traced<'a> {
     plan: &'a CagePlan,
-    cg: &'a LaunchCgroup,
+    host: Host<'a>,
     tpid: libc::pid_t,
     exe: (u64, u64),
     sock: &'a OwnedFd,
@@ -450,15 +462,14 @@ impl Traced<'_> {
         let exec_at = Instant::now();
         rec.exec_observed_at = Some(record::now_rfc3339());
         rec.mark("exec_stop");
-        let host_ns = observe::own_namespaces();
-        let mut observed = observe::read(self.tpid, &host_ns);
+        let mut observed = observe::read(self.tpid, self.host.ns);
         observed.status_channel_eof = eof_within(self.sock, 2000);
         let cwd = plan.cwd.to_string_lossy();
         let expect = Expect {
             exe: self.exe,
             uid: plan.uid,
             gid: plan.gid,
-            cgroup: Some((self.cg.name(), self.cg.hierarchies())),
+            cgroup: Some((self.host.cg.name(), self.host.cg.hierarchies())),
             cwd: &cwd,
         };
         let mut problems = observe::violations(&observed, &expect);
