@@ -1,5 +1,7 @@
 //! A small process that outlives a killed supervisor: it waits for EOF on a pipe only the
-//! supervisor holds, then kills whatever is left in the launch cgroup and removes it. The cage's
+//! supervisor holds, then kills whatever is left in the launch cgroup and removes it. A
+//! supervisor that lives to the end closes the pipe too, once it has read the cgroup's usage,
+//! and takes the janitor's exit status as the removal's result: one removal path for both. The cage's
 //! processes already die with the supervisor (PDEATHSIG on the init, EXITKILL on the traced
 //! target); cgroup directories do not, which is what this is for.
 
@@ -9,19 +11,33 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use crate::cgroup::LaunchCgroup;
 use crate::sys;
 
-/// The supervisor's side: closing the lifeline tells the janitor to clean up and exit.
+/// The supervisor's side: closing the lifeline tells the janitor to remove the cgroup and exit.
 pub struct Janitor {
     lifeline: Option<OwnedFd>,
     pid: libc::pid_t,
 }
 
 impl Janitor {
-    /// Normal end: the supervisor already removed the cgroup; let the janitor go and reap it.
-    pub fn release(mut self) {
+    /// Normal end: the cage is gone. The janitor removes the cgroup — exactly what it does
+    /// when the supervisor dies — and its exit status says whether that worked.
+    pub fn finish(mut self) -> io::Result<()> {
         self.lifeline = None;
         let mut status = 0;
-        // SAFETY: reaping our own child.
-        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+        loop {
+            // SAFETY: reaping our own child.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if r == self.pid {
+                break;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("the janitor could not remove the launch cgroup (status {status:#x})")))
+        }
     }
 }
 
@@ -70,7 +86,7 @@ fn watch(r: OwnedFd, cg: &LaunchCgroup) -> ! {
             break;
         }
     }
-    let _ = cg.remove();
+    let code = if cg.remove().is_ok() { 0 } else { 1 };
     // SAFETY: leave without running the supervisor's destructors.
-    unsafe { libc::_exit(0) }
+    unsafe { libc::_exit(code) }
 }

@@ -179,36 +179,34 @@ struct Held {
 
 impl Held {
     fn tear_down(self, rec: &mut LaunchRecord) {
-        if let Some(cg) = &self.cgroup {
-            cleanup(cg, rec);
-        }
-        if let Some(j) = self.janitor {
-            j.release();
+        let Some(cg) = &self.cgroup else { return };
+        record_usage(cg, rec);
+        // The init has been reaped by now, and with it (PID 1 of the cage's pid namespace) every
+        // cage process, so the cgroup is normally empty; removal kills whatever it still finds.
+        let removed = match self.janitor {
+            Some(j) => j.finish(),
+            None => cg.remove(),
+        };
+        if let Err(e) = removed {
+            rec.not_confined.push(format!("cgroup_not_removed: {e}"));
         }
     }
 }
 
-/// Read the launch cgroup's usage into the record and remove it. The init has been reaped by
-/// now, and with it (PID 1 of the cage's pid namespace) every cage process, so the cgroup is
-/// normally empty; `remove` kills whatever it still finds.
-fn cleanup(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
+fn record_usage(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
     let usage = cg.usage();
-    if let Some(o) = rec.outcome.as_mut() {
-        if usage.cpu_us > 0 {
-            o.cpu_ms = usage.cpu_us / 1000;
-        }
-        if usage.peak_memory > 0 {
-            o.peak_memory_bytes = usage.peak_memory;
-        }
-        if usage.memory_hit {
-            o.limit_hit.push("memory".into());
-        }
-        if usage.pids_hit {
-            o.limit_hit.push("pids".into());
-        }
+    let Some(o) = rec.outcome.as_mut() else { return };
+    if usage.cpu_us > 0 {
+        o.cpu_ms = usage.cpu_us / 1000;
     }
-    if let Err(e) = cg.remove() {
-        rec.not_confined.push(format!("cgroup_not_removed: {e}"));
+    if usage.peak_memory > 0 {
+        o.peak_memory_bytes = usage.peak_memory;
+    }
+    if usage.memory_hit {
+        o.limit_hit.push("memory".into());
+    }
+    if usage.pids_hit {
+        o.limit_hit.push("pids".into());
     }
 }
 
