@@ -8,6 +8,8 @@ use chio_supervisor::image::import::Selection;
 use chio_supervisor::image::store::{ImageRecord, ImageStore};
 use clap::Subcommand;
 
+use crate::progress::ImportProgress;
+
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/chio";
 
@@ -167,19 +169,9 @@ fn import(
     let store = open(state)?;
     let sel =
         Selection { reference: reference.clone(), platform: platform.clone().unwrap_or_else(Selection::host_platform) };
-    // On a terminal, progress rewrites one line; otherwise each step is its own line.
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut progress = |line: &str| {
-        if tty {
-            eprint!("\r\x1b[Kchio: {line}");
-        } else {
-            eprintln!("chio: {line}");
-        }
-    };
-    let result = store.import(path, &sel, name, budgets, &mut progress);
-    if tty {
-        eprintln!();
-    }
+    let mut shown = ImportProgress::new(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let result = store.import(path, &sel, name, budgets, &mut |p| shown.event(p));
+    shown.clear();
     let rec = result.with_context(|| format!("importing {}", path.display()))?;
     if !rec.setuid.is_empty() {
         eprintln!("chio: note: {} setuid/setgid file(s) kept (the cage mounts the root nosuid)", rec.setuid.len());

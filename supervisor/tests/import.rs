@@ -206,10 +206,12 @@ fn reimport_verifies_without_extracting_and_rm_collects() {
     let a = e.import(&dir).unwrap();
     let marker = e.store.rootfs(&a).join("etc/os-release");
     let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&marker).unwrap());
-    let mut lines = Vec::new();
+    let mut events = Vec::new();
     let sel = Selection { reference: Some("app:1".into()), platform: Selection::host_platform() };
-    e.store.import(&dir, &sel, Some("mine"), &Budgets::default(), &mut |l| lines.push(l.to_string())).unwrap();
-    assert!(lines.iter().any(|l| l.contains("already extracted")), "{lines:?}");
+    e.store.import(&dir, &sel, Some("mine"), &Budgets::default(), &mut |p| events.push(format!("{p:?}"))).unwrap();
+    assert!(events.iter().any(|l| l.contains("already_present: true")), "{events:?}");
+    assert!(events.iter().any(|l| l.starts_with("Bytes")), "byte progress is reported: {events:?}");
+    assert_eq!(events.iter().filter(|l| l.starts_with("Layer")).count(), img.layers_blob.len(), "{events:?}");
     assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&marker).unwrap()), ino, "not re-extracted");
     let found = e.store.find("mine").unwrap();
     assert!(e.store.remove(&found).unwrap(), "last user of the rootfs: collected");

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -98,19 +98,24 @@ impl ImageStore {
         Ok(f)
     }
 
-    /// Import the image at `path`. `progress` receives one line per step.
+    /// Import the image at `path`, telling `progress` how it goes.
     pub fn import(
         &self,
         path: &Path,
         sel: &Selection,
         name: Option<&str>,
         budgets: &Budgets,
-        progress: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<ImageRecord, ImportError> {
         let _lock = self.lock()?;
         let src = Source::open(path)?;
         let res = import::resolve(&src, sel)?;
-        progress(&format!("image {} ({} layers)", res.image_id, res.layers.len()));
+        let sizes: io::Result<Vec<u64>> = res.layers.iter().map(|l| src.size(&l.name)).collect();
+        progress(Progress::Start {
+            image_id: &res.image_id,
+            layers: res.layers.len(),
+            total_bytes: sizes?.iter().sum(),
+        });
         let ids: Vec<String> = res.layers.iter().map(|l| l.diff_id.clone()).collect();
         let chain = chain_id(&ids).ok_or_else(|| ImportError::Invalid("an image without layers".into()))?;
         let target = self.dir.join("rootfs").join(hex_of(&chain));
@@ -154,7 +159,7 @@ impl ImageStore {
         let tmp_meta = meta.with_extension("json.tmp");
         fs::write(&tmp_meta, serde_json::to_vec_pretty(&rec).map_err(|e| ImportError::Invalid(e.to_string()))?)?;
         fs::rename(&tmp_meta, &meta)?;
-        progress(&format!("{} {}", if present { "verified (already extracted)" } else { "imported" }, rec.image_id));
+        progress(Progress::Done { image_id: &rec.image_id, already_present: present });
         Ok(rec)
     }
 
@@ -166,7 +171,7 @@ impl ImageStore {
         res: &import::Resolved,
         into: Option<&Path>,
         budgets: &Budgets,
-        progress: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<(Vec<LayerRecord>, LayerReport), ImportError> {
         let root = match into {
             Some(p) => Some(fs::File::open(p)?),
@@ -175,8 +180,11 @@ impl ImageStore {
         let mut totals = Totals::default();
         let mut report = LayerReport::default();
         let mut out = Vec::new();
+        let mut done = 0u64;
         for (i, layer) in res.layers.iter().enumerate() {
-            let mut raw = Hashing::new(src.read(&layer.name)?);
+            let counted =
+                Counting { inner: src.read(&layer.name)?, done: &mut done, next: 0, progress: &mut *progress };
+            let mut raw = Hashing::new(counted);
             let mut plain = Hashing::new(decompress(&mut raw)?);
             match &root {
                 Some(dir) => {
@@ -206,7 +214,7 @@ impl ImageStore {
                     layer.diff_id
                 )));
             }
-            progress(&format!("layer {}/{} {diff_id}", i + 1, res.layers.len()));
+            progress(Progress::Layer { index: i + 1, count: res.layers.len(), diff_id: &diff_id });
             out.push(LayerRecord { digest: layer.blob.as_ref().map(|b| b.0.clone()), diff_id, size: blob_size });
         }
         Ok((out, report))
@@ -303,4 +311,59 @@ fn walk(root: &Path, rel: &Path, h: &mut Sha256, known: Option<&HashMap<u64, [u8
         h.update(b"\n");
     }
     Ok(())
+}
+
+/// What an import reports as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// The image is resolved: its ID, its layer count and the size of all layer blobs.
+    Start {
+        /// Config digest.
+        image_id: &'a str,
+        /// Number of layers.
+        layers: usize,
+        /// Bytes of layer blobs to read (compressed, as stored).
+        total_bytes: u64,
+    },
+    /// Layer blob bytes read so far, all layers together (about every MiB).
+    Bytes {
+        /// Bytes read.
+        done: u64,
+    },
+    /// One layer verified (and extracted, unless its tree was already present).
+    Layer {
+        /// 1-based position.
+        index: usize,
+        /// Number of layers.
+        count: usize,
+        /// The verified DiffID.
+        diff_id: &'a str,
+    },
+    /// The image is in the store.
+    Done {
+        /// Config digest.
+        image_id: &'a str,
+        /// Its tree was already extracted and was only verified.
+        already_present: bool,
+    },
+}
+
+/// Counts layer bytes for [`Progress::Bytes`].
+struct Counting<'p, R> {
+    inner: R,
+    done: &'p mut u64,
+    next: u64,
+    progress: &'p mut dyn FnMut(Progress<'_>),
+}
+
+impl<R: Read> Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        *self.done += n as u64;
+        if *self.done >= self.next {
+            (self.progress)(Progress::Bytes { done: *self.done });
+            self.next = *self.done + (1 << 20);
+        }
+        Ok(n)
+    }
 }
