@@ -4,5 +4,6 @@
 
 pub mod extract;
 pub mod import;
+pub mod pipeline;
 pub mod source;
 pub mod store;

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -16,7 +16,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::extract::{self, Budgets, LayerReport, Totals};
-use super::import::{self, decompress, Hashing, ImportError, Selection};
+use super::import::{self, ImportError, Selection};
+use super::pipeline::{self, LayerDigests, StreamError};
 use super::source::Source;
 
 /// One layer as recorded.
@@ -180,27 +181,35 @@ impl ImageStore {
         let mut totals = Totals::default();
         let mut report = LayerReport::default();
         let mut out = Vec::new();
-        let mut done = 0u64;
+        let mut before = 0u64; // blob bytes of the layers already done
+        let mut next_report = 0u64;
         for (i, layer) in res.layers.iter().enumerate() {
-            let counted =
-                Counting { inner: src.read(&layer.name)?, done: &mut done, next: 0, progress: &mut *progress };
-            let mut raw = Hashing::new(counted);
-            let mut plain = Hashing::new(decompress(&mut raw)?);
-            match &root {
-                Some(dir) => {
-                    let r = extract::apply_layer(dir.as_fd(), &mut plain, budgets, &mut totals)
-                        .map_err(|e| ImportError::Invalid(format!("layer {i} ({}): {e}", layer.name)))?;
-                    report.setuid.extend(r.setuid);
-                    report.content.extend(r.content);
-                    report.skipped_devices.extend(r.skipped_devices);
-                    report.skipped_fifos.extend(r.skipped_fifos);
+            let mut bytes = |n: u64| {
+                if before + n >= next_report {
+                    progress(Progress::Bytes { done: before + n });
+                    next_report = before + n + (1 << 20);
                 }
-                None => {
-                    io::copy(&mut plain, &mut io::sink())?;
+            };
+            let streamed = pipeline::stream_layer(src, &layer.name, &mut bytes, |tar| match &root {
+                Some(dir) => extract::apply_layer(dir.as_fd(), tar, budgets, &mut totals).map(Some),
+                None => io::copy(tar, &mut io::sink())
+                    .map(|_| None)
+                    .map_err(|err| extract::ExtractError::Io { path: String::new(), err }),
+            });
+            let (extracted, digests) = streamed.map_err(|e| match e {
+                StreamError::Consumer(e) => ImportError::Invalid(format!("layer {i} ({}): {e}", layer.name)),
+                StreamError::Source(e) => {
+                    ImportError::Io(io::Error::new(e.kind(), format!("layer {i} ({}): {e}", layer.name)))
                 }
+            })?;
+            if let Some(r) = extracted {
+                report.setuid.extend(r.setuid);
+                report.content.extend(r.content);
+                report.skipped_devices.extend(r.skipped_devices);
+                report.skipped_fifos.extend(r.skipped_fifos);
             }
-            let (diff_id, _) = plain.finish()?;
-            let (blob_digest, blob_size) = raw.finish()?;
+            let LayerDigests { blob: (blob_digest, blob_size), diff_id: (diff_id, _) } = digests;
+            before += blob_size;
             if let Some((digest, size)) = &layer.blob {
                 if blob_size != *size || &blob_digest != digest {
                     return Err(ImportError::Digest(format!(
@@ -346,24 +355,4 @@ pub enum Progress<'a> {
         /// Its tree was already extracted and was only verified.
         already_present: bool,
     },
-}
-
-/// Counts layer bytes for [`Progress::Bytes`].
-struct Counting<'p, R> {
-    inner: R,
-    done: &'p mut u64,
-    next: u64,
-    progress: &'p mut dyn FnMut(Progress<'_>),
-}
-
-impl<R: Read> Read for Counting<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        *self.done += n as u64;
-        if *self.done >= self.next {
-            (self.progress)(Progress::Bytes { done: *self.done });
-            self.next = *self.done + (1 << 20);
-        }
-        Ok(n)
-    }
 }
