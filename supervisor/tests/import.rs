@@ -371,3 +371,47 @@ fn containerd_style_nested_index_with_attestations_and_absent_platforms() {
     let err = e.store.import(&archive, &sel, None, &Budgets::default(), &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("no image for platform linux/arm64"), "{err}");
 }
+
+#[test]
+fn reimport_refuses_a_tampered_tree_and_a_tampered_blob() {
+    let img = image();
+    let e = env("reimport-tamper");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let a = e.import(&dir).unwrap();
+    let rootfs = e.store.rootfs(&a);
+    // Control: an untouched tree re-imports (verification only) to the same record.
+    assert_eq!(e.import(&dir).unwrap().tree_sha256, a.tree_sha256);
+    // A file of the stored tree edited after import: re-import must not bless it.
+    let marker = rootfs.join("etc/os-release");
+    std::fs::write(&marker, "tampered\n").unwrap();
+    let err = e.import(&dir).unwrap_err().to_string();
+    assert!(err.contains("modified after it was extracted"), "{err}");
+    assert_eq!(e.store.find(&a.image_id).unwrap().tree_sha256, a.tree_sha256, "the record is unchanged");
+    // A layer blob changed after the first import: its digest is still checked on re-import.
+    let e2 = env("reimport-blob");
+    let dir = oci_dir(&e2.base.join("oci"), &img, |_| {});
+    e2.import(&dir).unwrap();
+    let blob = dir.join("blobs/sha256").join(hex(&img.layers_blob[0]));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let err = e2.import(&dir).unwrap_err().to_string();
+    assert!(err.contains("descriptor says"), "{err}");
+}
+
+#[test]
+fn a_tree_no_record_vouches_for_is_extracted_again() {
+    let img = image();
+    let e = env("orphan-tree");
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let a = e.import(&dir).unwrap();
+    let rootfs = e.store.rootfs(&a);
+    // An import that died between renaming its tree into place and writing its record.
+    for rec in std::fs::read_dir(e.base.join("state/images")).unwrap() {
+        std::fs::remove_file(rec.unwrap().path()).unwrap();
+    }
+    std::fs::write(rootfs.join("etc/os-release"), "left over\n").unwrap();
+    let b = e.import(&dir).unwrap();
+    assert_eq!(b.tree_sha256, a.tree_sha256, "extracted afresh, not trusted");
+    assert_ne!(std::fs::read_to_string(rootfs.join("etc/os-release")).unwrap(), "left over\n");
+}

@@ -4,7 +4,7 @@
 //! refusal leaves nothing half-imported. One import at a time (an exclusive lock file). Each image
 //! records a digest of its extracted tree so `verify` can detect later tampering.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::os::fd::AsFd;
@@ -16,7 +16,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::extract::{self, Budgets, LayerReport, Totals};
-use super::import::{self, ImportError, Selection};
+use super::import::{self, Hashing, ImportError, Selection};
 use super::pipeline::{self, LayerDigests, StreamError};
 use super::source::Source;
 
@@ -120,20 +120,28 @@ impl ImageStore {
         let ids: Vec<String> = res.layers.iter().map(|l| l.diff_id.clone()).collect();
         let chain = chain_id(&ids).ok_or_else(|| ImportError::Invalid("an image without layers".into()))?;
         let target = self.dir.join("rootfs").join(hex_of(&chain));
-        let present = target.is_dir();
+        let records = self.list()?;
+        let vouching = records.iter().find(|r| r.chain_id == chain).cloned();
+        let recorded = vouching.as_ref().map(|r| r.tree_sha256.clone());
+        if recorded.is_none() && target.is_dir() {
+            // A tree no image record vouches for (an import that died between its rename and
+            // its record): it cannot be verified, so it is extracted again.
+            fs::remove_dir_all(&target)?;
+        }
+        let present = recorded.is_some() && target.is_dir();
         let tmp = self.dir.join("tmp").join(format!("{}-{}", hex_of(&chain), std::process::id()));
         let _ = fs::remove_dir_all(&tmp);
         fs::DirBuilder::new().mode(0o755).create(&tmp)?;
-        let result = self.stream_layers(&src, &res, if present { None } else { Some(&tmp) }, budgets, progress);
-        let outcome = result.and_then(|(layers, report)| {
-            if !present {
+        let outcome = if present {
+            self.verify_present(&src, &res, &records, &target, recorded.as_deref().unwrap_or_default(), progress)
+        } else {
+            self.stream_layers(&src, &res, Some(&tmp), budgets, progress).and_then(|(layers, report)| {
                 fs::rename(&tmp, &target)?;
-            }
-            // Fresh trees reuse the content digests taken while writing; a present tree is read.
-            let known = if present { None } else { Some(&report.content) };
-            let tree = tree_digest_with(&target, known)?;
-            Ok((layers, report, tree))
-        });
+                // The content digests taken while writing stand in for reading the tree back.
+                let tree = tree_digest_with(&target, Some(&report.content))?;
+                Ok((layers, report, tree))
+            })
+        };
         let _ = fs::remove_dir_all(&tmp);
         let (layers, report, tree) = outcome?;
         let c = &res.config["config"];
@@ -153,8 +161,15 @@ impl ImageStore {
             layers,
             chain_id: chain,
             tree_sha256: tree,
-            setuid: report.setuid,
-            skipped: report.skipped_devices.into_iter().chain(report.skipped_fifos).collect(),
+            // A present tree was not extracted now: what its extraction found still holds.
+            setuid: match &vouching {
+                Some(v) if present => v.setuid.clone(),
+                _ => report.setuid,
+            },
+            skipped: match &vouching {
+                Some(v) if present => v.skipped.clone(),
+                _ => report.skipped_devices.into_iter().chain(report.skipped_fifos).collect(),
+            },
         };
         let meta = self.dir.join("images").join(format!("{}.json", hex_of(&rec.image_id)));
         let tmp_meta = meta.with_extension("json.tmp");
@@ -162,6 +177,75 @@ impl ImageStore {
         fs::rename(&tmp_meta, &meta)?;
         progress(Progress::Done { image_id: &rec.image_id, already_present: present });
         Ok(rec)
+    }
+
+    /// Re-import of an image whose tree is present: verify the layers (a blob whose digest an
+    /// earlier import already tied to this DiffID needs only its digest checked — content
+    /// addressing — the others are decompressed and hashed) and, on another CPU meanwhile,
+    /// that the tree still has the digest recorded when it was extracted.
+    fn verify_present(
+        &self,
+        src: &Source,
+        res: &import::Resolved,
+        records: &[ImageRecord],
+        target: &Path,
+        recorded: &str,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<(Vec<LayerRecord>, LayerReport, String), ImportError> {
+        let verified: HashSet<(&str, &str)> = records
+            .iter()
+            .flat_map(|r| r.layers.iter())
+            .filter_map(|l| Some((l.digest.as_deref()?, l.diff_id.as_str())))
+            .collect();
+        let (layers, tree) = std::thread::scope(|scope| {
+            let tree = scope.spawn(|| tree_digest_with(target, None));
+            let layers = self.verify_layers(src, res, &verified, progress);
+            (layers, tree.join().unwrap_or_else(|_| Err(io::Error::other("the tree digest panicked"))))
+        });
+        let (layers, report) = layers?;
+        let tree = tree?;
+        if tree != recorded {
+            return Err(ImportError::Digest(format!(
+                "the stored tree {} was modified after it was extracted (digest {tree}, recorded {recorded}); \
+                 `chio image verify` names the images using it, `chio image rm` them and import again",
+                target.display()
+            )));
+        }
+        Ok((layers, report, tree))
+    }
+
+    /// Verify every layer without extracting: blobs already tied to their DiffID by an earlier
+    /// import are only hashed; the others are streamed in full.
+    fn verify_layers(
+        &self,
+        src: &Source,
+        res: &import::Resolved,
+        verified: &HashSet<(&str, &str)>,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<(Vec<LayerRecord>, LayerReport), ImportError> {
+        let known = |l: &import::LayerRef| {
+            l.blob.as_ref().is_some_and(|(d, _)| verified.contains(&(d.as_str(), l.diff_id.as_str())))
+        };
+        if !res.layers.iter().all(known) {
+            return self.stream_layers(src, res, None, &Budgets::default(), progress);
+        }
+        let mut out = Vec::new();
+        let mut done = 0;
+        for (i, layer) in res.layers.iter().enumerate() {
+            let (digest, size) = Hashing::new(src.read(&layer.name)?).finish()?;
+            done += size;
+            progress(Progress::Bytes { done });
+            if let Some((want, want_size)) = &layer.blob {
+                if size != *want_size || &digest != want {
+                    return Err(ImportError::Digest(format!(
+                        "layer {i}: blob is {digest} ({size} bytes), descriptor says {want} ({want_size} bytes)"
+                    )));
+                }
+            }
+            progress(Progress::Layer { index: i + 1, count: res.layers.len(), diff_id: &layer.diff_id });
+            out.push(LayerRecord { digest: Some(digest), diff_id: layer.diff_id.clone(), size });
+        }
+        Ok((out, LayerReport::default()))
     }
 
     /// Stream every layer once: compressed digest, decompression, DiffID, and (with `into`)
