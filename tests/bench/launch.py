@@ -146,7 +146,11 @@ def run_all(a, chio, bwrap, root, v2env):
                 codes = list(ex.map(lambda _: subprocess.run(cmds["chio"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode, range(a.soak)))
             elapsed = time.perf_counter() - t
             time.sleep(0.5)
+            # A janitor reports its cgroup removed, then exits on its own: give the last a moment.
+            deadline = time.time() + 1.0
             after = leftovers()
+            while after[0] and time.time() < deadline:
+                time.sleep(0.01); after = leftovers()
             failed = sum(1 for c in codes if c != 0)
             print(f"soak: {a.soak} launches, 2 at a time, {elapsed:.1f} s, {failed} failed")
             print(f"  processes left {after[0]}  mounts {before[1]} -> {after[1]}  chio cgroups {after[2]}  fds {before[3]} -> {after[3]}")

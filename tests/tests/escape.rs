@@ -524,13 +524,16 @@ fn output_flood_is_capped() {
     assert_eq!((code, out.len()), (0, 8 << 20), "control floods 8 MiB");
 }
 
+/// Cage processes whose command line carries `tag` (the supervisor's own janitor, a fork of the
+/// supervisor with its command line, may still be exiting after it reported: not a cage process).
 fn processes_tagged(tag: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| {
             let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            String::from_utf8_lossy(&cmd).contains(tag).then_some(pid)
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (String::from_utf8_lossy(&cmd).contains(tag) && comm.trim_end() != "chio-janitor").then_some(pid)
         })
         .collect()
 }
@@ -616,6 +619,11 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(chio_cgroups(pid), Vec::<PathBuf>::new(), "the launch cgroup outlived the supervisor");
+    let until = Instant::now() + Duration::from_secs(5);
+    while janitor_orphans(&tag) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!janitor_orphans(&tag), "the janitor outlived its work");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains("cage-root"), "a cage mount leaked into the host namespace");
     // Control: a plain parent killed the same way leaves its child running.
@@ -637,6 +645,16 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
         // SAFETY: killing the control's own leftover.
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
     }
+}
+
+/// A janitor of a launch tagged `tag` still exists.
+fn janitor_orphans(tag: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().any(|e| {
+        let Some(pid) = e.ok().and_then(|e| e.file_name().to_str()?.parse::<u32>().ok()) else { return false };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        comm.trim_end() == "chio-janitor" && String::from_utf8_lossy(&cmd).contains(tag)
+    })
 }
 
 /// The child of `parent` whose comm is `comm`.
