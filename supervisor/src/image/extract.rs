@@ -290,6 +290,10 @@ struct Layer<'a> {
     /// The last parent directory opened (entries arrive grouped by directory). Dropped whenever
     /// anything is removed, so a replaced directory is never written through a stale fd.
     parent_cache: Option<(Vec<OsString>, OwnedFd)>,
+    /// Running as root: owners are applied (otherwise they cannot be).
+    as_root: bool,
+    /// Copy buffer for file content, reused (one write per 256 KiB instead of per 8 KiB).
+    buf: Vec<u8>,
 }
 
 /// Apply the tar stream `layer` onto the directory `root`.
@@ -301,7 +305,16 @@ pub fn apply_layer<R: Read>(
 ) -> Result<LayerReport, ExtractError> {
     let mut archive = tar::Archive::new(layer);
     let entries = archive.entries().map_err(io_err(b"(layer)"))?.raw(true);
-    let mut l = Layer { root, budgets, created: HashSet::new(), report: LayerReport::default(), parent_cache: None };
+    let mut l = Layer {
+        root,
+        budgets,
+        created: HashSet::new(),
+        report: LayerReport::default(),
+        parent_cache: None,
+        // SAFETY: geteuid has no preconditions.
+        as_root: unsafe { libc::geteuid() } == 0,
+        buf: vec![0; 256 << 10],
+    };
     let mut pending = Pending::default();
     for entry in entries {
         let mut entry = entry.map_err(io_err(b"(layer)"))?;
@@ -339,34 +352,24 @@ pub fn apply_layer<R: Read>(
 }
 
 impl Layer<'_> {
-    /// The parent directory of `names`, from the cache when it is the same directory as the
-    /// previous entry's. The returned fd is a duplicate the caller owns.
-    /// Drop the cached parent when a directory was just removed.
-    fn forget_if(&mut self, removed_dir: bool) {
-        if removed_dir {
-            self.parent_cache = None;
-        }
-    }
-
-    fn parent(&mut self, names: &[OsString], raw: &[u8]) -> Result<OwnedFd, ExtractError> {
+    /// The parent directory of `names`: the cached fd when it is the same directory as the
+    /// previous entry's (entries arrive grouped by directory), else opened now. The caller puts
+    /// it back in the cache unless it removed a directory meanwhile.
+    fn take_parent(&mut self, names: &[OsString], raw: &[u8]) -> Result<(Vec<OsString>, OwnedFd), ExtractError> {
         let dir = &names[..names.len().saturating_sub(1)];
-        if let Some((cached, fd)) = &self.parent_cache {
-            if cached.as_slice() == dir {
-                return fd.try_clone().map_err(io_err(raw));
-            }
+        match self.parent_cache.take() {
+            Some((cached, fd)) if cached.as_slice() == dir => Ok((cached, fd)),
+            _ => Ok((dir.to_vec(), open_parent(self.root, names, true, raw)?)),
         }
-        let fd = open_parent(self.root, names, true, raw)?;
-        self.parent_cache = Some((dir.to_vec(), fd.try_clone().map_err(io_err(raw))?));
-        Ok(fd)
     }
 
     fn entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
-        p: Pending,
+        mut p: Pending,
         totals: &mut Totals,
     ) -> Result<(), ExtractError> {
-        let raw = p.path.unwrap_or_else(|| entry.path_bytes().into_owned());
+        let raw = p.path.take().unwrap_or_else(|| entry.path_bytes().into_owned());
         let names = components(&raw, self.budgets)?;
         let kind = entry.header().entry_type();
         let Some(last) = names.last().cloned() else {
@@ -381,90 +384,157 @@ impl Layer<'_> {
         if let Some(hidden) = last_bytes.strip_prefix(b".wh.") {
             return self.whiteout(&names, hidden, &raw);
         }
-        let parent = self.parent(&names, &raw)?;
+        let (dir, parent) = self.take_parent(&names, &raw)?;
         let name = cstr(&last).map_err(io_err(&raw))?;
+        let removed_dir = self.place(entry, &p, &names, (parent.as_fd(), &name), &raw, totals)?;
+        if !removed_dir {
+            self.parent_cache = Some((dir, parent));
+        }
+        Ok(())
+    }
+
+    /// Create one entry as `name` in `parent`. True when a directory was removed to make room.
+    fn place<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        p: &Pending,
+        names: &[OsString],
+        (parent, name): (BorrowedFd<'_>, &CStr),
+        raw: &[u8],
+        totals: &mut Totals,
+    ) -> Result<bool, ExtractError> {
+        let mut removed_dir = false;
+        let kind = entry.header().entry_type();
         let h = entry.header();
-        let mode = h.mode().map_err(io_err(&raw))? & 0o7777;
+        let mode = h.mode().map_err(io_err(raw))? & 0o7777;
         // A blank numeric owner field (some writers leave it NUL) means 0; the rootfs is
         // read-only and nosuid in the cage, so root ownership grants nothing there.
         let uid = p.uid.unwrap_or_else(|| h.uid().map_or(0, |u| u as u32));
         let gid = p.gid.unwrap_or_else(|| h.gid().map_or(0, |g| g as u32));
         let mtime = h.mtime().unwrap_or(0) as i64;
-        let shown = String::from_utf8_lossy(&raw).into_owned();
+        let shown = String::from_utf8_lossy(raw).into_owned();
         match kind {
             EntryType::Directory => {
-                match lstatat(parent.as_fd(), &name).map_err(io_err(&raw))? {
+                match lstatat(parent, name).map_err(io_err(raw))? {
                     Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
                     _ => {
-                        self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
+                        removed_dir |= remove(parent, name).map_err(io_err(raw))?;
                         // SAFETY: valid fd and name.
                         check(unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) })
-                            .map_err(io_err(&raw))?;
+                            .map_err(io_err(raw))?;
                     }
                 }
             }
             EntryType::Regular | EntryType::Continuous => {
-                self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
                 let size = entry.size();
                 if totals.bytes + size > self.budgets.max_bytes {
                     return Err(ExtractError::Budget(format!("more than {} bytes of content", self.budgets.max_bytes)));
                 }
                 totals.bytes += size;
-                let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-                let fd = openat(parent.as_fd(), &name, flags, 0o600).map_err(io_err(&raw))?;
-                let mut w = HashingWriter { inner: std::fs::File::from(fd), hash: Sha256::new() };
-                let copied = io::copy(&mut entry.take(size), &mut w).map_err(io_err(&raw))?;
-                if copied != size {
-                    return Err(refused(&raw, "truncated file content"));
+                self.regular_file(entry, p, (parent, name), (uid, gid, mode, mtime), raw, &mut removed_dir)?;
+                if mode & 0o6000 != 0 {
+                    self.report.setuid.push(shown);
                 }
-                w.flush().map_err(io_err(&raw))?;
-                let f = w.inner;
-                let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().map_err(io_err(&raw))?);
-                self.report.content.insert(ino, w.hash.finalize().into());
-                for (k, v) in &p.xattrs {
-                    let k = CString::new(k.as_slice()).map_err(|_| refused(&raw, "NUL in an xattr name"))?;
-                    // SAFETY: valid fd, name and value buffer.
-                    check(unsafe { libc::fsetxattr(f.as_raw_fd(), k.as_ptr(), v.as_ptr().cast(), v.len(), 0) })
-                        .map_err(io_err(&raw))?;
-                }
+                self.created.insert(names.to_vec());
+                return Ok(removed_dir);
             }
             EntryType::Symlink => {
-                let target = p.link.or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
+                let target =
+                    p.link.clone().or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
                 if target.is_empty() || target.len() > self.budgets.max_path {
-                    return Err(refused(&raw, "empty or oversized symlink target"));
+                    return Err(refused(raw, "empty or oversized symlink target"));
                 }
-                self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
-                let t = CString::new(target).map_err(|_| refused(&raw, "NUL in a symlink target"))?;
+                removed_dir |= remove(parent, name).map_err(io_err(raw))?;
+                let t = CString::new(target).map_err(|_| refused(raw, "NUL in a symlink target"))?;
                 // SAFETY: valid fd and NUL-terminated strings.
                 check(unsafe { libc::symlinkat(t.as_ptr(), parent.as_raw_fd(), name.as_ptr()) })
-                    .map_err(io_err(&raw))?;
+                    .map_err(io_err(raw))?;
             }
             EntryType::Link => {
-                let target = p.link.or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
-                self.hardlink(&target, parent.as_fd(), &name, &raw)?;
-                self.created.insert(names);
-                return Ok(()); // a hardlink shares its target's owner, mode and times
+                let target =
+                    p.link.clone().or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
+                self.hardlink(&target, parent, name, raw)?;
+                self.created.insert(names.to_vec());
+                return Ok(removed_dir); // a hardlink shares its target's owner, mode and times
             }
             EntryType::Char | EntryType::Block => {
                 self.report.skipped_devices.push(shown);
-                return Ok(());
+                return Ok(removed_dir);
             }
             EntryType::Fifo if !self.budgets.allow_fifos => {
                 self.report.skipped_fifos.push(shown);
-                return Ok(());
+                return Ok(removed_dir);
             }
             EntryType::Fifo => {
-                self.forget_if(remove(parent.as_fd(), &name).map_err(io_err(&raw))?);
+                removed_dir |= remove(parent, name).map_err(io_err(raw))?;
                 // SAFETY: valid fd and name.
-                check(unsafe { libc::mkfifoat(parent.as_raw_fd(), name.as_ptr(), 0o600) }).map_err(io_err(&raw))?;
+                check(unsafe { libc::mkfifoat(parent.as_raw_fd(), name.as_ptr(), 0o600) }).map_err(io_err(raw))?;
             }
-            other => return Err(refused(&raw, format!("unsupported entry type {other:?}"))),
+            other => return Err(refused(raw, format!("unsupported entry type {other:?}"))),
         }
-        self.finish(parent.as_fd(), &name, kind, (uid, gid, mode, mtime), &raw)?;
+        self.finish(parent, name, kind, (uid, gid, mode, mtime), raw)?;
         if mode & 0o6000 != 0 && kind != EntryType::Symlink {
             self.report.setuid.push(shown);
         }
-        self.created.insert(names);
+        self.created.insert(names.to_vec());
+        Ok(removed_dir)
+    }
+
+    /// A regular file: created exclusively (an existing entry of that name is removed first
+    /// only when there is one), content written through a hashing writer, then owner, mode and
+    /// mtime set on the open fd.
+    fn regular_file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        p: &Pending,
+        (parent, name): (BorrowedFd<'_>, &CStr),
+        (uid, gid, mode, mtime): (u32, u32, u32, i64),
+        raw: &[u8],
+        removed_dir: &mut bool,
+    ) -> Result<(), ExtractError> {
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let fd = match openat(parent, name, flags, 0o600) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                *removed_dir |= remove(parent, name).map_err(io_err(raw))?;
+                openat(parent, name, flags, 0o600)
+            }
+            r => r,
+        }
+        .map_err(io_err(raw))?;
+        let size = entry.size();
+        let mut w = HashingWriter { inner: std::fs::File::from(fd), hash: Sha256::new() };
+        let mut left = size;
+        while left > 0 {
+            let want = self.buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let n = entry.read(&mut self.buf[..want]).map_err(io_err(raw))?;
+            if n == 0 {
+                return Err(refused(raw, "truncated file content"));
+            }
+            w.write_all(&self.buf[..n]).map_err(io_err(raw))?;
+            left -= n as u64;
+        }
+        let f = w.inner;
+        let fd = f.as_raw_fd();
+        // SAFETY: stat is plain data filled by the kernel for our own fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out-pointer.
+        check(unsafe { libc::fstat(fd, &mut st) }).map_err(io_err(raw))?;
+        self.report.content.insert(st.st_ino, w.hash.finalize().into());
+        for (k, v) in &p.xattrs {
+            let k = CString::new(k.as_slice()).map_err(|_| refused(raw, "NUL in an xattr name"))?;
+            // SAFETY: valid fd, name and value buffer.
+            check(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) }).map_err(io_err(raw))?;
+        }
+        let t = libc::timespec { tv_sec: mtime, tv_nsec: 0 };
+        // SAFETY: plain fd syscalls on the file we just created; chown before chmod, which
+        // would otherwise have its setuid bits cleared.
+        unsafe {
+            if self.as_root {
+                check(libc::fchown(fd, uid, gid)).map_err(io_err(raw))?;
+            }
+            check(libc::fchmod(fd, mode)).map_err(io_err(raw))?;
+            check(libc::futimens(fd, [t, t].as_ptr())).map_err(io_err(raw))?;
+        }
         Ok(())
     }
 
@@ -477,8 +547,7 @@ impl Layer<'_> {
         (uid, gid, mode, mtime): (u32, u32, u32, i64),
         raw: &[u8],
     ) -> Result<(), ExtractError> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if self.as_root {
             // SAFETY: valid fd and name.
             check(unsafe { libc::fchownat(dir.as_raw_fd(), name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
                 .map_err(io_err(raw))?;
