@@ -145,21 +145,23 @@ def main():
 
 def bench(a, chio, layout, blobs, out):
     print(f"  targets on {'disk (/var/tmp)' if a.disk else 'tmpfs'}, {a.runs} runs each, interleaved")
+    # Each tool's previous tree is removed (and the disk synced) before its clock starts.
     def fresh(name):
-        d = os.path.join(out, name); shutil.rmtree(d, ignore_errors=True); return d
-    def run_chio():
-        sh(chio, "image", "import", layout, "--state-dir", fresh("state"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    def run_tar():
-        d = fresh("tar"); os.makedirs(d)
+        d = os.path.join(out, name); shutil.rmtree(d, ignore_errors=True); sh("sync"); return d
+    def run_chio(d):
+        sh(chio, "image", "import", layout, "--state-dir", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def run_tar(d):
+        os.makedirs(d)
         for b in blobs:
             sh("tar", "-xzf", b, "-C", d)
-    def run_umoci():
-        sh("umoci", "raw", "unpack", "--rootless", "--image", layout + ":bench", fresh("umoci"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def run_umoci(d):
+        sh("umoci", "raw", "unpack", "--rootless", "--image", layout + ":bench", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t = {"chio": [], "tar": [], "umoci": []}
     for _ in range(a.runs):
         for k, fn in (("chio", run_chio), ("tar", run_tar), ("umoci", run_umoci)):
-            sh("sync"); t[k].append(timed(fn))
-    reimport = statistics.median(timed(lambda: sh(chio, "image", "import", layout, "--state-dir", os.path.join(out, "state"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for _ in range(a.runs))
+            d = fresh(k)
+            t[k].append(timed(lambda: fn(d)))
+    reimport = statistics.median(timed(lambda: run_chio(os.path.join(out, "chio"))) for _ in range(a.runs))
     med = {k: statistics.median(v) for k, v in t.items()}
     for k, v in med.items():
         print(f"  {k:6s} median {v:6.2f} s")
