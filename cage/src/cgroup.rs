@@ -42,7 +42,7 @@ impl Controller {
 }
 
 /// Resource use read from the cgroup at the end.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, Copy)]
 pub struct Usage {
     /// Peak memory in bytes.
     pub peak_memory: u64,

@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Instant;
 
-use crate::cgroup::{Hierarchy, LaunchCgroup};
+use crate::cgroup::{Hierarchy, LaunchCgroup, Usage};
 use crate::channel::{self, CageMsg, ABORT, GO};
 use crate::inside::{self, Ctx};
 use crate::janitor;
@@ -175,12 +175,14 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
 struct Held {
     cgroup: Option<LaunchCgroup>,
     janitor: Option<janitor::Janitor>,
+    /// The cgroup's usage, read as soon as the target's end was reported.
+    usage: Option<Usage>,
 }
 
 impl Held {
     fn tear_down(self, rec: &mut LaunchRecord) {
         let Some(cg) = &self.cgroup else { return };
-        record_usage(cg, rec);
+        record_usage(self.usage.unwrap_or_else(|| cg.usage()), rec);
         // The init has been reaped by now, and with it (PID 1 of the cage's pid namespace) every
         // cage process, so the cgroup is normally empty; removal kills whatever it still finds.
         let removed = match self.janitor {
@@ -193,8 +195,7 @@ impl Held {
     }
 }
 
-fn record_usage(cg: &LaunchCgroup, rec: &mut LaunchRecord) {
-    let usage = cg.usage();
+fn record_usage(usage: Usage, rec: &mut LaunchRecord) {
     let Some(o) = rec.outcome.as_mut() else { return };
     if usage.cpu_us > 0 {
         o.cpu_ms = usage.cpu_us / 1000;
@@ -319,6 +320,8 @@ fn launch_cage(
     let fresh = FreshInit { pid: init, sock: &sup_sock, aside };
     let started = start_cage(plan, rec, &hierarchy, held, fresh, sinks.on_enforced.take());
     let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
+    let cg = held.cgroup.as_ref();
+    let mut on_result = || held.usage = cg.map(LaunchCgroup::usage);
     let outcome = supervise::run(supervise::Run {
         init,
         pidfd: pidfd.as_fd(),
@@ -329,6 +332,7 @@ fn launch_cage(
         output_limit: plan.limits.output_bytes,
         started: exec_at,
         sinks,
+        on_result: &mut on_result,
     });
     rec.outcome = Some(outcome);
     Ok(())

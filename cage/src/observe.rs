@@ -2,10 +2,13 @@
 //! the target runs, and the checks those facts must pass.
 
 use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use crate::record::{NamespaceFact, Observed};
+use crate::sys;
 
 /// Namespaces that must differ from the supervisor's.
 pub const REQUIRED_NS: [&str; 6] = ["mnt", "pid", "net", "ipc", "uts", "cgroup"];
@@ -44,15 +47,22 @@ fn numbers(s: Option<&str>) -> Vec<u32> {
     s.unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect()
 }
 
-/// Read the facts of `pid`.
+/// Read the facts of `pid`, every file relative to one `/proc/<pid>` directory fd (a fact that
+/// cannot be read stays empty, which `violations` reports).
 pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
-    let base = format!("/proc/{pid}");
     let mut o = Observed { pid, ..Observed::default() };
-    if let Ok(m) = fs::metadata(format!("{base}/exe")) {
-        o.exe_device = m.dev();
-        o.exe_inode = m.ino();
+    let Ok(base) = CString::new(format!("/proc/{pid}")) else { return o };
+    // SAFETY: AT_FDCWD with an absolute NUL-terminated path.
+    let Ok(dir) =
+        sys::openat(unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }, &base, libc::O_PATH | libc::O_DIRECTORY, 0)
+    else {
+        return o;
+    };
+    let dir = dir.as_fd();
+    if let Ok(st) = stat_at(dir, c"exe") {
+        (o.exe_device, o.exe_inode) = (st.st_dev, st.st_ino);
     }
-    let status = fs::read_to_string(format!("{base}/status")).unwrap_or_default();
+    let status = read_at(dir, c"status");
     o.no_new_privs = numbers(field(&status, "NoNewPrivs")).first().copied().unwrap_or(0);
     o.seccomp = numbers(field(&status, "Seccomp")).first().copied().unwrap_or(0);
     o.seccomp_filters = numbers(field(&status, "Seccomp_filters")).first().copied().unwrap_or(0);
@@ -63,17 +73,39 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
     o.gids = numbers(field(&status, "Gid"));
     o.groups = numbers(field(&status, "Groups"));
     for (name, host) in host_ns {
-        let cage =
-            fs::read_link(format!("{base}/ns/{name}")).map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
+        let cage = CString::new(format!("ns/{name}")).ok().map(|p| link_at(dir, &p)).unwrap_or_default();
         o.namespaces.insert(name.clone(), NamespaceFact { cage, host: host.clone() });
     }
-    o.cgroup = fs::read_to_string(format!("{base}/cgroup")).unwrap_or_default();
-    if let Ok(dir) = fs::read_dir(format!("{base}/fd")) {
-        o.fds = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    o.cgroup = read_at(dir, c"cgroup");
+    if let Ok(fds) = sys::openat(dir, c"fd", libc::O_RDONLY | libc::O_DIRECTORY, 0) {
+        let names = crate::path::read_dir_names(fds.as_fd()).unwrap_or_default();
+        o.fds = names.iter().filter_map(|n| n.to_str().ok()?.parse().ok()).collect();
         o.fds.sort_unstable();
     }
-    o.cwd = fs::read_link(format!("{base}/cwd")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    o.cwd = link_at(dir, c"cwd");
     o
+}
+
+fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> std::io::Result<libc::stat> {
+    // SAFETY: stat is plain data filled by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, name and out-pointer; following the magic link is the point (exe).
+    if unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn read_at(dir: BorrowedFd<'_>, name: &CStr) -> String {
+    let mut s = String::new();
+    if let Ok(fd) = sys::openat(dir, name, libc::O_RDONLY, 0) {
+        let _ = std::fs::File::from(fd).read_to_string(&mut s);
+    }
+    s
+}
+
+fn link_at(dir: BorrowedFd<'_>, name: &CStr) -> String {
+    sys::readlinkat(dir, name).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 /// Every way `o` falls short of `e`, in operator words. Empty means all facts hold.

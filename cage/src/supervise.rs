@@ -48,6 +48,9 @@ pub struct Run<'a, 'b> {
     pub started: Instant,
     /// Output destinations.
     pub sinks: &'a mut Sinks<'b>,
+    /// Called once the init has reported how the target ended (the cage is then winding down:
+    /// a moment to read the cgroup's usage while the init exits on another CPU).
+    pub on_result: &'a mut dyn FnMut(),
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
@@ -109,6 +112,7 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
     let mut outcome = Outcome::default();
     let mut killed = false;
     let mut reaped: Option<Instant> = None;
+    let mut result_read = false;
     loop {
         if reaped.is_some_and(|t| t.elapsed() > Duration::from_millis(DRAIN_MS))
             || (reaped.is_some() && out.fd.is_none() && err.fd.is_none())
@@ -124,14 +128,15 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd { fd: if result_read { -1 } else { r.result.as_raw_fd() }, events: libc::POLLIN, revents: 0 },
         ];
         let timeout = if killed || reaped.is_some() {
             DRAIN_MS as i32
         } else {
             r.deadline.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32
         };
-        // SAFETY: three valid pollfds (negative fds are ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout) };
+        // SAFETY: four valid pollfds (negative fds are ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 4, timeout) };
         let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
         if sig != 0 {
             // SAFETY: forwarding to our child, the cage's init, which forwards to the target.
@@ -153,6 +158,11 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
         if fds[1].revents != 0 {
             err.pump(r.output_limit, r.sinks.stderr, &mut buf);
         }
+        if fds[3].revents != 0 && !result_read {
+            read_result(&r.result, &mut outcome);
+            result_read = true;
+            (r.on_result)();
+        }
         if fds[2].revents != 0 && reaped.is_none() {
             let mut status = 0;
             // SAFETY: reaping our child.
@@ -162,7 +172,9 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
         }
     }
     set_handlers(libc::SIG_DFL);
-    read_result(&r.result, &mut outcome);
+    if !result_read {
+        read_result(&r.result, &mut outcome);
+    }
     outcome.stdout_bytes = out.kept;
     outcome.stdout_dropped = out.dropped;
     outcome.stderr_bytes = err.kept;
