@@ -599,15 +599,7 @@ fn chio_cgroups(chio_pid: u32) -> Vec<PathBuf> {
 fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
     let Some(e) = env("supervisor_kill") else { return };
     let tag = format!("chio-sigkill-{}", std::process::id());
-    let root = e.rootfs.to_str().unwrap();
-    let mut sup = Command::new(&e.chio)
-        .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", &tag, "--background"])
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = BufReader::new(sup.stdout.take().unwrap()).lines().next().unwrap().unwrap();
-    assert_eq!(line, "SLEEPING");
+    let mut sup = sleeping_cage(&e, &tag, &["--background"]);
     let pid = sup.id();
     assert!(!chio_cgroups(pid).is_empty(), "the launch cgroup exists while running");
     assert!(!processes_tagged(&tag).is_empty());
@@ -647,6 +639,21 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
     }
 }
 
+/// `chio cage run` of the probe's sleeper tagged `tag`, returned once the sleeper runs.
+fn sleeping_cage(e: &Env, tag: &str, extra: &[&str]) -> std::process::Child {
+    let root = e.rootfs.to_str().unwrap();
+    let mut sup = Command::new(&e.chio)
+        .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", tag])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(sup.stdout.take().unwrap()).lines().next().unwrap().unwrap();
+    assert_eq!(line, "SLEEPING");
+    sup
+}
+
 /// A janitor of a launch tagged `tag` still exists.
 fn janitor_orphans(tag: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().any(|e| {
@@ -673,16 +680,8 @@ fn init_dies_with_the_supervisor_even_without_the_janitor() {
     // The janitor would kill the cage's processes through the cgroup; kill it first, so only the
     // init's own parent-death signal (re-armed after its uid change) can end the cage.
     let Some(e) = env("pdeathsig") else { return };
-    let root = e.rootfs.to_str().unwrap();
     let tag = format!("chio-pdeathsig-{}", std::process::id());
-    let mut sup = Command::new(&e.chio)
-        .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", &tag])
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = BufReader::new(sup.stdout.take().unwrap()).lines().next().unwrap().unwrap();
-    assert_eq!(line, "SLEEPING");
+    let mut sup = sleeping_cage(&e, &tag, &[]);
     let janitor = child_named(sup.id(), "chio-janitor").expect("the launch has a janitor");
     // SAFETY: killing the janitor of our own launch.
     unsafe { libc::kill(janitor as i32, libc::SIGKILL) };
