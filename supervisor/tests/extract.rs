@@ -340,3 +340,32 @@ fn a_replaced_directory_is_not_written_through_a_stale_handle() {
     refused(r, "not a directory");
     f.outside_untouched();
 }
+
+#[test]
+fn file_modes_and_owners_are_exact_whatever_the_umask() {
+    // Files are created with their permission bits and fixed up only where they differ: a
+    // group-writable mode the usual umask (022) trims, setuid bits (set after ownership), a
+    // mode tighter than the default, and a non-root owner must all come out exact. (The umask
+    // is process-wide, so this test leaves it as the test runner has it.)
+    let f = Fixture::new("modes");
+    let applied = f.apply(
+        Tar::default()
+            .entry(EntryType::Regular, b"group-writable", b"", b"x", 0o664)
+            .entry(EntryType::Regular, b"setuid", b"", b"x", 0o4755)
+            .entry(EntryType::Regular, b"private", b"", b"x", 0o400)
+            .pax(&[("uid", "1000"), ("gid", "1000")])
+            .entry(EntryType::Regular, b"owned", b"", b"x", 0o2750)
+            .done(),
+    );
+    applied.unwrap();
+    let mode = |n: &str| std::fs::metadata(f.root().join(n)).unwrap().mode() & 0o7777;
+    assert_eq!(
+        (mode("group-writable"), mode("setuid"), mode("private"), mode("owned")),
+        (0o664, 0o4755, 0o400, 0o2750)
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let m = std::fs::metadata(f.root().join("owned")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (1000, 1000));
+    }
+}

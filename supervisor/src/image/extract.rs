@@ -493,10 +493,13 @@ impl Layer<'_> {
         removed_dir: &mut bool,
     ) -> Result<(), ExtractError> {
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        let fd = match openat(parent, name, flags, 0o600) {
+        // Created with its final permission bits (the umask may take some away; the special
+        // bits come only with fchmod, after any fchown, which would clear them).
+        let perm = mode & 0o777;
+        let fd = match openat(parent, name, flags, perm) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 *removed_dir |= remove(parent, name).map_err(io_err(raw))?;
-                openat(parent, name, flags, 0o600)
+                openat(parent, name, flags, perm)
             }
             r => r,
         }
@@ -526,13 +529,19 @@ impl Layer<'_> {
             check(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) }).map_err(io_err(raw))?;
         }
         let t = libc::timespec { tv_sec: mtime, tv_nsec: 0 };
+        // Owner and mode are set only where the new file differs (usually root:root, and the
+        // permission bits as created): two system calls fewer per file.
+        let chown = self.as_root && (st.st_uid, st.st_gid) != (uid, gid);
+        let chmod = chown || st.st_mode & 0o7777 != mode;
         // SAFETY: plain fd syscalls on the file we just created; chown before chmod, which
         // would otherwise have its setuid bits cleared.
         unsafe {
-            if self.as_root {
+            if chown {
                 check(libc::fchown(fd, uid, gid)).map_err(io_err(raw))?;
             }
-            check(libc::fchmod(fd, mode)).map_err(io_err(raw))?;
+            if chmod {
+                check(libc::fchmod(fd, mode)).map_err(io_err(raw))?;
+            }
             check(libc::futimens(fd, [t, t].as_ptr())).map_err(io_err(raw))?;
         }
         Ok(())
