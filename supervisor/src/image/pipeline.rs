@@ -1,11 +1,14 @@
-//! A layer streamed on two CPUs. A producer thread reads the blob, hashes it, decompresses it
-//! and hashes the tar stream; the calling thread consumes the tar stream (extraction) from a
-//! bounded channel of chunks, so memory stays bounded (`DEPTH` chunks in flight) and the
-//! hashing and inflating overlap the file writes instead of preceding each of them.
+//! A layer streamed on two CPUs. A producer thread reads the blob, hashes it and decompresses
+//! it; the calling thread hashes the decompressed stream (the DiffID) as chunks arrive and
+//! consumes it (extraction) from a bounded channel, so memory stays bounded (`DEPTH` chunks in
+//! flight) and inflating overlaps the file writes instead of preceding each of them. (Inflating
+//! is the dearer half; the DiffID hash sits on the consumer's side to even the two out.)
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
+
+use sha2::{Digest, Sha256};
 
 use super::import::{decompress, Hashing};
 use super::source::Source;
@@ -44,10 +47,11 @@ pub fn stream_layer<T, E>(
     let cancel = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (tx, rx) = sync_channel::<Vec<u8>>(DEPTH);
-        let producer = scope.spawn(|| -> io::Result<Option<LayerDigests>> {
+        let producer = scope.spawn(|| -> io::Result<Option<(String, u64)>> {
+            let tx = tx; // owned here: the channel closes when the producer is done
             let counted = Counted { inner: src.read(name)?, read: &read };
             let mut raw = Hashing::new(counted);
-            let mut plain = Hashing::new(decompress(&mut raw)?);
+            let mut plain = decompress(&mut raw)?;
             loop {
                 if cancel.load(Ordering::Relaxed) {
                     return Ok(None);
@@ -59,30 +63,31 @@ pub fn stream_layer<T, E>(
                 }
                 buf.truncate(n);
                 if tx.send(buf).is_err() {
-                    break; // the consumer is done: finish the digests below
+                    return Ok(None); // the consumer refused the layer
                 }
             }
-            drop(tx);
-            if cancel.load(Ordering::Relaxed) {
-                return Ok(None); // refused: no digest is worth reading the rest (a bomb's tail)
-            }
-            let diff_id = plain.finish()?;
-            let blob = raw.finish()?;
-            Ok(Some(LayerDigests { blob, diff_id }))
+            drop(plain);
+            raw.finish().map(Some)
         });
-        let mut reader = ChunkReader { rx, chunk: Vec::new(), pos: 0, read: &read, progress };
+        let mut reader =
+            ChunkReader { rx, chunk: Vec::new(), pos: 0, read: &read, progress, hash: Sha256::new(), size: 0 };
         let consumed = consume(&mut reader);
-        if consumed.is_err() {
-            cancel.store(true, Ordering::Relaxed);
-        }
+        let diff_id = match &consumed {
+            // The DiffID covers the whole stream, also what follows the tar's end marker.
+            Ok(_) => Some(reader.drain()),
+            Err(_) => {
+                cancel.store(true, Ordering::Relaxed);
+                None
+            }
+        };
         drop(reader); // unblocks a producer waiting to send
         let produced = producer.join().unwrap_or_else(|_| Err(io::Error::other("the layer reader panicked")));
         // A broken blob is the cause when both fail (the consumer then saw a cut-off stream).
-        match (consumed, produced) {
-            (_, Err(e)) => Err(StreamError::Source(e)),
-            (Err(e), _) => Err(StreamError::Consumer(e)),
-            (Ok(t), Ok(Some(d))) => Ok((t, d)),
-            (Ok(_), Ok(None)) => Err(StreamError::Source(io::Error::other("layer streaming was cancelled"))),
+        match (consumed, produced, diff_id) {
+            (_, Err(e), _) => Err(StreamError::Source(e)),
+            (Err(e), _, _) => Err(StreamError::Consumer(e)),
+            (Ok(t), Ok(Some(blob)), Some(diff_id)) => Ok((t, LayerDigests { blob, diff_id })),
+            (Ok(_), _, _) => Err(StreamError::Source(io::Error::other("layer streaming was cancelled"))),
         }
     })
 }
@@ -115,23 +120,44 @@ impl<R: Read> Read for Counted<'_, R> {
     }
 }
 
-/// The consumer's end: the decompressed tar stream, chunk by chunk.
+/// The consumer's end: the decompressed tar stream, chunk by chunk, hashed as it arrives.
 pub struct ChunkReader<'a> {
     rx: Receiver<Vec<u8>>,
     chunk: Vec<u8>,
     pos: usize,
     read: &'a AtomicU64,
     progress: &'a mut dyn FnMut(u64),
+    hash: Sha256,
+    size: u64,
+}
+
+impl ChunkReader<'_> {
+    /// Take the next chunk into the hash; false at the end of the stream.
+    fn next_chunk(&mut self) -> bool {
+        match self.rx.recv() {
+            Ok(c) => {
+                self.hash.update(&c);
+                self.size += c.len() as u64;
+                (self.chunk, self.pos) = (c, 0);
+                (self.progress)(self.read.load(Ordering::Relaxed));
+                true
+            }
+            Err(_) => false, // the producer finished (or failed: it says so on join)
+        }
+    }
+
+    /// Hash the rest of the stream; return `sha256:<hex>` of all of it and its size.
+    fn drain(&mut self) -> (String, u64) {
+        while self.next_chunk() {}
+        let d = std::mem::take(&mut self.hash).finalize();
+        (format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()), self.size)
+    }
 }
 
 impl Read for ChunkReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.pos == self.chunk.len() {
-            match self.rx.recv() {
-                Ok(c) => (self.chunk, self.pos) = (c, 0),
-                Err(_) => return Ok(0), // the producer finished (or failed: it says so on join)
-            }
-            (self.progress)(self.read.load(Ordering::Relaxed));
+        if self.pos == self.chunk.len() && !self.next_chunk() {
+            return Ok(0);
         }
         let n = buf.len().min(self.chunk.len() - self.pos);
         buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
