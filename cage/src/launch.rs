@@ -1,4 +1,5 @@
-//! The supervisor side of a launch (DESIGN §3): resolve, cgroup, clone the cage, verify the
+//! The supervisor side of a launch (DESIGN §3): check the plan, clone the cage's init (which
+//! builds its own namespaces and mounts) while making the cgroup and the janitor, verify the
 //! target the cage opened, hold it under ptrace to its exec, check every fact at the exec stop,
 //! then supervise it to the end and clean up. Any missing fact in enforced mode kills the cage
 //! before the target's first instruction.
