@@ -90,7 +90,7 @@ fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// The cage's init. Called in the child of clone(NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS).
+/// The cage's init: the child of clone(CLONE_NEWPID), PID 1 of the new pid namespace.
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
     // SAFETY: plain prctl; the supervisor is our parent.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
