@@ -294,6 +294,7 @@ impl ImageStore {
             }
             let LayerDigests { blob: (blob_digest, blob_size), diff_id: (diff_id, _) } = digests;
             before += blob_size;
+            progress(Progress::Bytes { done: before }); // the layer's last bytes, unthrottled
             if let Some((digest, size)) = &layer.blob {
                 if blob_size != *size || &blob_digest != digest {
                     return Err(ImportError::Digest(format!(
