@@ -370,7 +370,7 @@ fn start_cage(
 ) -> Result<(Instant, OwnedFd), Stop> {
     let FreshInit { pid: init, sock, aside } = init;
     // Back on every CPU once the cgroup exists (before anything forks from us), or on error.
-    let mut restore = Restore(aside);
+    let restore = Restore(aside);
     if held.cgroup.is_none() {
         let cg = make_cgroup(plan, rec, hierarchy, held)?;
         let fds = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
@@ -382,7 +382,7 @@ fn start_cage(
         return Err(stop(Stage::Cgroup, "cgroup_failed", "no launch cgroup"));
     };
     rec.mark("cgroup");
-    drop(std::mem::replace(&mut restore, Restore(None)));
+    drop(restore);
     held.janitor = Some(janitor::spawn(cg).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?);
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
     // The cage is still setting itself up; meanwhile hash the file it will most likely send
