@@ -287,8 +287,9 @@ struct Layer<'a> {
     /// Paths this layer created (whiteouts never remove them).
     created: HashSet<Vec<OsString>>,
     report: LayerReport,
-    /// The last parent directory opened (entries arrive grouped by directory). Dropped whenever
-    /// anything is removed, so a replaced directory is never written through a stale fd.
+    /// The last entry's parent directory (entries arrive grouped by directory): taken out for
+    /// each entry and put back only when no directory was removed meanwhile, and dropped by a
+    /// whiteout, so a replaced directory is never written through a stale fd.
     parent_cache: Option<(Vec<OsString>, OwnedFd)>,
     /// Running as root: owners are applied (otherwise they cannot be).
     as_root: bool,
@@ -453,7 +454,7 @@ impl Layer<'_> {
             EntryType::Link => {
                 let target =
                     p.link.clone().or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
-                self.hardlink(&target, parent, name, raw)?;
+                removed_dir |= self.hardlink(&target, parent, name, raw)?;
                 self.created.insert(names.to_vec());
                 return Ok(removed_dir); // a hardlink shares its target's owner, mode and times
             }
@@ -573,7 +574,9 @@ impl Layer<'_> {
         Ok(())
     }
 
-    fn hardlink(&mut self, target: &[u8], dir: BorrowedFd<'_>, name: &CStr, raw: &[u8]) -> Result<(), ExtractError> {
+    /// A hardlink to a regular file already inside the root. True when a directory was removed
+    /// to make room.
+    fn hardlink(&mut self, target: &[u8], dir: BorrowedFd<'_>, name: &CStr, raw: &[u8]) -> Result<bool, ExtractError> {
         let tnames = components(target, self.budgets).map_err(|e| match e {
             ExtractError::Refused { why, .. } => {
                 refused(raw, format!("hardlink target {}: {why}", String::from_utf8_lossy(target)))
@@ -590,12 +593,11 @@ impl Layer<'_> {
                 return Err(refused(raw, format!("hardlink target {} does not exist", String::from_utf8_lossy(target))))
             }
         }
-        if remove(dir, name).map_err(io_err(raw))? {
-            self.parent_cache = None;
-        }
+        let removed_dir = remove(dir, name).map_err(io_err(raw))?;
         // SAFETY: valid fds and names; flags 0 never follows a symlink target.
         check(unsafe { libc::linkat(tparent.as_raw_fd(), tname.as_ptr(), dir.as_raw_fd(), name.as_ptr(), 0) })
-            .map_err(io_err(raw))
+            .map_err(io_err(raw))?;
+        Ok(removed_dir)
     }
 
     /// `.wh.<name>` removes `name` from lower layers; `.wh..wh..opq` empties the directory of
