@@ -415,3 +415,31 @@ fn a_tree_no_record_vouches_for_is_extracted_again() {
     assert_eq!(b.tree_sha256, a.tree_sha256, "extracted afresh, not trusted");
     assert_ne!(std::fs::read_to_string(rootfs.join("etc/os-release")).unwrap(), "left over\n");
 }
+
+#[test]
+fn a_bomb_after_the_tar_end_marker_is_bounded() {
+    // A small valid tar followed by 16 MiB of zeros, all covered by the DiffID (so the digests
+    // match): the tail is hashed, and counts against the decompressed budget.
+    let mut l = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "hello", &b"hi"[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    l.extend(std::iter::repeat_n(0u8, 16 << 20));
+    let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&l))]}})).unwrap();
+    let img = Image { layers_blob: vec![gzip(&l)], layers_plain: vec![l], config };
+    let e = env("tail-bomb");
+    let dir = oci_dir(&e.base.join("oci"), &img, |m| {
+        m["layers"].as_array_mut().unwrap().truncate(1);
+    });
+    let small = Budgets { max_bytes: 4 << 20, ..Budgets::default() };
+    let err = e.import_with(&dir, &small).unwrap_err().to_string();
+    assert!(err.contains("exceeds the budget"), "{err}");
+    e.empty();
+    // Control: with room for it, the same layer imports (the tail is part of its DiffID).
+    let rec = e.import(&dir).unwrap();
+    assert_eq!(std::fs::read_to_string(e.store.rootfs(&rec).join("hello")).unwrap(), "hi");
+}

@@ -24,7 +24,8 @@ use tar::EntryType;
 pub struct Budgets {
     /// Entries across all layers.
     pub max_entries: u64,
-    /// Decompressed bytes of file content across all layers.
+    /// Decompressed bytes of file content across all layers; also the most one layer's whole
+    /// decompressed stream may hold (what follows its end marker counts, and is hashed).
     pub max_bytes: u64,
     /// Size of one PAX or GNU long-name header.
     pub max_header: u64,

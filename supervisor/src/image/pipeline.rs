@@ -36,10 +36,12 @@ pub enum StreamError<E> {
 
 /// Stream layer blob `name` of `src` through `consume`, with the blob's compressed bytes read so
 /// far reported to `progress` as chunks arrive. The digests cover the whole stream, also what
-/// follows the tar's end-of-archive marker.
+/// follows the tar's end-of-archive marker; a decompressed stream longer than `max_stream`
+/// bytes is refused (a bomb hidden after the end marker included).
 pub fn stream_layer<T, E>(
     src: &Source,
     name: &str,
+    max_stream: u64,
     progress: &mut dyn FnMut(u64),
     consume: impl FnOnce(&mut ChunkReader<'_>) -> Result<T, E>,
 ) -> Result<(T, LayerDigests), StreamError<E>> {
@@ -69,24 +71,30 @@ pub fn stream_layer<T, E>(
             drop(plain);
             raw.finish().map(Some)
         });
-        let mut reader =
-            ChunkReader { rx, chunk: Vec::new(), pos: 0, read: &read, progress, hash: Sha256::new(), size: 0 };
-        let consumed = consume(&mut reader);
-        let diff_id = match &consumed {
-            // The DiffID covers the whole stream, also what follows the tar's end marker.
-            Ok(_) => Some(reader.drain()),
-            Err(_) => {
-                cancel.store(true, Ordering::Relaxed);
-                None
-            }
+        let mut reader = ChunkReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+            read: &read,
+            progress,
+            hash: Sha256::new(),
+            size: 0,
+            max_stream,
         };
+        let consumed = consume(&mut reader);
+        // The DiffID covers the whole stream, also what follows the tar's end marker.
+        let diff_id = consumed.as_ref().ok().map(|_| reader.drain());
+        if !matches!(diff_id, Some(Ok(_))) {
+            cancel.store(true, Ordering::Relaxed);
+        }
         drop(reader); // unblocks a producer waiting to send
         let produced = producer.join().unwrap_or_else(|_| Err(io::Error::other("the layer reader panicked")));
         // A broken blob is the cause when both fail (the consumer then saw a cut-off stream).
         match (consumed, produced, diff_id) {
             (_, Err(e), _) => Err(StreamError::Source(e)),
             (Err(e), _, _) => Err(StreamError::Consumer(e)),
-            (Ok(t), Ok(Some(blob)), Some(diff_id)) => Ok((t, LayerDigests { blob, diff_id })),
+            (Ok(_), _, Some(Err(e))) => Err(StreamError::Source(e)),
+            (Ok(t), Ok(Some(blob)), Some(Ok(diff_id))) => Ok((t, LayerDigests { blob, diff_id })),
             (Ok(_), _, _) => Err(StreamError::Source(io::Error::other("layer streaming was cancelled"))),
         }
     })
@@ -129,34 +137,39 @@ pub struct ChunkReader<'a> {
     progress: &'a mut dyn FnMut(u64),
     hash: Sha256,
     size: u64,
+    max_stream: u64,
 }
 
 impl ChunkReader<'_> {
-    /// Take the next chunk into the hash; false at the end of the stream.
-    fn next_chunk(&mut self) -> bool {
-        match self.rx.recv() {
-            Ok(c) => {
-                self.hash.update(&c);
-                self.size += c.len() as u64;
-                (self.chunk, self.pos) = (c, 0);
-                (self.progress)(self.read.load(Ordering::Relaxed));
-                true
-            }
-            Err(_) => false, // the producer finished (or failed: it says so on join)
+    /// Take the next chunk into the hash: `Ok(false)` at the end of the stream.
+    fn next_chunk(&mut self) -> io::Result<bool> {
+        let Ok(c) = self.rx.recv() else {
+            return Ok(false); // the producer finished (or failed: it says so on join)
+        };
+        self.size += c.len() as u64;
+        if self.size > self.max_stream {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the decompressed layer exceeds the budget of {} bytes", self.max_stream),
+            ));
         }
+        self.hash.update(&c);
+        (self.chunk, self.pos) = (c, 0);
+        (self.progress)(self.read.load(Ordering::Relaxed));
+        Ok(true)
     }
 
     /// Hash the rest of the stream; return `sha256:<hex>` of all of it and its size.
-    fn drain(&mut self) -> (String, u64) {
-        while self.next_chunk() {}
+    fn drain(&mut self) -> io::Result<(String, u64)> {
+        while self.next_chunk()? {}
         let d = std::mem::take(&mut self.hash).finalize();
-        (format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()), self.size)
+        Ok((format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()), self.size))
     }
 }
 
 impl Read for ChunkReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.pos == self.chunk.len() && !self.next_chunk() {
+        if self.pos == self.chunk.len() && !self.next_chunk()? {
             return Ok(0);
         }
         let n = buf.len().min(self.chunk.len() - self.pos);

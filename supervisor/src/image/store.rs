@@ -274,7 +274,7 @@ impl ImageStore {
                     next_report = before + n + (1 << 20);
                 }
             };
-            let streamed = pipeline::stream_layer(src, &layer.name, &mut bytes, |tar| match &root {
+            let streamed = pipeline::stream_layer(src, &layer.name, budgets.max_bytes, &mut bytes, |tar| match &root {
                 Some(dir) => extract::apply_layer(dir.as_fd(), tar, budgets, &mut totals).map(Some),
                 None => io::copy(tar, &mut io::sink())
                     .map(|_| None)
