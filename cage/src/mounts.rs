@@ -110,21 +110,11 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
     let out = path::read_dir_names(dir)?;
     let mut typed = Vec::with_capacity(out.len());
     for name in out {
-        let mode = fstatat_nofollow(dir, &name)?.st_mode & libc::S_IFMT;
+        let mode = sys::fstatat(dir, &name, libc::AT_SYMLINK_NOFOLLOW)?.st_mode & libc::S_IFMT;
         typed.push((name, mode));
     }
     typed.sort();
     Ok(typed)
-}
-
-fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat> {
-    // SAFETY: stat is plain data.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, name and out-pointer.
-    if unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st)
 }
 
 impl Prepared {
@@ -235,7 +225,7 @@ impl Prepared {
             if skip.contains(&OsStr::new(name)) {
                 continue;
             }
-            match fstatat_nofollow(root.as_fd(), &c) {
+            match sys::fstatat(root.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) {
                 Ok(st) => self.add_entry(root.as_fd(), Parent::Root, &c, st.st_mode & libc::S_IFMT, Path::new("/"))?,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(err_at("reading host", format!("/{name}"), e)),
@@ -249,7 +239,7 @@ impl Prepared {
         self.etc = Some(etc);
         for name in HOST_ETC {
             let c = cstring(name)?;
-            if let Ok(st) = fstatat_nofollow(host_etc.as_fd(), &c) {
+            if let Ok(st) = sys::fstatat(host_etc.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) {
                 self.add_entry(host_etc.as_fd(), Parent::Etc, &c, st.st_mode & libc::S_IFMT, Path::new("/etc"))?;
             }
         }
@@ -318,7 +308,7 @@ impl Prepared {
             format!("{} {} bind of {}", b.dest.display(), if b.writable { "rw" } else { "ro" }, b.source.display());
         let first = cstring(names[0])?;
         let in_skeleton_only = !RESERVED.iter().any(|r| OsStr::new(r) == names[0])
-            && (names.len() == 1 || fstatat_nofollow(self.skeleton.as_fd(), &first).is_err());
+            && (names.len() == 1 || sys::fstatat(self.skeleton.as_fd(), &first, libc::AT_SYMLINK_NOFOLLOW).is_err());
         if in_skeleton_only {
             // The destination is not in the image: build it in our own skeleton.
             let mut rel = PathBuf::new();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::record::{NamespaceFact, Observed};
 use crate::sys;
@@ -59,7 +59,8 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
         return o;
     };
     let dir = dir.as_fd();
-    if let Ok(st) = stat_at(dir, c"exe") {
+    // Following the magic link is the point: the file the target runs.
+    if let Ok(st) = sys::fstatat(dir, c"exe", 0) {
         (o.exe_device, o.exe_inode) = (st.st_dev, st.st_ino);
     }
     let status = read_at(dir, c"status");
@@ -84,16 +85,6 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
     }
     o.cwd = link_at(dir, c"cwd");
     o
-}
-
-fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> std::io::Result<libc::stat> {
-    // SAFETY: stat is plain data filled by the kernel.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, name and out-pointer; following the magic link is the point (exe).
-    if unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
 }
 
 fn read_at(dir: BorrowedFd<'_>, name: &CStr) -> String {

@@ -159,6 +159,15 @@ pub fn openat(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32) -> io::Re
     owned(unsafe { libc::openat(dir.as_raw_fd(), path.as_ptr(), flags | libc::O_CLOEXEC, mode) } as libc::c_long)
 }
 
+/// `fstatat` of `name` below `dir` with `flags` (`AT_SYMLINK_NOFOLLOW`, or 0 to follow).
+pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain data; the kernel fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, NUL-terminated name and out-pointer.
+    check(unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, flags) } as libc::c_long)?;
+    Ok(st)
+}
+
 /// `fstat` of an fd.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: stat is plain data; the kernel fills it.
@@ -289,15 +298,20 @@ pub fn pivot_into(new_root: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Number of threads of the calling process, from `/proc/self/stat`.
-pub fn thread_count() -> io::Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Fields after the command name (which may contain spaces) start after the last ')'.
+/// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`, `pid` being `self` or a number.
+fn stat_field<T: std::str::FromStr>(pid: &str, n: usize) -> io::Result<T> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (field 2, which may contain spaces) start after the last ')'.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     rest.split_whitespace()
-        .nth(17)
+        .nth(n - 3)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("malformed /proc/{pid}/stat")))
+}
+
+/// Number of threads of the calling process (field 20 of `/proc/self/stat`).
+pub fn thread_count() -> io::Result<u64> {
+    stat_field("self", 20)
 }
 
 /// If `child` is queued on our CPU, move the calling thread to another CPU it may run on and
@@ -330,8 +344,7 @@ pub fn step_aside(child: libc::pid_t) -> Option<libc::cpu_set_t> {
 
 /// The CPU `pid` is queued on or last ran on (field 39 of `/proc/<pid>/stat`).
 fn task_cpu(pid: libc::pid_t) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(36)?.parse().ok()
+    stat_field(&pid.to_string(), 39).ok()
 }
 
 /// Undo [`step_aside`].

@@ -95,8 +95,27 @@ pub struct Resolved {
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    let d = Sha256::digest(data);
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(data))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `sha256:<hex>` of a finished SHA-256: the form of every digest in image documents.
+pub fn digest_text(hash: Sha256) -> String {
+    format!("sha256:{}", hex(&hash.finalize()))
+}
+
+/// Refuse a layer blob whose digest or size is not its descriptor's (`want`, when it has one).
+pub fn check_blob(i: usize, got: (&str, u64), want: Option<&(String, u64)>) -> Result<(), ImportError> {
+    let (digest, size) = got;
+    match want {
+        Some((want, want_size)) if size != *want_size || digest != want => Err(ImportError::Digest(format!(
+            "layer {i}: blob is {digest} ({size} bytes), descriptor says {want} ({want_size} bytes)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Read a small blob and check its size and digest.
@@ -338,8 +357,7 @@ impl<R: Read> Hashing<R> {
     /// Read to the end (so the digest covers everything) and return `sha256:<hex>`.
     pub fn finish(mut self) -> io::Result<(String, u64)> {
         io::copy(&mut self, &mut io::sink())?;
-        let d = self.hash.finalize();
-        Ok((format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()), self.count))
+        Ok((digest_text(self.hash), self.count))
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 
 use sha2::{Digest, Sha256};
 
-use super::import::{decompress, Hashing};
+use super::import::{decompress, digest_text, Hashing};
 use super::source::Source;
 
 const CHUNK: usize = 256 << 10;
@@ -162,8 +162,7 @@ impl ChunkReader<'_> {
     /// Hash the rest of the stream; return `sha256:<hex>` of all of it and its size.
     fn drain(&mut self) -> io::Result<(String, u64)> {
         while self.next_chunk()? {}
-        let d = std::mem::take(&mut self.hash).finalize();
-        Ok((format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()), self.size))
+        Ok((digest_text(std::mem::take(&mut self.hash)), self.size))
     }
 }
 

@@ -69,8 +69,9 @@ pub fn chain_id(diff_ids: &[String]) -> Option<String> {
     let mut it = diff_ids.iter();
     let mut chain = it.next()?.clone();
     for d in it {
-        let h = Sha256::digest(format!("{chain} {d}").as_bytes());
-        chain = format!("sha256:{}", h.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let mut h = Sha256::new();
+        h.update(format!("{chain} {d}").as_bytes());
+        chain = import::digest_text(h);
     }
     Some(chain)
 }
@@ -235,13 +236,7 @@ impl ImageStore {
             let (digest, size) = Hashing::new(src.read(&layer.name)?).finish()?;
             done += size;
             progress(Progress::Bytes { done });
-            if let Some((want, want_size)) = &layer.blob {
-                if size != *want_size || &digest != want {
-                    return Err(ImportError::Digest(format!(
-                        "layer {i}: blob is {digest} ({size} bytes), descriptor says {want} ({want_size} bytes)"
-                    )));
-                }
-            }
+            import::check_blob(i, (&digest, size), layer.blob.as_ref())?;
             progress(Progress::Layer { index: i + 1, count: res.layers.len(), diff_id: &layer.diff_id });
             out.push(LayerRecord { digest: Some(digest), diff_id: layer.diff_id.clone(), size });
         }
@@ -295,13 +290,7 @@ impl ImageStore {
             let LayerDigests { blob: (blob_digest, blob_size), diff_id: (diff_id, _) } = digests;
             before += blob_size;
             progress(Progress::Bytes { done: before }); // the layer's last bytes, unthrottled
-            if let Some((digest, size)) = &layer.blob {
-                if blob_size != *size || &blob_digest != digest {
-                    return Err(ImportError::Digest(format!(
-                        "layer {i}: blob is {blob_digest} ({blob_size} bytes), descriptor says {digest} ({size} bytes)"
-                    )));
-                }
-            }
+            import::check_blob(i, (&blob_digest, blob_size), layer.blob.as_ref())?;
             if diff_id != layer.diff_id {
                 return Err(ImportError::Digest(format!(
                     "layer {i}: uncompressed digest {diff_id} is not the config's diff_id {} (corrupt, or layers out of order)",
@@ -375,7 +364,7 @@ pub fn tree_digest(root: &Path) -> io::Result<String> {
 fn tree_digest_with(root: &Path, known: Option<&HashMap<u64, [u8; 32]>>) -> io::Result<String> {
     let mut h = Sha256::new();
     walk(root, Path::new(""), &mut h, known)?;
-    Ok(format!("sha256:{}", h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    Ok(import::digest_text(h))
 }
 
 fn walk(root: &Path, rel: &Path, h: &mut Sha256, known: Option<&HashMap<u64, [u8; 32]>>) -> io::Result<()> {
