@@ -178,7 +178,12 @@ fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the first page of our own mapping.
-    unsafe { libc::mprotect(stack, 4096, libc::PROT_NONE) };
+    if unsafe { libc::mprotect(stack, 4096, libc::PROT_NONE) } != 0 {
+        let err = io::Error::last_os_error();
+        // SAFETY: our own mapping, unused.
+        unsafe { libc::munmap(stack, TARGET_STACK) };
+        return Err(err);
+    }
     let spawn = Spawn { ctx, prepared };
     // SAFETY: the child runs `target_entry` on its own stack (the top of the mapping, 16-byte
     // aligned) and never returns to our frames; CLONE_VFORK keeps us suspended until it execs
