@@ -112,7 +112,11 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     }
     let plan = ctx.plan;
     let prepared = Prepared::build(plan).map_err(|e| {
-        let code = if e.kind() == io::ErrorKind::NotFound { "path_not_found" } else { "resolve_failed" };
+        let code = match e.kind() {
+            io::ErrorKind::NotFound => "path_not_found",
+            io::ErrorKind::InvalidInput => "path_refused",
+            _ => "resolve_failed",
+        };
         fail(Stage::Resolve, code, e)
     })?;
     ctx.inject(Stage::Mounts)?;
@@ -427,6 +431,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         proc_verified: true,
         loopback_up: plan.net == NetMode::Loopback,
         mounts: prepared.described.clone(),
+        sources: prepared.sources.clone(),
         seccomp_filter_sha256: ctx.filters.sha256.clone(),
         ..Reported::default()
     };

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::path::{self, cstring};
 use crate::plan::{CagePlan, RootSpec};
+use crate::record::SourceFact;
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
@@ -86,6 +87,8 @@ pub struct Prepared {
     pub access: Access,
     /// Human-readable list of mounts, for the record.
     pub described: Vec<String>,
+    /// Identity of every operator-supplied source, for the record.
+    pub sources: Vec<SourceFact>,
 }
 
 fn err_at(what: &str, p: impl AsRef<Path>, e: io::Error) -> io::Error {
@@ -130,6 +133,7 @@ impl Prepared {
             nested: Vec::new(),
             access: Access::default(),
             described: Vec::new(),
+            sources: Vec::new(),
         };
         let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
         match &plan.root {
@@ -139,6 +143,7 @@ impl Prepared {
         p.add_special(plan)?;
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
+            p.note_source("/workspace", ws, fd.as_fd(), true)?;
             let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
             sys::mkdirat(p.skeleton.as_fd(), c"workspace", 0o755)?;
             p.push(Parent::Root, c"workspace".into(), tree, format!("/workspace rw bind of {}", ws.display()));
@@ -150,6 +155,19 @@ impl Prepared {
         Ok(p)
     }
 
+    /// Record what an operator path resolved to.
+    fn note_source(&mut self, dest: &str, source: &Path, fd: BorrowedFd<'_>, writable: bool) -> io::Result<libc::stat> {
+        let st = sys::fstat(fd)?;
+        self.sources.push(SourceFact {
+            dest: dest.to_string(),
+            source: source.display().to_string(),
+            device: st.st_dev,
+            inode: st.st_ino,
+            writable,
+        });
+        Ok(st)
+    }
+
     fn push(&mut self, parent: Parent, name: CString, tree: OwnedFd, what: String) {
         self.attach.push(Attach { parent, name, tree });
         self.described.push(what);
@@ -157,6 +175,7 @@ impl Prepared {
 
     fn add_root_dir(&mut self, dir: &Path, skip: &[&OsStr]) -> io::Result<()> {
         let root = path::open_host(dir, libc::O_DIRECTORY).map_err(|e| err_at("opening rootfs", dir, e))?;
+        self.note_source("/", dir, root.as_fd(), false)?;
         for (name, kind) in list_dir(root.as_fd())? {
             let n = OsStr::from_bytes(name.as_bytes());
             if RESERVED.iter().any(|r| OsStr::new(r) == n) || skip.contains(&n) {
@@ -295,7 +314,20 @@ impl Prepared {
             ));
         }
         let src = path::open_host(&b.source, 0).map_err(|e| err_at("opening bind source", &b.source, e))?;
-        let is_dir = sys::fstat(src.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let kind =
+            self.note_source(&b.dest.to_string_lossy(), &b.source, src.as_fd(), b.writable)?.st_mode & libc::S_IFMT;
+        if kind == libc::S_IFSOCK {
+            // Read-only or not, a bound socket can be connect()ed: the cage would reach the host
+            // service behind it (dbus, docker.sock, ...).
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "bind source {} is a unix socket; the cage would reach the host service behind it",
+                    b.source.display()
+                ),
+            ));
+        }
+        let is_dir = kind == libc::S_IFDIR;
         let attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if b.writable { 0 } else { MOUNT_ATTR_RDONLY };
         let tree = clone_tree(src.as_fd(), attrs)?;
         let dest = cstring(&b.dest)?;

@@ -12,6 +12,7 @@ use std::path::{Component, Path};
 use crate::sys;
 
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_IN_ROOT: u64 = 0x10;
 
 /// Convert a path to a C string, refusing interior NUL bytes.
@@ -20,17 +21,51 @@ pub fn cstring(p: impl AsRef<OsStr>) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
 
-/// Open an operator-supplied absolute host path as an `O_PATH` fd (magic links refused).
+/// Open an operator-supplied absolute host path as an `O_PATH` fd without following any
+/// symlink in any component (`RESOLVE_NO_SYMLINKS`). A path is given by an operator, but the
+/// directories it walks through may be writable by earlier cages (a workspace, say): a link
+/// planted there (`W/next -> /`) would otherwise hand the next launch the host's root. A symlink
+/// is refused (`ErrorKind::InvalidInput`), naming the component.
 pub fn open_host(path: &Path, extra_flags: i32) -> io::Result<OwnedFd> {
     if !path.is_absolute() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not an absolute path", path.display())));
     }
     let c = cstring(path)?;
     let cwd = unsafe_cwd();
-    match sys::openat2(cwd, &c, libc::O_PATH | extra_flags, 0, RESOLVE_NO_MAGICLINKS) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => sys::openat(cwd, &c, libc::O_PATH | extra_flags, 0),
+    let opened = match sys::openat2(cwd, &c, libc::O_PATH | extra_flags, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    {
+        // No openat2: walk from the real root, one O_NOFOLLOW component at a time.
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => sys::openat(cwd, c"/", libc::O_PATH | libc::O_DIRECTORY, 0)
+            .and_then(|root| walk_nofollow(root.as_fd(), path, libc::O_PATH | extra_flags)),
         r => r,
-    }
+    };
+    opened.map_err(|e| match e.raw_os_error() {
+        // The fallback walk meets a symlinked directory as ENOTDIR.
+        Some(libc::ELOOP | libc::ENOTDIR) if has_symlink(path) => symlink_refused(path),
+        _ => e,
+    })
+}
+
+/// The first prefix of `path` that is a symlink (for the refusal's message only).
+fn first_symlink(path: &Path) -> Option<std::path::PathBuf> {
+    let mut prefix = std::path::PathBuf::from("/");
+    path.components().skip(1).find_map(|c| {
+        prefix.push(c);
+        std::fs::symlink_metadata(&prefix).ok().filter(|m| m.file_type().is_symlink()).map(|_| prefix.clone())
+    })
+}
+
+fn has_symlink(path: &Path) -> bool {
+    first_symlink(path).is_some()
+}
+
+/// The error for an operator path that passes through a symlink, naming the first one.
+fn symlink_refused(path: &Path) -> io::Error {
+    let link = first_symlink(path).map_or_else(|| path.display().to_string(), |l| l.display().to_string());
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{link} is a symbolic link; chio never follows symlinks in host paths (give the real path)"),
+    )
 }
 
 fn unsafe_cwd() -> BorrowedFd<'static> {

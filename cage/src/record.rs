@@ -121,6 +121,25 @@ pub struct Reported {
     pub loopback_up: bool,
     /// Mounts attached inside the cage (target path → kind).
     pub mounts: Vec<String>,
+    /// Every operator-supplied host path that was mounted, with the identity it resolved to
+    /// (no symlink followed).
+    #[serde(default)]
+    pub sources: Vec<SourceFact>,
+}
+
+/// A host directory or file the cage mounts, as it was resolved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceFact {
+    /// Where it appears inside the cage (`/` for the root filesystem).
+    pub dest: String,
+    /// The host path the operator gave.
+    pub source: String,
+    /// st_dev of the opened source.
+    pub device: u64,
+    /// st_ino of the opened source.
+    pub inode: u64,
+    /// Mounted writable.
+    pub writable: bool,
 }
 
 /// cgroup placement.

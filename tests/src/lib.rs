@@ -202,3 +202,53 @@ pub fn assert_escaped(what: &str, (code, stdout): (i32, String)) {
         "control {what} should escape without the restriction: code={code} stdout={stdout:?}"
     );
 }
+
+/// The escape suite's fixtures: the probe, the built `chio`, and the shared probe rootfs.
+pub struct Suite {
+    /// The static probe binary.
+    pub probe: PathBuf,
+    /// The built `chio`.
+    pub chio: PathBuf,
+    /// The shared rootfs holding the probe at `/probe`.
+    pub rootfs: &'static Path,
+}
+
+impl Suite {
+    /// The fixtures for `test`, or None when privileged tests must skip (see [`privileged`]).
+    pub fn new(test: &str, probe: &str) -> Option<Suite> {
+        if !privileged(test) {
+            return None;
+        }
+        let probe = PathBuf::from(probe);
+        let chio = chio_bin(&probe);
+        let rootfs = shared_rootfs(&probe);
+        Some(Suite { probe, chio, rootfs })
+    }
+
+    /// Run the probe inside a cage on the probe rootfs.
+    pub fn caged(&self, flags: &[&str], args: &[&str]) -> CageRun {
+        let root = self.rootfs.to_str().unwrap();
+        let mut f = vec!["--rootfs", root];
+        f.extend_from_slice(flags);
+        let mut argv = vec!["/probe"];
+        argv.extend_from_slice(args);
+        cage(&self.chio, &f, &argv)
+    }
+
+    /// Probe refused in the cage (expecting `errno` when given); escaped in the control.
+    pub fn pair(&self, what: &str, flags: &[&str], args: &[&str], errno: Option<i32>, control: &[&str]) {
+        let run = self.caged(flags, args);
+        let got = run.assert_refused(what);
+        if let Some(want) = errno {
+            assert_eq!(got, want, "{what}: wrong errno; stdout={}", run.stdout);
+        }
+        assert_escaped(what, host(&self.probe, control));
+    }
+
+    /// Assert a launch was stopped before the target ran, with `code` in its record.
+    pub fn assert_stopped(run: &CageRun, code: &str) {
+        assert_eq!(run.code, 125, "exit status; stderr={}", run.stderr);
+        assert_eq!(run.record["failure"]["code"], code, "stderr={}", run.stderr);
+        assert!(run.stdout.is_empty(), "the target ran: {}", run.stdout);
+    }
+}

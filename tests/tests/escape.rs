@@ -11,48 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use chio_tests::{
-    assert_escaped, build_symlinked_rootfs, cage, chio_bin, host, parse, privileged, shared_rootfs, Scratch,
-};
+use chio_tests::{assert_escaped, build_symlinked_rootfs, cage, host, parse, Scratch, Suite};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
-struct Env {
-    probe: PathBuf,
-    chio: PathBuf,
-    rootfs: &'static Path,
-}
-
-fn env(test: &str) -> Option<Env> {
-    if !privileged(test) {
-        return None;
-    }
-    let probe = PathBuf::from(PROBE);
-    let chio = chio_bin(&probe);
-    let rootfs = shared_rootfs(&probe);
-    Some(Env { probe, chio, rootfs })
-}
-
-impl Env {
-    /// Run the probe inside a cage on the probe rootfs.
-    fn caged(&self, flags: &[&str], args: &[&str]) -> chio_tests::CageRun {
-        let root = self.rootfs.to_str().unwrap();
-        let mut f = vec!["--rootfs", root];
-        f.extend_from_slice(flags);
-        let mut argv = vec!["/probe"];
-        argv.extend_from_slice(args);
-        cage(&self.chio, &f, &argv)
-    }
-
-    /// Probe refused in the cage (expecting `errno` when given); escaped in the control.
-    fn pair(&self, what: &str, flags: &[&str], args: &[&str], errno: Option<i32>, control: &[&str]) {
-        let run = self.caged(flags, args);
-        let got = run.assert_refused(what);
-        if let Some(want) = errno {
-            assert_eq!(got, want, "{what}: wrong errno; stdout={}", run.stdout);
-        }
-        assert_escaped(what, host(&self.probe, control));
-    }
+fn env(test: &str) -> Option<Suite> {
+    Suite::new(test, PROBE)
 }
 
 macro_rules! syscall_probe {
@@ -194,7 +158,7 @@ struct Hostile {
     host: Scratch,
 }
 
-fn hostile(e: &Env) -> Hostile {
+fn hostile(e: &Suite) -> Hostile {
     let rootfs = Scratch::new("hostile-rootfs");
     let host = Scratch::new("hostile-host");
     build_symlinked_rootfs(&rootfs.join("root"), &e.probe, &host.0);
@@ -640,7 +604,7 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
 }
 
 /// `chio cage run` of the probe's sleeper tagged `tag`, returned once the sleeper runs.
-fn sleeping_cage(e: &Env, tag: &str, extra: &[&str]) -> std::process::Child {
+fn sleeping_cage(e: &Suite, tag: &str, extra: &[&str]) -> std::process::Child {
     let root = e.rootfs.to_str().unwrap();
     let mut sup = Command::new(&e.chio)
         .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", tag])

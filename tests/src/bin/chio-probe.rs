@@ -99,6 +99,28 @@ fn main() {
         "raw-socket" => raw_socket(),
         "setuid0" => verdict("setuid(0)", unsafe { libc::setuid(0) } as libc::c_long),
         "dump-status" => dump_status(),
+        "symlink" => symlink(arg(rest, 0), arg(rest, 1)),
+        "setid" => setid(arg(rest, 0), arg(rest, 1)),
+        "chmod" => chmod(arg(rest, 0), arg(rest, 1)),
+        "touch-times" => touch_times(arg(rest, 0)),
+        "same-inode" => same_inode(arg(rest, 0), arg(rest, 1)),
+        "io-setup" => io_setup(),
+        "inotify" => verdict("inotify_init1", unsafe { libc::inotify_init1(0) } as libc::c_long),
+        "sigqueue" => sigqueue(arg(rest, 0)),
+        "socket-raw" => socket_raw(arg(rest, 0), arg(rest, 1), arg(rest, 2)),
+        "prlimit" => prlimit(arg(rest, 0)),
+        "fallocate-keep" => fallocate_keep(arg(rest, 0), arg(rest, 1)),
+        "read-stdin" => read_stdin(),
+        "stdin-tty" => stdin_tty(),
+        "swap-then-read" => swap_then_read(arg(rest, 0), arg(rest, 1), arg(rest, 2)),
+        "argv" => {
+            println!("{}", std::env::args().collect::<Vec<_>>().join(" "));
+            exit(0)
+        }
+        "stderr-partial" => {
+            eprint!("{}", arg(rest, 0));
+            exit(0)
+        }
         _ => error(&format!("unknown probe {name}")),
     }
 }
@@ -658,4 +680,169 @@ fn dump_status() -> ! {
     print!("{s}");
     let _ = std::ffi::OsStr::new("").as_bytes();
     exit(0)
+}
+
+fn symlink(target: &str, path: &str) -> ! {
+    verdict(&format!("symlink {path} -> {target}"), unsafe { libc::symlink(c(target).as_ptr(), c(path).as_ptr()) }
+        as libc::c_long)
+}
+
+/// Escaping means `path` ends up with a set-user-id or set-group-id bit, made through `how`.
+fn setid(how: &str, path: &str) -> ! {
+    let p = c(path);
+    let mode: libc::mode_t = if how == "mkdir" || how == "mkdirat" { 0o2755 } else { 0o4755 };
+    // Files for the chmod family exist first; the others create it with the mode.
+    if how.starts_with("chmod") || how.starts_with("fchmod") {
+        std::fs::write(path, b"x").unwrap_or_else(|e| error(&format!("create {path}: {e}")));
+    }
+    let r: libc::c_long = unsafe {
+        match how {
+            "chmod" => libc::chmod(p.as_ptr(), mode) as libc::c_long,
+            "fchmod" => {
+                let fd = libc::open(p.as_ptr(), libc::O_RDONLY);
+                libc::fchmod(fd, mode) as libc::c_long
+            }
+            "fchmodat" => libc::syscall(libc::SYS_fchmodat, libc::AT_FDCWD, p.as_ptr(), mode),
+            "fchmodat2" => libc::syscall(libc::SYS_fchmodat2, libc::AT_FDCWD, p.as_ptr(), mode, 0),
+            "open" => libc::syscall(libc::SYS_open, p.as_ptr(), libc::O_CREAT | libc::O_WRONLY, mode),
+            "openat" => {
+                libc::syscall(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), libc::O_CREAT | libc::O_WRONLY, mode)
+            }
+            "creat" => libc::syscall(libc::SYS_creat, p.as_ptr(), mode),
+            "openat2" => {
+                #[repr(C)]
+                struct How {
+                    flags: u64,
+                    mode: u64,
+                    resolve: u64,
+                }
+                let how = How { flags: (libc::O_CREAT | libc::O_WRONLY) as u64, mode: mode as u64, resolve: 0 };
+                libc::syscall(libc::SYS_openat2, libc::AT_FDCWD, p.as_ptr(), &how as *const How, 24usize)
+            }
+            "mkdir" => libc::mkdir(p.as_ptr(), mode) as libc::c_long,
+            "mkdirat" => libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, p.as_ptr(), mode),
+            "mknod" => libc::syscall(libc::SYS_mknod, p.as_ptr(), libc::S_IFREG | mode, 0),
+            "mknodat" => libc::syscall(libc::SYS_mknodat, libc::AT_FDCWD, p.as_ptr(), libc::S_IFREG | mode, 0),
+            _ => error(
+                "setid chmod|fchmod|fchmodat|fchmodat2|open|openat|openat2|creat|mkdir|mkdirat|mknod|mknodat PATH",
+            ),
+        }
+    };
+    if r < 0 {
+        refused(&format!("{how} {path} {mode:o}"), errno());
+    }
+    let got = std::fs::symlink_metadata(path).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()));
+    match got {
+        Ok(m) if m & 0o6000 != 0 => escaped(&format!("{path} has mode {m:o} via {how}")),
+        Ok(m) => refused(&format!("{how} {path}: mode is {m:o}, no set-id bit"), 0),
+        Err(e) => refused(&format!("{how} {path}: {e}"), e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+fn chmod(path: &str, mode: &str) -> ! {
+    let mode = libc::mode_t::from_str_radix(mode, 8).unwrap_or_else(|_| error("chmod PATH OCTAL"));
+    verdict(&format!("chmod {mode:o} {path}"), unsafe { libc::chmod(c(path).as_ptr(), mode) } as libc::c_long)
+}
+
+/// Set a file's times to now (needs write access or ownership).
+fn touch_times(path: &str) -> ! {
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c(path).as_ptr(), std::ptr::null(), 0) };
+    verdict(&format!("utimensat {path}"), r as libc::c_long)
+}
+
+/// Escaping means `path` is the file whose identity is `DEV:INO` (a host inode shared with the cage).
+fn same_inode(path: &str, id: &str) -> ! {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap_or_else(|e| error(&format!("stat {path}: {e}")));
+    let here = format!("{}:{}", m.dev(), m.ino());
+    if here == id {
+        escaped(&format!("{path} is the host's inode {id}"))
+    }
+    refused(&format!("{path} is {here}, not the host's {id}"), 0)
+}
+
+fn io_setup() -> ! {
+    let mut ctx: libc::c_ulong = 0;
+    verdict("io_setup(64)", unsafe { libc::syscall(libc::SYS_io_setup, 64, &mut ctx) })
+}
+
+/// Queue N real-time signals to ourselves (blocked, so they stay pending); escaping means every
+/// one was queued, i.e. the per-uid pending-signal pool was the cage's to drain.
+fn sigqueue(n: &str) -> ! {
+    let n: usize = n.parse().unwrap_or_else(|_| error("sigqueue N"));
+    let sig = libc::SIGRTMIN();
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    for i in 0..n {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        info.si_signo = sig;
+        info.si_code = libc::SI_QUEUE;
+        let r =
+            unsafe { libc::syscall(libc::SYS_rt_sigqueueinfo, libc::getpid(), sig, &info as *const libc::siginfo_t) };
+        if r < 0 {
+            refused(&format!("queued only {i} of {n} signals"), errno());
+        }
+    }
+    escaped(&format!("queued {n} signals"))
+}
+
+fn socket_raw(family: &str, kind: &str, proto: &str) -> ! {
+    let n = |s: &str| s.parse::<i32>().unwrap_or_else(|_| error("socket-raw FAMILY TYPE PROTO"));
+    let (f, t, p) = (n(family), n(kind), n(proto));
+    verdict(&format!("socket({f}, {t}, {p})"), unsafe { libc::socket(f, t, p) } as libc::c_long)
+}
+
+/// Change the open-file limit of process `pid` (to its current value).
+fn prlimit(pid: &str) -> ! {
+    let pid: i32 = pid.parse().unwrap_or_else(|_| error("prlimit PID"));
+    let mut old: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) } != 0 {
+        refused(&format!("prlimit({pid}) read"), errno());
+    }
+    let new = libc::rlimit { rlim_cur: 64, rlim_max: old.rlim_max };
+    verdict(&format!("prlimit({pid}, NOFILE)"), unsafe {
+        libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut())
+    } as libc::c_long)
+}
+
+/// Reserve N MiB beyond the end of an empty file (FALLOC_FL_KEEP_SIZE): disk taken that no
+/// file size shows.
+fn fallocate_keep(path: &str, mib: &str) -> ! {
+    let mib: i64 = mib.parse().unwrap_or_else(|_| error("fallocate-keep PATH MIB"));
+    let f = std::fs::File::create(path).unwrap_or_else(|e| error(&format!("create {path}: {e}")));
+    let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), libc::FALLOC_FL_KEEP_SIZE, 0, mib << 20) };
+    verdict(&format!("fallocate(KEEP_SIZE, {mib} MiB) of {path}"), r as libc::c_long)
+}
+
+/// Escaping means something could be read from stdin.
+fn read_stdin() -> ! {
+    let mut buf = [0u8; 256];
+    let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+    if n > 0 {
+        escaped(&format!("read {:?} from stdin", String::from_utf8_lossy(&buf[..n as usize])))
+    }
+    refused(&format!("stdin gave {n}"), if n < 0 { errno() } else { 0 })
+}
+
+/// Escaping means stdin is a terminal.
+fn stdin_tty() -> ! {
+    if unsafe { libc::isatty(0) } == 1 {
+        escaped("stdin is a terminal")
+    }
+    refused("stdin is not a terminal", errno())
+}
+
+/// As a script's interpreter: rename `from` over `to` (a concurrent swap after the script was
+/// hashed), then read `script` as an interpreter would. Escaping means the swapped-in file is read.
+fn swap_then_read(script: &str, from: &str, to: &str) -> ! {
+    std::fs::rename(from, to).unwrap_or_else(|e| error(&format!("rename {from} {to}: {e}")));
+    let text = std::fs::read_to_string(script).unwrap_or_else(|e| error(&format!("read {script}: {e}")));
+    if text.contains("EVIL") {
+        escaped(&format!("{script} read the swapped-in file"))
+    }
+    refused(&format!("{script} is the file that was hashed"), 0)
 }
