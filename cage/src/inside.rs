@@ -54,6 +54,10 @@ pub struct Ctx<'a> {
     pub stderr_w: RawFd,
     /// Write end of the result pipe (init → supervisor: how the target ended).
     pub result_w: RawFd,
+    /// Read end of the stdin pipe, or -1: the target's stdin is then the cage's `/dev/null`.
+    pub stdin_r: RawFd,
+    /// The supervisor's ends of the channel and pipes (-1 for none), closed by the init first.
+    pub supervisor_ends: [RawFd; 5],
 }
 
 /// How a stage failed.
@@ -92,8 +96,20 @@ fn exit_now(code: i32) -> ! {
 
 /// The cage's init: the child of clone(CLONE_NEWPID), PID 1 of the new pid namespace.
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
-    // SAFETY: plain prctl; the supervisor is our parent.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    // Die with the supervisor. It may already be dead (killed between clone and here), and then
+    // no signal will ever come: with the supervisor's ends closed in this process, its end of
+    // the channel is closed everywhere once it has exited — look for that after arming.
+    // SAFETY: plain prctl and closes of fds this process inherited and does not use.
+    let armed = unsafe {
+        let armed = libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == 0;
+        for fd in ctx.supervisor_ends.into_iter().filter(|fd| *fd >= 0) {
+            libc::close(fd);
+        }
+        armed
+    };
+    if !armed || peer_gone(ctx.sock) {
+        exit_now(1);
+    }
     match init_setup(ctx) {
         Ok(target) => reap(ctx, target),
         Err(f) => {
@@ -144,6 +160,14 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     unsafe { libc::setsid() };
     block_forwarded_signals();
     spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+}
+
+/// True when the other end of the status channel is closed (the supervisor is gone).
+fn peer_gone(sock: RawFd) -> bool {
+    let mut p = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
+    // SAFETY: a zero-timeout poll of one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r < 0 || p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Stack for the target between its spawn and its exec; it runs our setup code only.
@@ -274,7 +298,12 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
             libc::poll(&mut p, 1, 0) != 0
         }
     };
-    if shed.is_err() || orphaned || seccomp::install_init(ctx.filters).is_err() {
+    // The host's stdin, stdout and stderr are no business of the init's.
+    let detached = sys::openat(cwd_fd(), c"/dev/null", libc::O_RDWR, 0).is_ok_and(|null| {
+        // SAFETY: dup2 of our own fds.
+        (0..3).all(|fd| unsafe { libc::dup2(null.as_raw_fd(), fd) } == fd)
+    });
+    if shed.is_err() || orphaned || !detached || seccomp::install_init(ctx.filters).is_err() {
         give_up(target);
     }
     // Last, close everything else: the supervisor waits for EOF on the status channel before it
@@ -395,10 +424,23 @@ fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
     }
 }
 
-/// stdout/stderr onto the pipes, the status channel at fd 3, everything else closed.
+/// stdin from the supervisor's pipe or the cage's own `/dev/null` (never a host file
+/// description), stdout/stderr onto the pipes, the status channel at fd 3, everything else
+/// closed.
 fn arrange_fds(ctx: &Ctx<'_>) -> io::Result<RawFd> {
+    // fd 0 first, and the /dev/null fd closed before anything else moves: it may have landed on
+    // a number (3, say) that the channel is about to take.
+    let stdin = match ctx.stdin_r {
+        -1 => sys::openat(cwd_fd(), c"/dev/null", libc::O_RDONLY, 0)?,
+        // SAFETY: dup of the inherited read end of the stdin pipe, which stays open.
+        fd => sys::dup(unsafe { BorrowedFd::borrow_raw(fd) })?,
+    };
     // SAFETY: fd syscalls on fds inherited from the supervisor.
     unsafe {
+        if libc::dup2(stdin.as_raw_fd(), 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        drop(stdin);
         if libc::dup2(ctx.stdout_w, 1) < 0 || libc::dup2(ctx.stderr_w, 2) < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -408,6 +450,11 @@ fn arrange_fds(ctx: &Ctx<'_>) -> io::Result<RawFd> {
     }
     sys::close_from(4)?;
     Ok(3)
+}
+
+fn cwd_fd() -> BorrowedFd<'static> {
+    // SAFETY: AT_FDCWD is valid for *at calls for the life of the process.
+    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }
 }
 
 fn reset_signals() {

@@ -240,27 +240,56 @@ fn make_cgroup<'h>(
     Ok(cg)
 }
 
-/// Pipes and the status channel of one launch.
+/// Pipes and the status channel of one launch: (supervisor end, cage end) of each.
 struct Wiring {
     sup_sock: OwnedFd,
     cage_sock: OwnedFd,
     stdout: (OwnedFd, OwnedFd),
     stderr: (OwnedFd, OwnedFd),
     result: (OwnedFd, OwnedFd),
+    /// (write end, read end) when the target's stdin is fed by the supervisor.
+    stdin: Option<(OwnedFd, OwnedFd)>,
 }
 
 impl Wiring {
-    fn new() -> Result<Wiring, Stop> {
+    fn new(feed_stdin: bool) -> Result<Wiring, Stop> {
         let io_err = |e: io::Error| stop(Stage::Namespaces, "setup_failed", e);
         let (sup_sock, cage_sock) = channel::pair().map_err(io_err)?;
+        let stdin = match feed_stdin {
+            true => {
+                let (r, w) = pipe().map_err(io_err)?;
+                set_nonblocking(&w).map_err(io_err)?;
+                Some((w, r))
+            }
+            false => None,
+        };
         Ok(Wiring {
             sup_sock,
             cage_sock,
             stdout: pipe().map_err(io_err)?,
             stderr: pipe().map_err(io_err)?,
             result: pipe().map_err(io_err)?,
+            stdin,
         })
     }
+
+    /// The supervisor's ends, which the cloned init must close at once: holding the peer's end
+    /// of its own channel would hide the supervisor's death from it.
+    fn supervisor_ends(&self) -> [RawFd; 5] {
+        [
+            self.sup_sock.as_raw_fd(),
+            self.stdout.0.as_raw_fd(),
+            self.stderr.0.as_raw_fd(),
+            self.result.0.as_raw_fd(),
+            self.stdin.as_ref().map_or(-1, |s| s.0.as_raw_fd()),
+        ]
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl on our own fd.
+    let ok = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } == 0;
+    ok.then_some(()).ok_or_else(io::Error::last_os_error)
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -292,7 +321,7 @@ fn launch_cage(
         }
         Hierarchy::V1 => None,
     };
-    let w = Wiring::new()?;
+    let w = Wiring::new(sinks.stdin.is_some())?;
     inject(plan, Stage::Namespaces)?;
     let ctx = Ctx {
         plan,
@@ -303,6 +332,8 @@ fn launch_cage(
         stdout_w: w.stdout.1.as_raw_fd(),
         stderr_w: w.stderr.1.as_raw_fd(),
         result_w: w.result.1.as_raw_fd(),
+        stdin_r: w.stdin.as_ref().map_or(-1, |s| s.1.as_raw_fd()),
+        supervisor_ends: w.supervisor_ends(),
     };
     let cloned = match &v2_dir {
         Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir.as_fd()),
@@ -316,7 +347,8 @@ fn launch_cage(
     // From here the init exists: every error path must kill it before returning.
     // Give the init this CPU while we make the cgroup and the janitor on another.
     let aside = sys::step_aside(init);
-    let Wiring { sup_sock, cage_sock, stdout, stderr, result } = w;
+    let Wiring { sup_sock, cage_sock, stdout, stderr, result, stdin } = w;
+    let stdin_w = stdin.map(|(w, _)| w);
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let fresh = FreshInit { pid: init, sock: &sup_sock, aside };
     let started = start_cage(plan, rec, &hierarchy, held, fresh, sinks.on_enforced.take());
@@ -328,6 +360,7 @@ fn launch_cage(
         pidfd: pidfd.as_fd(),
         stdout: stdout.0,
         stderr: stderr.0,
+        stdin: stdin_w,
         result: result.0,
         deadline: exec_at + std::time::Duration::from_millis(plan.limits.wall_ms),
         output_limit: plan.limits.output_bytes,

@@ -1,8 +1,15 @@
-//! After the verified exec: pass the target's output through with caps, enforce the wall-clock
-//! deadline, forward the supervisor's termination signals to the cage, and collect how it ended.
+//! After the verified exec: pass the target's output through with caps, feed its stdin when
+//! asked, enforce the wall-clock deadline, forward the supervisor's termination signals to the
+//! cage, and collect how it ended.
+//!
+//! Nothing here may block: a target can stop the terminal chio writes to (`tcflow(TCOOFF)`),
+//! and any reader of chio's output can be slow. Every host-side write goes through a
+//! non-blocking file description of our own (see [`Sink`]) and is only attempted when poll says
+//! it can take data; while a sink is stuck, its pipe is not read and the target blocks on it —
+//! the deadline still fires, because the loop waits in poll and nowhere else.
 
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -10,22 +17,38 @@ use crate::record::Outcome;
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 const FORWARD: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-/// After the init is reaped, how long to wait for the output pipes to drain.
+/// After the init is reaped, how long to wait for the output to drain.
 const DRAIN_MS: u64 = 1000;
+/// Bytes read from a pipe at a time.
+const CHUNK: usize = 64 << 10;
 
 /// Called at the exec stop once every fact holds, before the target runs one instruction. An
 /// error stops the launch (the target is killed without running): evidence that cannot be
 /// recorded means no launch.
 pub type OnEnforced<'a> = &'a mut dyn FnMut(&crate::record::LaunchRecord) -> Result<(), String>;
 
-/// Where the target's output goes, and who hears that the launch is enforced.
+/// Where the target's output goes, where its input comes from, and who hears that the launch
+/// is enforced.
 pub struct Sinks<'a> {
-    /// Receives the target's stdout.
-    pub stdout: &'a mut dyn Write,
+    /// Receives the target's stdout (a terminal, pipe, socket or file).
+    pub stdout: BorrowedFd<'a>,
     /// Receives the target's stderr.
-    pub stderr: &'a mut dyn Write,
+    pub stderr: BorrowedFd<'a>,
+    /// Fed to the target's stdin through a pipe; `None` gives it the cage's `/dev/null`. The
+    /// target never gets a host file description itself.
+    pub stdin: Option<BorrowedFd<'a>>,
     /// Optional hook at the exec stop (see [`OnEnforced`]).
     pub on_enforced: Option<OnEnforced<'a>>,
+    /// Set by the launch when the target's stderr, as passed through, does not end with a
+    /// newline (what the caller writes next would otherwise continue the target's line).
+    pub stderr_mid_line: bool,
+}
+
+impl<'a> Sinks<'a> {
+    /// Output to `stdout` and `stderr`, stdin from `/dev/null`, no hook.
+    pub fn new(stdout: BorrowedFd<'a>, stderr: BorrowedFd<'a>) -> Self {
+        Sinks { stdout, stderr, stdin: None, on_enforced: None, stderr_mid_line: false }
+    }
 }
 
 /// Inputs of the supervision loop.
@@ -38,6 +61,8 @@ pub struct Run<'a, 'b> {
     pub stdout: OwnedFd,
     /// Read end of the stderr pipe.
     pub stderr: OwnedFd,
+    /// Write end of the stdin pipe, when stdin is fed.
+    pub stdin: Option<OwnedFd>,
     /// Read end of the result pipe.
     pub result: OwnedFd,
     /// Wall-clock deadline.
@@ -69,36 +94,165 @@ fn set_handlers(handler: libc::sighandler_t) {
     }
 }
 
-/// A stream being passed through.
-struct Stream {
-    fd: Option<OwnedFd>,
-    kept: u64,
-    dropped: u64,
+/// A host-side destination written without ever blocking.
+enum Sink {
+    /// Our own non-blocking file description of the same terminal, pipe or FIFO, opened
+    /// through `/proc/self/fd` — O_NONBLOCK on the shared description would change it for
+    /// every other process holding it.
+    Reopened(OwnedFd),
+    /// A socket: `send(MSG_DONTWAIT)` is non-blocking per call.
+    Socket(RawFd),
+    /// A regular file or block device: writes complete without waiting for a reader.
+    File(RawFd),
+    /// Our own pipe (stdin's), already non-blocking.
+    Own(OwnedFd),
+    /// A terminal or pipe we could not reopen: written only after POLLOUT and at most
+    /// `PIPE_BUF` bytes at a time, which a pipe with room takes without waiting.
+    Gated(RawFd),
 }
 
-impl Stream {
-    /// Read once; false on EOF.
-    fn pump(&mut self, limit: u64, sink: &mut dyn Write, buf: &mut [u8]) -> bool {
-        let Some(fd) = &self.fd else { return false };
+impl Sink {
+    fn open(fd: BorrowedFd<'_>) -> io::Result<Sink> {
+        let st = crate::sys::fstat(fd)?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd.as_raw_fd())),
+            libc::S_IFSOCK => Ok(Sink::Socket(fd.as_raw_fd())),
+            _ => {
+                let path =
+                    std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io::Error::other)?;
+                let flags = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+                // SAFETY: AT_FDCWD and a NUL-terminated absolute path.
+                let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
+                Ok(crate::sys::openat(cwd, &path, flags, 0).map_or(Sink::Gated(fd.as_raw_fd()), Sink::Reopened))
+            }
+        }
+    }
+
+    fn raw(&self) -> RawFd {
+        match self {
+            Sink::Reopened(f) | Sink::Own(f) => f.as_raw_fd(),
+            Sink::Socket(fd) | Sink::File(fd) | Sink::Gated(fd) => *fd,
+        }
+    }
+
+    /// Write what can be written now; Ok(0) when the destination is full.
+    fn write_some(&self, data: &[u8]) -> io::Result<usize> {
+        // SAFETY: writes from a live buffer of the given length to an fd we hold.
+        let n = unsafe {
+            match self {
+                Sink::Socket(fd) => {
+                    libc::send(*fd, data.as_ptr().cast(), data.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                }
+                Sink::Gated(fd) => libc::write(*fd, data.as_ptr().cast(), data.len().min(libc::PIPE_BUF)),
+                _ => libc::write(self.raw(), data.as_ptr().cast(), data.len()),
+            }
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        match io::Error::last_os_error() {
+            e if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => Ok(0),
+            e => Err(e),
+        }
+    }
+}
+
+/// One stream from a source fd to a sink: read only when the last read has been written.
+struct Pump {
+    src: Option<RawFd>,
+    sink: Option<Sink>,
+    buf: Vec<u8>,
+    at: usize,
+    limit: u64,
+    kept: u64,
+    dropped: u64,
+    last_byte: Option<u8>,
+}
+
+impl Pump {
+    fn new(src: RawFd, sink: io::Result<Sink>, limit: u64) -> Pump {
+        let (sink, dropped_all) = match sink {
+            Ok(s) => (Some(s), false),
+            Err(_) => (None, true),
+        };
+        Pump {
+            src: Some(src),
+            sink,
+            buf: Vec::new(),
+            at: 0,
+            limit: if dropped_all { 0 } else { limit },
+            kept: 0,
+            dropped: 0,
+            last_byte: None,
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.at < self.buf.len()
+    }
+
+    /// Poll entries: the source when nothing is pending, the sink when something is.
+    fn poll_src(&self) -> libc::pollfd {
+        let fd = if self.pending() { -1 } else { self.src.unwrap_or(-1) };
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+    }
+
+    fn poll_sink(&self) -> libc::pollfd {
+        let fd = if self.pending() { self.sink.as_ref().map_or(-1, Sink::raw) } else { -1 };
+        libc::pollfd { fd, events: libc::POLLOUT, revents: 0 }
+    }
+
+    /// Read once from the source; the part within the limit becomes pending.
+    fn fill(&mut self) {
+        let Some(src) = self.src else { return };
+        self.buf.resize(CHUNK, 0);
         // SAFETY: read into a buffer of the given length.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            return io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
+        let n = unsafe { libc::read(src, self.buf.as_mut_ptr().cast(), CHUNK) };
+        if n < 0 && matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
+            self.buf.clear();
+            return;
         }
+        let n = n.max(0) as u64;
         if n == 0 {
-            self.fd = None;
-            let _ = sink.flush();
-            return false;
+            self.src = None;
         }
-        let n = n as u64;
-        let keep = n.min(limit.saturating_sub(self.kept));
-        if keep > 0 && sink.write_all(&buf[..keep as usize]).is_err() {
-            self.dropped += keep;
-        } else {
-            self.kept += keep;
-        }
+        // With no sink left (its reader went away) everything read is dropped.
+        let room = if self.sink.is_some() { self.limit.saturating_sub(self.kept) } else { 0 };
+        let keep = n.min(room);
+        self.kept += keep;
         self.dropped += n - keep;
-        true
+        self.buf.truncate(keep as usize);
+        self.at = 0;
+    }
+
+    /// Write what the sink takes now.
+    fn drain(&mut self) {
+        let Some(sink) = &self.sink else { return };
+        match sink.write_some(&self.buf[self.at..]) {
+            Ok(n) => {
+                self.at += n;
+                if n > 0 {
+                    self.last_byte = Some(self.buf[self.at - 1]);
+                }
+            }
+            Err(_) => {
+                // The reader is gone: count the rest as dropped and stop writing.
+                self.give_up();
+                self.sink = None;
+            }
+        }
+    }
+
+    /// Count whatever was not written as dropped.
+    fn give_up(&mut self) {
+        let left = (self.buf.len() - self.at) as u64;
+        self.kept -= left;
+        self.dropped += left;
+        self.at = self.buf.len();
+    }
+
+    fn done(&self) -> bool {
+        self.src.is_none() && !self.pending()
     }
 }
 
@@ -106,23 +260,33 @@ impl Stream {
 pub fn run(r: Run<'_, '_>) -> Outcome {
     PENDING_SIGNAL.store(0, Ordering::SeqCst);
     set_handlers(on_signal as *const () as libc::sighandler_t);
-    let mut out = Stream { fd: Some(r.stdout), kept: 0, dropped: 0 };
-    let mut err = Stream { fd: Some(r.stderr), kept: 0, dropped: 0 };
-    let mut buf = vec![0u8; 64 << 10];
+    let mut out = Pump::new(r.stdout.as_raw_fd(), Sink::open(r.sinks.stdout), r.output_limit);
+    let mut err = Pump::new(r.stderr.as_raw_fd(), Sink::open(r.sinks.stderr), r.output_limit);
+    let mut input = match (r.sinks.stdin, r.stdin) {
+        (Some(host), Some(pipe)) => Pump::new(host.as_raw_fd(), Ok(Sink::Own(pipe)), u64::MAX),
+        _ => Pump { src: None, sink: None, buf: Vec::new(), at: 0, limit: 0, kept: 0, dropped: 0, last_byte: None },
+    };
     let mut outcome = Outcome::default();
     let mut killed = false;
     let mut reaped: Option<Instant> = None;
     let mut result_read = false;
     loop {
         if reaped.is_some_and(|t| t.elapsed() > Duration::from_millis(DRAIN_MS))
-            || (reaped.is_some() && out.fd.is_none() && err.fd.is_none())
+            || (reaped.is_some() && out.done() && err.done())
         {
             break;
         }
-        let raw = |s: &Stream| s.fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+        if input.done() {
+            // EOF on the host's stdin: the target sees EOF too.
+            input.sink = None;
+        }
         let mut fds = [
-            libc::pollfd { fd: raw(&out), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: raw(&err), events: libc::POLLIN, revents: 0 },
+            out.poll_src(),
+            err.poll_src(),
+            out.poll_sink(),
+            err.poll_sink(),
+            input.poll_src(),
+            input.poll_sink(),
             libc::pollfd {
                 fd: if reaped.is_some() { -1 } else { r.pidfd.as_raw_fd() },
                 events: libc::POLLIN,
@@ -135,35 +299,38 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
         } else {
             r.deadline.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32
         };
-        // SAFETY: four valid pollfds (negative fds are ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 4, timeout) };
+        // SAFETY: valid pollfds (negative fds are ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
         if sig != 0 {
             // SAFETY: forwarding to our child, the cage's init, which forwards to the target.
             unsafe { libc::kill(r.init, sig) };
         }
-        if n < 0 {
-            continue;
-        }
-        if n == 0 && !killed && reaped.is_none() {
+        // The deadline is a time, not "poll timed out": a sink that is always ready must not
+        // postpone it.
+        if !killed && reaped.is_none() && Instant::now() >= r.deadline {
             // SAFETY: killing our child; the kernel then kills its whole pid namespace.
             unsafe { libc::kill(r.init, libc::SIGKILL) };
             killed = true;
             outcome.limit_hit.push("wall_time".into());
+        }
+        if n <= 0 {
             continue;
         }
-        if fds[0].revents != 0 {
-            out.pump(r.output_limit, r.sinks.stdout, &mut buf);
+        for (pump, src, sink) in [(&mut out, 0, 2), (&mut err, 1, 3), (&mut input, 4, 5)] {
+            if fds[src].revents != 0 {
+                pump.fill();
+            }
+            if fds[sink].revents != 0 || (fds[src].revents != 0 && pump.pending()) {
+                pump.drain();
+            }
         }
-        if fds[1].revents != 0 {
-            err.pump(r.output_limit, r.sinks.stderr, &mut buf);
-        }
-        if fds[3].revents != 0 && !result_read {
+        if fds[7].revents != 0 && !result_read {
             read_result(&r.result, &mut outcome);
             result_read = true;
             (r.on_result)();
         }
-        if fds[2].revents != 0 && reaped.is_none() {
+        if fds[6].revents != 0 && reaped.is_none() {
             let mut status = 0;
             // SAFETY: reaping our child.
             unsafe { libc::waitpid(r.init, &mut status, 0) };
@@ -175,6 +342,10 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
     if !result_read {
         read_result(&r.result, &mut outcome);
     }
+    // Whatever a stuck sink did not take is dropped, not delivered.
+    out.give_up();
+    err.give_up();
+    r.sinks.stderr_mid_line = err.last_byte.is_some_and(|b| b != b'\n');
     outcome.stdout_bytes = out.kept;
     outcome.stdout_dropped = out.dropped;
     outcome.stderr_bytes = err.kept;
@@ -189,7 +360,7 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
 fn read_result(fd: &OwnedFd, o: &mut Outcome) {
     let mut buf = [0u8; 32];
     // SAFETY: nonblocking-enough read: every writer is dead, so this returns data or EOF.
-    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = unsafe { libc::read(fd.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     if n != 32 {
         o.signal = Some(libc::SIGKILL);
         return;

@@ -214,6 +214,12 @@ pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// `dup` (close-on-exec) of an fd.
+pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: plain fcntl on a valid fd.
+    owned(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) } as libc::c_long)
+}
+
 /// `pidfd_open` for a child, so waiting can be combined with poll and a deadline.
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.

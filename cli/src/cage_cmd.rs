@@ -3,6 +3,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -97,6 +98,10 @@ pub struct RunArgs {
     /// Print the launch record as one JSON line, the last line on stderr.
     #[arg(long)]
     json: bool,
+    /// Feed chio's stdin to the command through a pipe. Without it the command's stdin is the
+    /// cage's /dev/null; it never gets chio's own stdin (a terminal or pipe) itself.
+    #[arg(short = 'i', long)]
+    interactive: bool,
     /// Append this launch's enforcement and terminal receipts to this store (needs --kernel-key).
     #[arg(long = "receipt-db", value_name = "DB", requires = "kernel_key")]
     receipt_db: Option<PathBuf>,
@@ -234,9 +239,11 @@ pub fn run(a: &RunArgs) -> Result<i32> {
         (Some(db), Some(seed)) => Some(crate::receipt_cmd::LaunchReceipts::open(db, seed)?),
         _ => None,
     };
-    let stdout = std::io::stdout();
-    let stderr = std::io::stderr();
-    let (mut out, mut err) = (stdout.lock(), stderr.lock());
+    let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
+    let mut sinks = Sinks::new(stdout.as_fd(), stderr.as_fd());
+    if a.interactive {
+        sinks.stdin = Some(stdin.as_fd());
+    }
     // With receipts, the enforcement receipt is made durable at the exec stop, before the target
     // runs one instruction; if it cannot be, the launch stops there.
     let mut enforced = None;
@@ -246,11 +253,12 @@ pub fn run(a: &RunArgs) -> Result<i32> {
         }
         Ok(())
     };
-    let rec = chio_cage::launch(
-        &plan,
-        &mut Sinks { stdout: &mut out, stderr: &mut err, on_enforced: Some(&mut record_enforcement) },
-    );
-    drop((out, err));
+    sinks.on_enforced = Some(&mut record_enforcement);
+    let rec = chio_cage::launch(&plan, &mut sinks);
+    if sinks.stderr_mid_line {
+        // chio's own lines (and the --json record) always start a line of their own.
+        eprintln!();
+    }
     if let Some(r) = receipts.as_mut() {
         let ids = r.finish(&rec, enforced.take()).context("the launch ran but its receipts could not be recorded")?;
         eprintln!("chio: receipts {}", ids.join(" "));

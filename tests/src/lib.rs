@@ -252,3 +252,44 @@ impl Suite {
         assert!(run.stdout.is_empty(), "the target ran: {}", run.stdout);
     }
 }
+
+/// Cage processes whose command line carries `tag` (the supervisor's own janitor, a fork of the
+/// supervisor with its command line, may still be exiting after it reported: not a cage process).
+pub fn processes_tagged(tag: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (String::from_utf8_lossy(&cmd).contains(tag) && comm.trim_end() != "chio-janitor").then_some(pid)
+        })
+        .collect()
+}
+
+/// Wait until no process is tagged `tag`, or `within` has passed; returns those left.
+pub fn wait_gone(tag: &str, within: std::time::Duration) -> Vec<u32> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let left = processes_tagged(tag);
+        if left.is_empty() || std::time::Instant::now() > until {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A pseudo-terminal pair: (master, slave), both opened without becoming a controlling tty.
+pub fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt/grantpt/unlockpt/ptsname on the fd we just opened; ptsname's buffer is
+    // copied before any other call.
+    unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(m >= 0 && libc::grantpt(m) == 0 && libc::unlockpt(m) == 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(m)).to_owned();
+        let s = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(s >= 0);
+        (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
+    }
+}

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use chio_tests::{assert_escaped, build_symlinked_rootfs, cage, host, parse, Scratch, Suite};
+use chio_tests::{
+    assert_escaped, build_symlinked_rootfs, cage, host, parse, processes_tagged, wait_gone, Scratch, Suite,
+};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -486,31 +488,6 @@ fn output_flood_is_capped() {
     assert!(o["limit_hit"].as_array().unwrap().iter().any(|h| h == "output"));
     let (code, out) = host(&e.probe, &["flood", "8"]);
     assert_eq!((code, out.len()), (0, 8 << 20), "control floods 8 MiB");
-}
-
-/// Cage processes whose command line carries `tag` (the supervisor's own janitor, a fork of the
-/// supervisor with its command line, may still be exiting after it reported: not a cage process).
-fn processes_tagged(tag: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| {
-            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-            (String::from_utf8_lossy(&cmd).contains(tag) && comm.trim_end() != "chio-janitor").then_some(pid)
-        })
-        .collect()
-}
-
-fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
-    let until = Instant::now() + within;
-    loop {
-        let left = processes_tagged(tag);
-        if left.is_empty() || Instant::now() > until {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

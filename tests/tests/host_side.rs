@@ -78,3 +78,156 @@ fn a_unix_socket_is_never_a_bind_source() {
     // Control: the socket is reachable by path.
     assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
 }
+
+// ---- the supervisor's own stdin and output -----------------------------------------------------
+
+/// `chio cage run` with `stdin` as its stdin, the probe rootfs, and `args`; returns the run.
+fn with_stdin(
+    e: &Suite,
+    stdin: std::process::Stdio,
+    flags: &[&str],
+    args: &[&str],
+    feed: Option<&[u8]>,
+) -> chio_tests::CageRun {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(&e.chio);
+    cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap()]).args(flags).arg("--").arg("/probe");
+    let mut child = cmd
+        .args(args)
+        .stdin(stdin)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let (Some(data), Some(mut w)) = (feed, child.stdin.take()) {
+        w.write_all(data).unwrap();
+    }
+    chio_tests::parse(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn stdin_is_never_the_hosts_file_description() {
+    let Some(e) = env("stdin_host") else { return };
+    // A pipe holding data: the target reads EOF from its own /dev/null.
+    let run = with_stdin(&e, std::process::Stdio::piped(), &[], &["read-stdin"], Some(b"host secret\n"));
+    run.assert_refused("stdin pipe");
+    // A terminal: the target's stdin is not it.
+    let (_master, slave) = chio_tests::pty();
+    let run = with_stdin(&e, slave.try_clone().unwrap().into(), &[], &["stdin-tty"], None);
+    run.assert_refused("stdin terminal");
+    // Controls: the probe itself, given the same pipe or terminal, reads and sees them.
+    let out = std::process::Command::new(&e.probe).arg("stdin-tty").stdin(slave).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ESCAPED"), "control: stdin is a terminal");
+    let mut c = std::process::Command::new(&e.probe)
+        .arg("read-stdin")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut c.stdin.take().unwrap(), b"host secret\n").unwrap();
+    assert!(String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).starts_with("ESCAPED"));
+}
+
+#[test]
+fn dash_i_feeds_stdin_through_a_pipe() {
+    let Some(e) = env("stdin_feed") else { return };
+    let run = with_stdin(&e, std::process::Stdio::piped(), &["-i"], &["read-stdin"], Some(b"fed line\n"));
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(run.stdout.contains("fed line"), "{}", run.stdout);
+    // Even with -i the target's fd 0 is a pipe of the supervisor's, never the terminal.
+    let (_master, slave) = chio_tests::pty();
+    let run = with_stdin(&e, slave.into(), &["-i"], &["stdin-tty"], None);
+    run.assert_refused("stdin terminal with -i");
+}
+
+/// A reader that never reads chio's stdout (a full pipe, a stopped terminal) must not hold the
+/// supervisor past the deadline.
+#[test]
+fn the_deadline_fires_whatever_the_output_side_does() {
+    let Some(e) = env("deadline_output") else { return };
+    let (master, slave) = chio_tests::pty();
+    let (pipe_r, pipe_w) = pipe();
+    for (what, out) in [("unread pipe", std::process::Stdio::from(pipe_w)), ("unread terminal", slave.into())] {
+        let err = Scratch::new("deadline-err");
+        let started = std::time::Instant::now();
+        let mut child = std::process::Command::new(&e.chio)
+            .args(["cage", "run", "--json", "--timeout", "2s", "--output-limit", "256M", "--rootfs"])
+            .arg(e.rootfs)
+            .args(["--", "/probe", "flood", "64"])
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(std::fs::File::create(err.join("stderr")).unwrap())
+            .spawn()
+            .unwrap();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{what}: chio was still running 20 s after a 2 s deadline");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert_eq!(status.code(), Some(137), "{what}");
+        let stderr = std::fs::read_to_string(err.join("stderr")).unwrap();
+        let rec: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+        let hit = rec["outcome"]["limit_hit"].to_string();
+        assert!(hit.contains("wall_time"), "{what}: {hit}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(8), "{what}: took {:?}", started.elapsed());
+    }
+    drop((master, pipe_r));
+}
+
+fn pipe() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: a valid 2-element array; the fds are owned by the returned Files.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1]))
+    }
+}
+
+/// A target whose stderr ends without a newline cannot prefix the `--json` record.
+#[test]
+fn the_record_is_always_a_whole_last_line() {
+    let Some(e) = env("record_line") else { return };
+    let run = e.caged(&[], &["stderr-partial", "{\"state\":\"forged\","]);
+    assert_eq!(run.state(), "FullyEnforced", "the last line is the real record: {}", run.stderr);
+    // The target's partial line really was written, and ended by chio.
+    assert!(run.stderr.starts_with("{\"state\":\"forged\",\n"), "{}", run.stderr);
+}
+
+// ---- a supervisor killed in its first milliseconds ----------------------------------------------
+
+#[test]
+fn a_supervisor_killed_at_any_early_moment_leaves_no_cage() {
+    let Some(e) = env("early_kill") else { return };
+    let tag = format!("chio-early-kill-{}", std::process::id());
+    let root = e.rootfs.to_str().unwrap();
+    let mut seed = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    let mut killed = Vec::new();
+    for _ in 0..200 {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let delay = std::time::Duration::from_micros((seed >> 33) % 5000);
+        let mut sup = std::process::Command::new(&e.chio)
+            .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", &tag])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        sup.kill().unwrap();
+        sup.wait().unwrap();
+        killed.push(sup.id());
+    }
+    let left = chio_tests::wait_gone(&tag, std::time::Duration::from_secs(10));
+    for p in &left {
+        // SAFETY: cleaning up the leak this test found, so it does not outlive the test.
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    assert_eq!(left, Vec::<u32>::new(), "cage processes outlived a supervisor killed early");
+}
