@@ -139,7 +139,6 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     prepared.attach(&plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
     ctx.inject(Stage::Pivot)?;
     prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
-    seal_memfds().map_err(|e| fail(Stage::Pivot, "memfd_noexec_failed", e))?;
     ctx.inject(Stage::Network)?;
     // SAFETY: static NUL-terminated name of the given length.
     if unsafe { libc::sethostname(c"chio".as_ptr(), 4) } != 0 {
@@ -362,16 +361,6 @@ fn write_result(status: libc::c_int) {
             buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         libc::write(3, buf.as_ptr().cast(), buf.len());
-    }
-}
-
-/// vm.memfd_noexec is per pid namespace (Linux 6.3+): 2 makes every memfd of the cage
-/// non-executable and sealed, so code written to memory cannot be exec'd as a new program —
-/// the same rule noexec gives /tmp. Kernels without the knob have no file to write.
-fn seal_memfds() -> io::Result<()> {
-    match std::fs::write("/proc/sys/vm/memfd_noexec", "2") {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        r => r,
     }
 }
 

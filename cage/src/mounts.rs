@@ -12,7 +12,7 @@
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -22,14 +22,15 @@ use crate::record::SourceFact;
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
-const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
 /// Names the cage always provides itself, whatever the image has there.
 const RESERVED: [&str; 4] = ["proc", "dev", "tmp", "workspace"];
 /// Host directories making up the default root.
 pub(crate) const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 /// Host `/etc` entries the default root carries: what the dynamic loader, name lookups and
 /// `alternatives` symlinks need — no shadow, and no `ssl` (it holds `private/`, which a target
-/// run with `--uid 0` could read as its owner).
+/// run with `--uid 0` could read as its owner). Files and symlinks are copied into the cage's own
+/// `/etc` (a lock or watch on them never reaches the host's inode); directories are bound
+/// read-only.
 const HOST_ETC: [&str; 10] = [
     "passwd",
     "group",
@@ -42,8 +43,30 @@ const HOST_ETC: [&str; 10] = [
     "localtime",
     "os-release",
 ];
-/// Device nodes bound into `/dev`.
-const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Device nodes the cage's `/dev` holds: its own inodes (major, minor), made with mknod in its
+/// own tmpfs — never binds of the host's nodes, whose mode and times a cage could change.
+const DEVICES: [(&CStr, u32, u32); 6] =
+    [(c"null", 1, 3), (c"zero", 1, 5), (c"full", 1, 7), (c"random", 1, 8), (c"urandom", 1, 9), (c"tty", 5, 0)];
+
+/// Size of the cage's own `/etc` on the default root (the copied files are a few KiB; the
+/// loader cache tens of KiB).
+const ETC_BYTES: u64 = 1 << 20;
+/// A host `/etc` file larger than this is not copied (the tmpfs would refuse it anyway).
+const ETC_FILE_MAX: u64 = 512 << 10;
+
+/// Copy the regular file `name` of `from` into `to` with `mode` (never through a symlink).
+fn copy_file(from: BorrowedFd<'_>, to: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    let src = sys::openat(from, name, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?;
+    let st = sys::fstat(src.as_fd())?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > ETC_FILE_MAX {
+        return Err(io::Error::other("not a regular file of at most 512 KiB"));
+    }
+    let dst = sys::openat(to, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, mode)?;
+    let (mut src, mut dst) = (std::fs::File::from(src), std::fs::File::from(dst));
+    std::io::copy(&mut std::io::Read::take(&mut src, ETC_FILE_MAX), &mut dst)?;
+    // The umask may have cleared bits of `mode`.
+    dst.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
+}
 
 /// Where a detached tree is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +112,8 @@ pub struct Prepared {
     pub described: Vec<String>,
     /// Identity of every operator-supplied source, for the record.
     pub sources: Vec<SourceFact>,
+    /// The target runs as uid or gid 0: procfs's root-only files are masked.
+    mask_proc: bool,
 }
 
 fn err_at(what: &str, p: impl AsRef<Path>, e: io::Error) -> io::Error {
@@ -124,7 +149,8 @@ impl Prepared {
     /// Prepare the detached trees for `plan` (supervisor side, before the cage exists).
     pub fn build(plan: &CagePlan) -> io::Result<Prepared> {
         let skeleton = tmpfs(1 << 20, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
-        let dev = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        // Not nodev: it holds the cage's own device nodes (and is sealed read-only once built).
+        let dev = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
         let mut p = Prepared {
             skeleton,
             etc: None,
@@ -134,6 +160,7 @@ impl Prepared {
             access: Access::default(),
             described: Vec::new(),
             sources: Vec::new(),
+            mask_proc: plan.uid == 0 || plan.gid == 0,
         };
         let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
         match &plan.root {
@@ -253,12 +280,22 @@ impl Prepared {
         if skip.contains(&OsStr::new("etc")) {
             return Ok(());
         }
-        let etc = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        let etc = tmpfs(ETC_BYTES, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
         let host_etc = path::open_host(Path::new("/etc"), libc::O_DIRECTORY)?;
+        for name in HOST_ETC {
+            let c = cstring(name)?;
+            let Ok(st) = sys::fstatat(host_etc.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) else { continue };
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                copy_file(host_etc.as_fd(), etc.as_fd(), &c, st.st_mode & 0o777)
+                    .map_err(|e| err_at("copying host", format!("/etc/{name}"), e))?;
+                self.described.push(format!("/etc/{name} copy of the host's"));
+            }
+        }
         self.etc = Some(etc);
         for name in HOST_ETC {
             let c = cstring(name)?;
-            if let Ok(st) = sys::fstatat(host_etc.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) {
+            let Ok(st) = sys::fstatat(host_etc.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) else { continue };
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                 self.add_entry(host_etc.as_fd(), Parent::Etc, &c, st.st_mode & libc::S_IFMT, Path::new("/etc"))?;
             }
         }
@@ -274,16 +311,9 @@ impl Prepared {
         sys::mkdirat(sk, c"tmp", 0o1777)?;
         let tmp = tmpfs(plan.limits.tmp_bytes, "1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
         self.push(Parent::Root, c"tmp".into(), tmp, format!("/tmp tmpfs size={} noexec", plan.limits.tmp_bytes));
-        let host_dev = path::open_host(Path::new("/dev"), libc::O_DIRECTORY)?;
-        for name in DEVICES {
-            let c = cstring(name)?;
-            let fd = sys::openat(host_dev.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-            if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFCHR {
-                return Err(io::Error::other(format!("/dev/{name} on the host is not a character device")));
-            }
-            let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
-            sys::mkfileat(self.dev.as_fd(), &c)?;
-            self.push(Parent::Dev, c, tree, format!("/dev/{name} device bind"));
+        for (name, major, minor) in DEVICES {
+            sys::mknodat(self.dev.as_fd(), name, libc::S_IFCHR | 0o666, libc::makedev(major, minor))?;
+            self.described.push(format!("/dev/{} device node {major}:{minor}", name.to_string_lossy()));
         }
         for (name, target) in [
             (c"fd", c"/proc/self/fd"),
@@ -407,9 +437,17 @@ impl Prepared {
         if sys::fstatfs(proc.as_fd())?.f_type as i64 != PROC_SUPER_MAGIC {
             return Err(io::Error::other("the new /proc mount is not procfs"));
         }
+        seal_memfds(proc.as_fd()).map_err(|e| err_at("writing", "/proc/sys/vm/memfd_noexec", e))?;
         sys::move_mount_to(proc.as_fd(), sk, c"proc").map_err(|e| err_at("attaching", "/proc", e))?;
-        for sealed in [Some(sk), self.etc.as_ref().map(|f| f.as_fd()), Some(self.dev.as_fd())].into_iter().flatten() {
-            sys::mount_setattr_one(sealed, MOUNT_ATTR_RDONLY)?;
+        if self.mask_proc {
+            mask_root_only(proc.as_fd(), self.dev.as_fd())?;
+        }
+        // procfs read-only as a whole: its top-level files are one inode for every procfs on
+        // the host, so a chmod or utimensat by uid 0 would change them everywhere; sysctls and
+        // sysrq-trigger are written through it.
+        let sealed = [Some(sk), self.etc.as_ref().map(|f| f.as_fd()), Some(self.dev.as_fd()), Some(proc.as_fd())];
+        for fd in sealed.into_iter().flatten() {
+            sys::mount_setattr_one(fd, MOUNT_ATTR_RDONLY)?;
         }
         Ok(())
     }
@@ -418,6 +456,39 @@ impl Prepared {
     pub fn pivot(&self) -> io::Result<()> {
         sys::pivot_into(self.skeleton.as_fd())
     }
+}
+
+/// vm.memfd_noexec is per pid namespace (Linux 6.3+): 2 makes every memfd of the cage
+/// non-executable and sealed, so code written to memory cannot be exec'd as a new program —
+/// the same rule noexec gives /tmp. Written through the cage's procfs before it is sealed
+/// read-only; kernels without the knob have no file to write.
+fn seal_memfds(proc: BorrowedFd<'_>) -> io::Result<()> {
+    match sys::openat(proc, c"sys/vm/memfd_noexec", libc::O_WRONLY, 0) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(fd) => std::io::Write::write_all(&mut std::fs::File::from(fd), b"2"),
+    }
+}
+
+/// A cage running as uid or gid 0 owns procfs's root-only files (`kpageflags`, `slabinfo`,
+/// `vmallocinfo`, `timer_list`, `sysrq-trigger`, ...: every top-level file not readable by
+/// others). Each is covered with a read-only bind of the cage's own `/dev/null`.
+fn mask_root_only(proc: BorrowedFd<'_>, dev: BorrowedFd<'_>) -> io::Result<()> {
+    for name in path::read_dir_names(proc)? {
+        if name.as_bytes().first().is_some_and(u8::is_ascii_digit) {
+            continue;
+        }
+        let Ok(st) = sys::fstatat(proc, &name, libc::AT_SYMLINK_NOFOLLOW) else { continue };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_mode & libc::S_IROTH != 0 {
+            continue;
+        }
+        let null = sys::open_tree_clone_at(dev, c"null")?;
+        sys::mount_setattr_one(null.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
+        let target = sys::openat(proc, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        sys::move_mount_onto(null.as_fd(), target.as_fd())
+            .map_err(|e| err_at("masking", Path::new("/proc").join(OsStr::from_bytes(name.as_bytes())), e))?;
+    }
+    Ok(())
 }
 
 /// The first component of `dest` when it is the only one.
@@ -436,19 +507,5 @@ fn attach_nested(root: BorrowedFd<'_>, n: &NestedBind) -> io::Result<()> {
     if is_dir != n.is_dir {
         return Err(io::Error::other(format!("bind destination {} has the wrong file type", n.dest.display())));
     }
-    // SAFETY: valid fds, empty paths, documented flags.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            n.tree.as_raw_fd(),
-            c"".as_ptr(),
-            target.as_raw_fd(),
-            c"".as_ptr(),
-            sys::MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(err_at("attaching bind at", &n.dest, io::Error::last_os_error()));
-    }
-    Ok(())
+    sys::move_mount_onto(n.tree.as_fd(), target.as_fd()).map_err(|e| err_at("attaching bind at", &n.dest, e))
 }

@@ -192,6 +192,39 @@ pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
     check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) } as libc::c_long).map(drop)
 }
 
+/// `mknodat` (a device node in the cage's own `/dev`), then its mode exactly (the umask would
+/// clear bits).
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, dev: libc::dev_t) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated name.
+    check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) } as libc::c_long)?;
+    // SAFETY: valid fd and NUL-terminated name; a device node is not a symlink.
+    check(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode & 0o7777, 0) } as libc::c_long).map(drop)
+}
+
+/// `open_tree(dir, name, OPEN_TREE_CLONE)`: a detached bind mount of one file or directory.
+pub fn open_tree_clone_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_SYMLINK_NOFOLLOW as u32;
+    // SAFETY: valid fd and a NUL-terminated name.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), name.as_ptr(), flags) })
+}
+
+/// Attach the detached mount `tree` onto the file or directory `target` (an `O_PATH` fd).
+pub fn move_mount_onto(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
+    // SAFETY: valid fds, empty paths, documented flags.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
 /// Create an empty regular file (a mount point for a file bind).
 pub fn mkfileat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     openat(dir, name, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW, 0o644).map(drop)

@@ -231,3 +231,81 @@ fn a_supervisor_killed_at_any_early_moment_leaves_no_cage() {
     }
     assert_eq!(left, Vec::<u32>::new(), "cage processes outlived a supervisor killed early");
 }
+
+// ---- host-global /proc and /dev inodes, host /etc files ---------------------------------------
+
+fn identity(path: &str) -> String {
+    let m = std::fs::metadata(path).unwrap();
+    format!("{}:{}", m.dev(), m.ino())
+}
+
+#[test]
+fn dev_nodes_are_the_cages_own() {
+    let Some(e) = env("dev_nodes") else { return };
+    for dev in ["/dev/null", "/dev/full", "/dev/zero", "/dev/urandom"] {
+        let id = identity(dev);
+        e.pair(&format!("{dev} inode"), &[], &["same-inode", dev, &id], None, &["same-inode", dev, &id]);
+    }
+    // Their mode and times cannot be changed, even by uid 0 (the host's would change everywhere).
+    let s = Scratch::new("devnode");
+    let node = s.join("full");
+    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
+    // SAFETY: mknod of a character device in our scratch directory (the control's own node).
+    assert_eq!(unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) }, 0);
+    let n = node.to_str().unwrap();
+    e.pair("touch /dev/full", &[], &["touch-times", "/dev/full"], Some(libc::EROFS), &["touch-times", n]);
+    e.pair(
+        "chmod /dev/full",
+        &["--uid", "0", "--gid", "0"],
+        &["chmod", "/dev/full", "666"],
+        Some(libc::EROFS),
+        &["chmod", n, "666"],
+    );
+}
+
+#[test]
+fn uid_0_cannot_change_host_global_procfs_inodes() {
+    let Some(e) = env("procfs_global") else { return };
+    let root = ["--uid", "0", "--gid", "0"];
+    // The control changes nothing: it sets the mode /proc/version already has.
+    let mode = format!("{:o}", std::fs::metadata("/proc/version").unwrap().mode() & 0o7777);
+    e.pair(
+        "chmod /proc/version",
+        &root,
+        &["chmod", "/proc/version", &mode],
+        Some(libc::EROFS),
+        &["chmod", "/proc/version", &mode],
+    );
+    let run = e.caged(&root, &["touch-times", "/proc/version"]);
+    assert_eq!(run.assert_refused("utimensat /proc/version"), libc::EROFS);
+    let run = e.caged(&root, &["open-write", "/proc/sysrq-trigger"]);
+    run.assert_refused("open /proc/sysrq-trigger for writing");
+}
+
+#[test]
+fn uid_0_cannot_read_root_only_procfs() {
+    let Some(e) = env("procfs_root_only") else { return };
+    let root = ["--uid", "0", "--gid", "0"];
+    for (file, text) in
+        [("/proc/slabinfo", "slabinfo"), ("/proc/vmallocinfo", "0x"), ("/proc/timer_list", "Timer List")]
+    {
+        if std::path::Path::new(file).exists() {
+            e.pair(&format!("read {file}"), &root, &["read", file, text], None, &["read", file, text]);
+        }
+    }
+}
+
+#[test]
+fn default_root_etc_files_are_copies() {
+    let Some(e) = env("etc_copies") else { return };
+    let bind = format!("{}:/probe", e.probe.display());
+    for f in ["/etc/passwd", "/etc/group", "/etc/ld.so.cache"] {
+        let id = identity(f);
+        let run = cage(&e.chio, &["--ro-bind", &bind], &["/probe", "same-inode", f, &id]);
+        run.assert_refused(&format!("{f} is the host's inode"));
+        assert_escaped(f, host(&e.probe, &["same-inode", f, &id]));
+    }
+    // The copy holds the host's content.
+    let run = cage(&e.chio, &["--ro-bind", &bind], &["/probe", "read", "/etc/passwd", "root:x:0:0"]);
+    assert!(run.stdout.starts_with("ESCAPED"), "{}", run.stdout);
+}
