@@ -37,6 +37,8 @@ pub fn set_rlimits(l: &Limits) -> io::Result<()> {
         (libc::RLIMIT_NOFILE, l.nofile, "nofile"),
         (libc::RLIMIT_FSIZE, l.fsize_bytes, "fsize"),
         (libc::RLIMIT_CORE, l.core_bytes, "core"),
+        (libc::RLIMIT_SIGPENDING, l.sigpending, "sigpending"),
+        (libc::RLIMIT_MEMLOCK, l.memlock_bytes, "memlock"),
     ];
     if let Some(c) = l.cpu_seconds {
         set.push((libc::RLIMIT_CPU, c, "cpu"));

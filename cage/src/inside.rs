@@ -120,6 +120,7 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
 }
 
 fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
+    hide_argv().map_err(|e| fail(Stage::Namespaces, "argv_hide_failed", e))?;
     // The pid namespace came with clone; the rest are made here, so that their cost (a new
     // network namespace is the dearest) overlaps the supervisor's cgroup and janitor work.
     // SAFETY: plain syscall on ourselves.
@@ -159,6 +160,28 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     unsafe { libc::setsid() };
     block_forwarded_signals();
     spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+}
+
+/// The init is a copy of the supervisor, whose command line (host paths, the key and store
+/// locations) any cage process could read in `/proc/1/cmdline`: overwrite the init's copy of
+/// the argument area with its own name. (`PR_SET_MM_ARG_START` would move it instead, but needs
+/// CAP_SYS_RESOURCE, which hardened hosts withhold even from root.)
+fn hide_argv() -> io::Result<()> {
+    let start: usize = sys::stat_field("self", 48)?;
+    let end: usize = sys::stat_field("self", 49)?;
+    let name = b"chio-init";
+    if end <= start + name.len() {
+        return Err(io::Error::other(format!("argument area {start:#x}..{end:#x} is too small")));
+    }
+    // SAFETY: [start, end) is this process's own argument area (the kernel reports it), on the
+    // writable stack of a private copy-on-write address space; nothing reads it afterwards but
+    // procfs. The name is followed by zeros up to `end`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(name.as_ptr(), start as *mut u8, name.len());
+        std::ptr::write_bytes((start + name.len()) as *mut u8, 0, end - start - name.len());
+        libc::prctl(libc::PR_SET_NAME, c"chio-init".as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+    Ok(())
 }
 
 /// True when the other end of the status channel is closed (the supervisor is gone).
@@ -283,7 +306,8 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let last = identity::last_cap();
     // The init takes the target's identity with no capabilities: that is exactly enough to
     // forward signals to it (a capability-less root could not signal uid 65534).
-    let shed = identity::drop_bounding_and_lock(last)
+    let shed = identity::set_rlimits(&ctx.plan.limits)
+        .and_then(|_| identity::drop_bounding_and_lock(last))
         .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
         .and_then(|_| identity::clear_caps())
         .and_then(|_| identity::no_new_privs());
@@ -469,6 +493,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         mounts: prepared.described.clone(),
         sources: prepared.sources.clone(),
         seccomp_filter_sha256: ctx.filters.sha256.clone(),
+        seccomp_refuses: seccomp::REFUSALS.iter().map(|r| r.to_string()).collect(),
         ..Reported::default()
     };
     ctx.inject(Stage::Identity)?;

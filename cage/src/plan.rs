@@ -76,6 +76,22 @@ pub struct Limits {
     pub cpu_seconds: Option<u64>,
     /// RLIMIT_AS in bytes.
     pub address_space_bytes: Option<u64>,
+    /// RLIMIT_SIGPENDING: queued signals are counted per uid across the host, and a cage
+    /// queues only while the uid's count is below its own limit — so this bounds what one cage
+    /// can take from the host's processes of the same uid.
+    #[serde(default = "default_sigpending")]
+    pub sigpending: u64,
+    /// RLIMIT_MEMLOCK in bytes (`SHM_LOCK` is counted per uid across the host in the same way).
+    #[serde(default = "default_memlock")]
+    pub memlock_bytes: u64,
+}
+
+fn default_sigpending() -> u64 {
+    256
+}
+
+fn default_memlock() -> u64 {
+    64 << 10
 }
 
 impl Default for Limits {
@@ -95,6 +111,8 @@ impl Default for Limits {
             core_bytes: 0,
             cpu_seconds: None,
             address_space_bytes: None,
+            sigpending: default_sigpending(),
+            memlock_bytes: default_memlock(),
         }
     }
 }

@@ -111,6 +111,9 @@ pub struct Reported {
     pub landlock_scope: String,
     /// SHA-256 of the seccomp BPF program installed.
     pub seccomp_filter_sha256: String,
+    /// What the filter's argument conditions refuse beyond its allow-list, in operator words.
+    #[serde(default)]
+    pub seccomp_refuses: Vec<String>,
     /// Capability sets read back with capget/PR_CAPBSET_READ after dropping: all zero.
     pub capabilities_cleared: bool,
     /// Securebits value after locking.

@@ -338,7 +338,7 @@ pub fn pivot_into(new_root: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`, `pid` being `self` or a number.
-fn stat_field<T: std::str::FromStr>(pid: &str, n: usize) -> io::Result<T> {
+pub fn stat_field<T: std::str::FromStr>(pid: &str, n: usize) -> io::Result<T> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (field 2, which may contain spaces) start after the last ')'.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");

@@ -293,3 +293,31 @@ pub fn pty() -> (std::fs::File, std::fs::File) {
         (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
     }
 }
+
+/// Live cage inits (`chio-init`) whose parent is no longer a `chio` supervisor: leaked cages
+/// (a dead one waiting to be reaped by the host's init is not).
+pub fn orphaned_inits() -> Vec<u32> {
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let ppid = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut fields = stat.rsplit_once(") ")?.1.split_whitespace();
+        (fields.next()? != "Z").then_some(())?;
+        fields.next()?.parse().ok()
+    };
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            comm(pid).trim_end() == "chio-init"
+                && ppid(pid).is_some_and(|p| !matches!(comm(p).trim_end(), "chio" | "chio-init"))
+        })
+        .collect()
+}
+
+/// `pid (comm) state ppid: cmdline`, for failure messages.
+pub fn describe_process(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmd: String = String::from_utf8_lossy(&cmd).replace('\0', " ").chars().take(120).collect();
+    format!("{} :: {cmd}", stat.split_whitespace().take(4).collect::<Vec<_>>().join(" "))
+}
