@@ -108,6 +108,7 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
             ),
         ));
     }
+    check_limits(&plan.limits).map_err(|detail| reject("bad_limit", detail))?;
     if let Some(d) = &plan.expect_sha256 {
         if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(reject("bad_digest", format!("expected digest {d:?} is not 64 lowercase hex digits")));
@@ -120,6 +121,30 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
             format!("launch must be called from a single-threaded process (this one has {n} threads)"),
         )),
         Err(e) => Err(reject("multithreaded_supervisor", format!("cannot count threads: {e}"))),
+    }
+}
+
+/// Smallest size of the cage's `/tmp` and `/dev/shm`. tmpfs reads `size=0` as "no limit", so a
+/// zero (or a size that rounds to it) would silently lift the ceiling the record states.
+const MIN_TMPFS_BYTES: u64 = 1 << 20;
+
+/// Ceilings that would mean something other than what the record says are refused.
+fn check_limits(l: &crate::plan::Limits) -> Result<(), String> {
+    for (name, value) in [("/tmp size", l.tmp_bytes), ("/dev/shm size", l.shm_bytes)] {
+        if value < MIN_TMPFS_BYTES {
+            return Err(format!("{name} {value} bytes is below the 1 MiB floor (tmpfs would read 0 as unlimited)"));
+        }
+    }
+    let zero = [
+        ("memory ceiling", l.memory_bytes),
+        ("pids ceiling", l.pids),
+        ("CPU ceiling", l.cpu_millis),
+        ("wall-clock deadline", Some(l.wall_ms)),
+        ("open-file limit", Some(l.nofile)),
+    ];
+    match zero.iter().find(|(_, v)| *v == Some(0)) {
+        Some((name, _)) => Err(format!("a {name} of 0 is not a ceiling; give a positive value or none")),
+        None => Ok(()),
     }
 }
 

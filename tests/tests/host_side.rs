@@ -421,3 +421,40 @@ fn fallocate_cannot_reserve_disk_past_the_file_size() {
     );
     assert!(std::fs::metadata(ws.join("f")).unwrap().blocks() < 64, "no space was reserved");
 }
+
+// ---- sizes that reach a mount option -----------------------------------------------------------
+
+#[test]
+fn a_tmp_size_tmpfs_would_read_as_unlimited_is_refused() {
+    let Some(e) = env("tmp_size_zero") else { return };
+    for size in ["0", "512K"] {
+        let run = e.caged(&["--tmp-size", size], &["fill", "/tmp/big", "20"]);
+        assert_eq!(run.state(), "Rejected", "--tmp-size {size}: {}", run.stderr);
+        Suite::assert_stopped(&run, "bad_limit");
+    }
+    let run = e.caged(&["--pids", "0"], &["euid"]);
+    Suite::assert_stopped(&run, "bad_limit");
+    // At the floor the ceiling holds.
+    let run = e.caged(&["--tmp-size", "1M"], &["fill", "/tmp/big", "2"]);
+    assert_eq!(run.assert_refused("1M /tmp"), libc::ENOSPC);
+    // Control: a tmpfs with size=0 takes 20 MiB (it means "no limit").
+    let s = Scratch::new("tmpfs0");
+    let out = std::process::Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=0 none \"$1\" && exec \"$2\" fill \"$1/big\" 20",
+            "sh",
+        ])
+        .arg(&s.0)
+        .arg(&e.probe)
+        .output()
+        .unwrap();
+    assert_escaped(
+        "tmpfs size=0",
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned()),
+    );
+}
