@@ -42,6 +42,8 @@ pub enum CageMsg {
         exec_path: String,
         /// Path of the script when the target is a `#!` script.
         script_path: Option<String>,
+        /// The fd the script stays open on across exec: the interpreter reads `/dev/fd/<n>`.
+        script_fd: Option<i32>,
     },
 }
 

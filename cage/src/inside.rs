@@ -527,9 +527,17 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         reported,
         exec_path: target.exec_path.to_string_lossy().into_owned(),
         script_path: target.script_path.as_ref().map(|p| p.to_string_lossy().into_owned()),
+        script_fd: target.script_fd.as_ref().map(|f| f.as_raw_fd()),
     };
     channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
-    drop(target.script_fd);
+    if let Some(script) = target.script_fd {
+        // Kept open across exec for the interpreter (its number is in argv).
+        // SAFETY: clearing FD_CLOEXEC on our own fd, which is then left open on purpose.
+        if unsafe { libc::fcntl(script.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+            return Err(fail(Stage::Target, "script_fd_failed", io::Error::last_os_error()));
+        }
+        let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script);
+    }
     ctx.inject(Stage::Seccomp)?;
     seccomp::install(ctx.filters).map_err(|e| fail(Stage::Seccomp, "seccomp_failed", e))?;
     // The supervisor has verified the digest and attached ptrace; anything but GO stops here.
@@ -602,7 +610,9 @@ struct Resolved {
 /// Open `p` inside the cage root (after pivot_root, "/" is the cage's root).
 fn open_in_root(p: &Path) -> io::Result<OwnedFd> {
     let root = path::open_host(Path::new("/"), libc::O_DIRECTORY)?;
-    path::resolve_in(root.as_fd(), p, libc::O_RDONLY)
+    // Non-blocking: a FIFO named as the target opens at once (and is then refused as not a
+    // regular file) instead of stalling the launch.
+    path::resolve_in(root.as_fd(), p, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY)
 }
 
 fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
@@ -632,9 +642,12 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
         detail: format!("{}: interpreter {}", p.display(), f.detail),
         ..f
     })?;
+    // The interpreter reads the script through the very fd that was hashed (`/dev/fd/<n>`, as
+    // the kernel does for an fexecve'd script), never by path: a file swapped in at the path
+    // after hashing is not what runs.
     let mut argv = vec![interp.clone()];
     argv.extend(arg);
-    argv.push(p.clone().into_os_string());
+    argv.push(format!("/dev/fd/{}", fd.as_raw_fd()).into());
     argv.extend(plan.argv.iter().skip(1).cloned());
     Ok(Resolved {
         exec_fd: interp_fd,

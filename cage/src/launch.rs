@@ -462,8 +462,10 @@ fn verify_and_exec(
 ) -> Result<Instant, Stop> {
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
-    let (reported, exec_path, script_path) = match ready.msg {
-        Some(CageMsg::Ready { reported, exec_path, script_path }) => (reported, exec_path, script_path),
+    let (reported, exec_path, script_path, script_fd) = match ready.msg {
+        Some(CageMsg::Ready { reported, exec_path, script_path, script_fd }) => {
+            (reported, exec_path, script_path, script_fd)
+        }
         Some(CageMsg::Failed { stage, code, detail }) => return Err(stop(stage, &code, detail)),
         None => return Err(stop(Stage::Namespaces, "cage_died", "the cage exited during setup without a report")),
         Some(CageMsg::Join) => {
@@ -478,9 +480,14 @@ fn verify_and_exec(
         fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
     let mut target = describe(&exec_fd, &exec_path, early)?;
     let exe_id = (target.device, target.inode);
-    if let (Some(script_fd), Some(sp)) = (fds.next(), script_path) {
-        let script = describe(&script_fd, &sp, early)?;
-        target = Target { interpreter: Some(Box::new(target)), ..script };
+    // What was hashed, to be found unchanged at the exec stop (any write moves ctime).
+    let mut hashed = vec![(prehash::identity_of(exec_fd.as_fd()), exec_fd)];
+    let mut script = None;
+    if let (Some(fd), Some(sp), Some(n)) = (fds.next(), script_path, script_fd) {
+        let s = describe(&fd, &sp, early)?;
+        script = Some((n, s.device, s.inode));
+        target = Target { interpreter: Some(Box::new(target)), opened_as: Some(format!("/dev/fd/{n}")), ..s };
+        hashed.push((prehash::identity_of(fd.as_fd()), fd));
     }
     let verified = verify_digest(plan, &target);
     rec.target = Some(target);
@@ -490,7 +497,7 @@ fn verify_and_exec(
     }
     // If the target died after reporting ready (a later setup step failed), its report says why.
     seize(tpid).map_err(|s| cage_report(sock).unwrap_or(s))?;
-    let traced = Traced { plan, host, tpid, exe: exe_id, sock };
+    let traced = Traced { plan, host, tpid, exe: exe_id, script, hashed, sock };
     let r = traced.exec_and_observe(rec, hook);
     if r.is_err() {
         release_tracee(tpid);
@@ -511,6 +518,10 @@ struct Traced<'a> {
     host: Host<'a>,
     tpid: libc::pid_t,
     exe: (u64, u64),
+    /// A script's fd number in the target and its device and inode.
+    script: Option<(i32, u64, u64)>,
+    /// The hashed files (the supervisor's fds) and their identity when hashed.
+    hashed: Vec<(Option<[i64; 7]>, OwnedFd)>,
     sock: &'a OwnedFd,
 }
 
@@ -532,8 +543,14 @@ impl Traced<'_> {
             gid: plan.gid,
             cgroup: Some((self.host.cg.name(), self.host.cg.hierarchies())),
             cwd: &cwd,
+            script: self.script,
         };
         let mut problems = observe::violations(&observed, &expect);
+        for (then, fd) in &self.hashed {
+            if then.is_none() || *then != prehash::identity_of(fd.as_fd()) {
+                problems.push("a file changed after it was hashed (its size, mtime or ctime moved)".into());
+            }
+        }
         if plan.inject_failure == Some(Stage::Observe) {
             problems.push("test-only failure injected at stage observe".into());
         }
@@ -580,12 +597,22 @@ fn release_tracee(tpid: libc::pid_t) {
 
 fn describe(fd: &OwnedFd, path: &str, early: Option<&Early>) -> Result<Target, Stop> {
     let st = sys::fstat(fd.as_fd()).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(stop(Stage::Verify, "target_not_executable", format!("{path} is not a regular file")));
+    }
     let sha256 = match early {
         Some(e) if e.matches(&st) => e.sha256.clone(),
         _ => prehash::hash_fd(fd.as_fd())
             .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?,
     };
-    Ok(Target { path: path.to_string(), sha256, device: st.st_dev, inode: st.st_ino, interpreter: None })
+    Ok(Target {
+        path: path.to_string(),
+        sha256,
+        device: st.st_dev,
+        inode: st.st_ino,
+        opened_as: None,
+        interpreter: None,
+    })
 }
 
 fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {

@@ -26,6 +26,8 @@ pub struct Expect<'a> {
     pub cgroup: Option<(&'a str, usize)>,
     /// Working directory inside the cage.
     pub cwd: &'a str,
+    /// A script kept open for its interpreter: its fd number, device and inode.
+    pub script: Option<(i32, u64, u64)>,
 }
 
 /// The supervisor's own namespaces, read once per launch.
@@ -82,6 +84,14 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
         let names = crate::path::read_dir_names(fds.as_fd()).unwrap_or_default();
         o.fds = names.iter().filter_map(|n| n.to_str().ok()?.parse().ok()).collect();
         o.fds.sort_unstable();
+        for n in names.iter().filter(|n| !matches!(n.to_bytes(), b"0" | b"1" | b"2")) {
+            let fd: u64 = n.to_str().ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+            // Following the magic link: the file the fd is open on.
+            if let Ok(st) = sys::fstatat(fds.as_fd(), n, 0) {
+                o.fd_files.push([fd, st.st_dev, st.st_ino]);
+            }
+        }
+        o.fd_files.sort_unstable();
     }
     o.cwd = link_at(dir, c"cwd");
     o
@@ -144,8 +154,17 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
             v.push(format!("target is not in the launch cgroup {name}: {}", o.cgroup.trim().replace('\n', "; ")));
         }
     }
-    if o.fds != [0, 1, 2] {
-        v.push(format!("open fds are {:?} (want only 0, 1, 2)", o.fds));
+    match e.script {
+        None if o.fds != [0, 1, 2] => v.push(format!("open fds are {:?} (want only 0, 1, 2)", o.fds)),
+        Some((n, dev, ino)) => {
+            if o.fds != [0, 1, 2, n] {
+                v.push(format!("open fds are {:?} (want only 0, 1, 2 and the script at {n})", o.fds));
+            }
+            if !o.fd_files.contains(&[n as u64, dev, ino]) {
+                v.push(format!("fd {n} is not the hashed script {dev}:{ino}: {:?}", o.fd_files));
+            }
+        }
+        None => {}
     }
     if o.cwd != e.cwd {
         v.push(format!("cwd is {:?} (want {:?})", o.cwd, e.cwd));
@@ -154,4 +173,58 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
         v.push("a cage process still holds the status channel".to_string());
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Facts of a target that meets `expect()` exactly.
+    fn good() -> Observed {
+        let caps = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
+        Observed {
+            exe_device: 1,
+            exe_inode: 2,
+            no_new_privs: 1,
+            seccomp: 2,
+            seccomp_filters: 1,
+            capabilities: caps.iter().map(|c| (c.to_string(), "0000000000000000".to_string())).collect(),
+            uids: vec![65534; 4],
+            gids: vec![65534; 4],
+            namespaces: REQUIRED_NS
+                .iter()
+                .map(|n| (n.to_string(), NamespaceFact { cage: format!("{n}:[2]"), host: format!("{n}:[1]") }))
+                .collect(),
+            cgroup: "0::/chio-1-x\n".into(),
+            fds: vec![0, 1, 2],
+            cwd: "/".into(),
+            status_channel_eof: true,
+            ..Observed::default()
+        }
+    }
+
+    fn expect() -> Expect<'static> {
+        Expect { exe: (1, 2), uid: 65534, gid: 65534, cgroup: Some(("chio-1-x", 1)), cwd: "/", script: None }
+    }
+
+    #[test]
+    fn a_target_meeting_every_fact_has_no_violation() {
+        assert_eq!(violations(&good(), &expect()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_script_fd_is_allowed_only_as_the_hashed_script() {
+        let mut o = good();
+        o.fds = vec![0, 1, 2, 5];
+        o.fd_files = vec![[5, 7, 8]];
+        assert_eq!(violations(&o, &expect()).len(), 1, "an extra fd without a script");
+        let e = Expect { script: Some((5, 7, 8)), ..expect() };
+        assert_eq!(violations(&o, &e), Vec::<String>::new());
+        let other = Expect { script: Some((5, 7, 9)), ..expect() };
+        assert!(violations(&o, &other)[0].contains("not the hashed script"));
+        o.fds.push(6);
+        assert!(violations(&o, &e)[0].contains("open fds"));
+        // The script expected but its fd missing.
+        assert!(!violations(&good(), &e).is_empty());
+    }
 }

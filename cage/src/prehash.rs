@@ -25,6 +25,11 @@ fn identity(st: &libc::stat) -> [i64; 7] {
     [st.st_dev as i64, st.st_ino as i64, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec]
 }
 
+/// The identity (device, inode, size, mtime, ctime) of the file behind `fd`, if it can be read.
+pub fn identity_of(fd: BorrowedFd<'_>) -> Option<[i64; 7]> {
+    sys::fstat(fd).ok().map(|st| identity(&st))
+}
+
 impl Early {
     /// True when `st` describes the very file, unchanged since it was hashed.
     pub fn matches(&self, st: &libc::stat) -> bool {
@@ -83,7 +88,22 @@ fn open_from_host(plan: &CagePlan, p: &Path) -> Option<OwnedFd> {
         _ => return None,
     };
     let root = path::open_host(&root, libc::O_DIRECTORY).ok()?;
-    path::resolve_in(root.as_fd(), &rest, libc::O_RDONLY).ok()
+    open_regular(root.as_fd(), &rest)
+}
+
+/// Open `rest` below `root` for reading only if it is a regular file, never blocking: a FIFO
+/// (or a device) named as the target must not stall the supervisor in `open`. The path is
+/// resolved `O_PATH` first and checked; the read open is non-blocking and must find the same
+/// inode.
+fn open_regular(root: BorrowedFd<'_>, rest: &Path) -> Option<OwnedFd> {
+    let probe = path::resolve_in(root, rest, libc::O_PATH).ok()?;
+    let st = sys::fstat(probe.as_fd()).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let fd = path::resolve_in(root, rest, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY).ok()?;
+    let again = sys::fstat(fd.as_fd()).ok()?;
+    ((again.st_dev, again.st_ino) == (st.st_dev, st.st_ino)).then_some(fd)
 }
 
 /// Hash the likeliest target now. None when there is no confident guess.

@@ -49,6 +49,10 @@ pub struct Target {
     pub device: u64,
     /// st_ino of the opened file.
     pub inode: u64,
+    /// For a `#!` script: the path the interpreter reads it by, an fd kept open across exec
+    /// (`/dev/fd/<n>`), so the file hashed is the file read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_as: Option<String>,
     /// For a `#!` script: the interpreter that is actually executed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<Box<Target>>,
@@ -92,6 +96,9 @@ pub struct Observed {
     pub cgroup: String,
     /// Open fds of the target.
     pub fds: Vec<i32>,
+    /// Device and inode behind each open fd above 2 (a script's fd), as `[fd, device, inode]`.
+    #[serde(default)]
+    pub fd_files: Vec<[u64; 3]>,
     /// `/proc/<pid>/cwd` (as the cage sees it).
     pub cwd: String,
     /// The cage's status channel reached EOF (no cage process holds a setup fd).

@@ -458,3 +458,67 @@ fn a_tmp_size_tmpfs_would_read_as_unlimited_is_refused() {
         (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned()),
     );
 }
+
+// ---- the target file ------------------------------------------------------------------------------
+
+/// A FIFO named as the target neither hangs the supervisor's early hash nor the cage.
+#[test]
+fn a_fifo_target_is_refused_at_once() {
+    let Some(e) = env("fifo_target") else { return };
+    let ws = Scratch::new("fifo");
+    let fifo = ws.join("f");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo in our scratch directory.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o755) }, 0);
+    let started = std::time::Instant::now();
+    let run = cage(
+        &e.chio,
+        &["--rootfs", e.rootfs.to_str().unwrap(), "--workspace", ws.0.to_str().unwrap()],
+        &["/workspace/f"],
+    );
+    assert_eq!(run.code, 126, "{}", run.stderr);
+    assert_eq!(run.record["failure"]["code"], "target_not_executable");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
+    // Control: a plain open of the FIFO blocks.
+    let mut reader = std::process::Command::new(&e.probe).args(["read", fifo.to_str().unwrap()]).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(reader.try_wait().unwrap().is_none(), "control: opening a FIFO blocks");
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+}
+
+/// The interpreter reads the script through the fd that was hashed: a file swapped in at the
+/// script's path after hashing is not what runs.
+#[test]
+fn a_script_swapped_after_hashing_is_not_what_runs() {
+    let Some(e) = env("script_swap") else { return };
+    let script = "#!/probe swap-then-read\n# the script that was hashed\n";
+    let make = |tag: &str| {
+        let ws = Scratch::new(tag);
+        ws.give_to_nobody();
+        for (name, text) in [("script.sh", script), ("evil.sh", "#!/probe swap-then-read\nEVIL\n")] {
+            std::fs::write(ws.join(name), text).unwrap();
+            std::fs::set_permissions(ws.join(name), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        ws
+    };
+    let ws = make("swap");
+    let digest = sha256_hex(script.as_bytes());
+    let run = cage(
+        &e.chio,
+        &["--rootfs", e.rootfs.to_str().unwrap(), "--workspace", ws.0.to_str().unwrap(), "--expect-sha256", &digest],
+        &["/workspace/script.sh", "/workspace/evil.sh", "/workspace/script.sh"],
+    );
+    run.assert_refused("script swap");
+    assert_eq!(run.record["target"]["sha256"], digest.as_str());
+    assert!(run.record["target"]["opened_as"].as_str().unwrap().starts_with("/dev/fd/"), "{}", run.record["target"]);
+    // Control: an interpreter given the path reads whatever is there by then.
+    let c = make("swap-control");
+    let [s, ev] = [c.join("script.sh"), c.join("evil.sh")].map(|p| p.to_str().unwrap().to_string());
+    assert_escaped("script by path", host(&e.probe, &["swap-then-read", &s, &ev, &s]));
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
