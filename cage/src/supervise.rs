@@ -102,7 +102,8 @@ enum Sink {
     Reopened(OwnedFd),
     /// A socket: `send(MSG_DONTWAIT)` is non-blocking per call.
     Socket(RawFd),
-    /// A regular file or block device: writes complete without waiting for a reader.
+    /// A regular file, block device or a character device that is not a terminal (`/dev/null`):
+    /// writes complete without waiting for a reader.
     File(RawFd),
     /// Our own pipe (stdin's), already non-blocking.
     Own(OwnedFd),
@@ -114,8 +115,12 @@ enum Sink {
 impl Sink {
     fn open(fd: BorrowedFd<'_>) -> io::Result<Sink> {
         let st = crate::sys::fstat(fd)?;
+        // SAFETY: isatty only queries the fd.
+        let tty = unsafe { libc::isatty(fd.as_raw_fd()) } == 1;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd.as_raw_fd())),
+            // /dev/null and its kind never make a writer wait; terminals can.
+            libc::S_IFCHR if !tty => Ok(Sink::File(fd.as_raw_fd())),
             libc::S_IFSOCK => Ok(Sink::Socket(fd.as_raw_fd())),
             _ => {
                 let path =

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch benchmark and soak for `chio cage run` (not part of the test run).
 
-  sudo tests/bench/launch.py [--runs N] [--soak N]
+  sudo tests/bench/launch.py [--runs N] [--soak N] [--compare OTHER_CHIO]
 
 Builds a rootfs holding one static binary (`int main(){return 0;}` from gcc -static), then times,
 interleaved in the same run so machine noise hits all three alike:
@@ -12,7 +12,9 @@ interleaved in the same run so machine noise hits all three alike:
   - bwrap: bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc --dev /dev
            --tmpfs /tmp /true                   (installed with apt-get if missing)
   - bare:  R/true                               (the floor: fork+exec from this script)
-and prints medians and the chio/bwrap ratio. The soak runs N launches two at a time and checks
+and prints medians and the chio/bwrap ratio. `--compare` times another chio binary (say, the
+release build of an earlier commit) the same way, interleaved, as `chio-other`, and prints
+the ratio of this build to it. The soak runs N launches two at a time and checks
 that no process, mount, cgroup or fd is left behind.
 """
 import argparse
@@ -94,6 +96,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--soak", type=int, default=500)
+    ap.add_argument("--compare", help="another chio binary to time as chio-other")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -120,6 +123,8 @@ def run_all(a, chio, bwrap, root, v2env):
             "chio-v2": [chio, "cage", "run", "--memory", "none", "--pids", "none", "--cpus", "none", "--rootfs", root, "--", "/true"],
             "bare": [os.path.join(root, "true")],
         }
+        if a.compare:
+            cmds["chio-other"] = [a.compare, "cage", "run", "--rootfs", root, "--", "/true"]
         envs = {"chio-v2": v2env}
         if bwrap:
             cmds["bwrap"] = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", root, "/",
@@ -135,9 +140,11 @@ def run_all(a, chio, bwrap, root, v2env):
         print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p90 ms):")
         for k, v in samples.items():
             p90 = sorted(v)[int(len(v) * 0.9)]
-            print(f"  {k:6s} {med[k]:7.2f}  {p90:7.2f}")
+            print(f"  {k:10s} {med[k]:7.2f}  {p90:7.2f}")
         if "bwrap" in med:
             print(f"  ratio chio/bwrap = {med['chio'] / med['bwrap']:.2f}   chio-v2/bwrap = {med['chio-v2'] / med['bwrap']:.2f}")
+        if "chio-other" in med:
+            print(f"  ratio chio/chio-other = {med['chio'] / med['chio-other']:.3f}")
 
         if a.soak:
             before = leftovers()
