@@ -108,6 +108,23 @@ pub fn clear_caps() -> io::Result<()> {
     Ok(())
 }
 
+/// Add `cap` to the inheritable set (a test hook: inheritable capabilities survive exec).
+pub fn raise_inheritable(cap: u32) -> io::Result<()> {
+    let mut hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: header and two data structs as capget/capset v3 require.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) != 0 {
+            return Err(os_err("reading capabilities"));
+        }
+        data[(cap / 32) as usize].inheritable |= 1 << (cap % 32);
+        if libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) != 0 {
+            return Err(os_err("raising an inheritable capability"));
+        }
+    }
+    Ok(())
+}
+
 /// Read every capability set back; true only when all five are empty.
 pub fn caps_all_clear(last: u32) -> bool {
     let mut hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };

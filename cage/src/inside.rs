@@ -13,7 +13,7 @@ use crate::identity;
 use crate::landlock::{fs as lfs, net as lnet, Ruleset};
 use crate::mounts::{Access, Prepared};
 use crate::path;
-use crate::plan::{CagePlan, Mode, NetMode, Stage};
+use crate::plan::{CagePlan, Mode, NetMode, Stage, TestHook};
 use crate::record::Reported;
 use crate::seccomp::{self, Filters};
 use crate::sys;
@@ -123,11 +123,17 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     hide_argv().map_err(|e| fail(Stage::Namespaces, "argv_hide_failed", e))?;
     // The pid namespace came with clone; the rest are made here, so that their cost (a new
     // network namespace is the dearest) overlaps the supervisor's cgroup and janitor work.
+    let plan = ctx.plan;
+    let mut flags = UNSHARED;
+    for (name, flag) in [("net", libc::CLONE_NEWNET), ("ipc", libc::CLONE_NEWIPC), ("uts", libc::CLONE_NEWUTS)] {
+        if plan.hook(&TestHook::Namespace(name)) {
+            flags &= !flag;
+        }
+    }
     // SAFETY: plain syscall on ourselves.
-    if unsafe { libc::unshare(UNSHARED) } != 0 {
+    if unsafe { libc::unshare(flags) } != 0 {
         return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
     }
-    let plan = ctx.plan;
     let prepared = Prepared::build(plan).map_err(|e| {
         let code = match e.kind() {
             io::ErrorKind::NotFound => "path_not_found",
@@ -141,19 +147,21 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     ctx.inject(Stage::Pivot)?;
     prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
     ctx.inject(Stage::Network)?;
+    // (Without its own uts namespace — a test hook — the name would be the host's.)
     // SAFETY: static NUL-terminated name of the given length.
-    if unsafe { libc::sethostname(c"chio".as_ptr(), 4) } != 0 {
+    if flags & libc::CLONE_NEWUTS != 0 && unsafe { libc::sethostname(c"chio".as_ptr(), 4) } != 0 {
         return Err(fail(Stage::Network, "hostname_failed", io::Error::last_os_error()));
     }
     if plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
     }
     if ctx.await_cgroup {
-        join_cgroup(ctx.sock)?;
+        join_cgroup(ctx.sock, !plan.hook(&TestHook::Cgroup))?;
     }
     ctx.inject(Stage::Namespaces)?;
+    let cgroup_ns = !plan.hook(&TestHook::Namespace("cgroup"));
     // SAFETY: plain syscall; we are in the launch cgroup, which becomes the namespace root.
-    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
+    if cgroup_ns && unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
         return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
     }
     // SAFETY: plain syscall; the init leads a new session so the target has no controlling tty.
@@ -257,7 +265,7 @@ fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
 
 /// cgroup v1: wait for the supervisor's `tasks` files and move ourselves in (writing "0"). A
 /// thread moving itself skips the global threadgroup lock that moving another process takes.
-fn join_cgroup(sock: RawFd) -> Result<(), Fail> {
+fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Fail> {
     // SAFETY: the fd stays open for the whole call (it is the init's status channel).
     let got = channel::recv(unsafe { BorrowedFd::borrow_raw(sock) });
     let fds = match got {
@@ -265,7 +273,7 @@ fn join_cgroup(sock: RawFd) -> Result<(), Fail> {
         // No cgroup means no launch: the supervisor has given up (and will kill us).
         _ => exit_now(1),
     };
-    for fd in fds {
+    for fd in fds.into_iter().filter(|_| join) {
         // SAFETY: writing "0" (ourselves) to a cgroup tasks file opened by the supervisor.
         if unsafe { libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) } != 1 {
             return Err(fail(Stage::Cgroup, "cgroup_failed", io::Error::last_os_error()));
@@ -331,7 +339,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     }
     // Last, close everything else: the supervisor waits for EOF on the status channel before it
     // lets the target run, so EOF also proves the init has shed every privilege.
-    if sys::close_from(4).is_err() {
+    if !ctx.plan.hook(&TestHook::Channel) && sys::close_from(4).is_err() {
         give_up(target);
     }
     // SAFETY: sigset built locally; wait4/kill/write on our own children and fd.
@@ -500,20 +508,43 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     identity::set_rlimits(&plan.limits).map_err(|e| fail(Stage::Identity, "rlimit_failed", e))?;
     let last = identity::last_cap();
     ctx.inject(Stage::Capabilities)?;
-    identity::drop_bounding_and_lock(last).map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
-    identity::set_ids(plan.uid, plan.gid).map_err(|e| fail(Stage::Identity, "identity_failed", e))?;
-    identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    // Test hooks skip or delay one of these steps; the exec-stop check must then catch it.
+    let late_caps = plan.hook(&TestHook::NoNewPrivs);
+    let hooked_caps = late_caps || plan.hook(&TestHook::Bounding) || plan.hook(&TestHook::Caps);
+    if plan.hook(&TestHook::Caps) {
+        identity::raise_inheritable(10 /* CAP_NET_BIND_SERVICE */)
+            .map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    }
+    if !plan.hook(&TestHook::Bounding) {
+        identity::drop_bounding_and_lock(last).map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    }
+    let uid = if plan.hook(&TestHook::Uid) { plan.uid.wrapping_sub(1) } else { plan.uid };
+    let gid = if plan.hook(&TestHook::Gid) { plan.gid.wrapping_sub(1) } else { plan.gid };
+    identity::set_ids(uid, gid).map_err(|e| fail(Stage::Identity, "identity_failed", e))?;
+    if plan.hook(&TestHook::Groups) {
+        // SAFETY: one group from a local array (CAP_SETGID is still effective here).
+        unsafe { libc::setgroups(1, [gid].as_ptr()) };
+    }
+    if !hooked_caps {
+        identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    }
     reported.capabilities_cleared = identity::caps_all_clear(last);
-    if !reported.capabilities_cleared {
+    if !reported.capabilities_cleared && !hooked_caps {
         return Err(fail(Stage::Capabilities, "capabilities_remain", "a capability set is not empty after dropping"));
     }
     reported.securebits = identity::securebits();
-    identity::no_new_privs().map_err(|e| fail(Stage::Identity, "no_new_privs_failed", e))?;
+    if !late_caps {
+        identity::no_new_privs().map_err(|e| fail(Stage::Identity, "no_new_privs_failed", e))?;
+    }
     let cwd = path::cstring(&plan.cwd).map_err(|e| fail(Stage::Identity, "cwd_unavailable", e))?;
     // SAFETY: NUL-terminated path.
     if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
         let e = io::Error::last_os_error();
         return Err(fail(Stage::Identity, "cwd_unavailable", format!("cannot enter {}: {e}", plan.cwd.display())));
+    }
+    if plan.hook(&TestHook::Cwd) {
+        // SAFETY: static path.
+        unsafe { libc::chdir(c"/".as_ptr()) };
     }
     ctx.inject(Stage::Landlock)?;
     apply_landlock(ctx, &prepared.access, &mut reported)?;
@@ -539,20 +570,39 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script);
     }
     ctx.inject(Stage::Seccomp)?;
-    seccomp::install(ctx.filters).map_err(|e| fail(Stage::Seccomp, "seccomp_failed", e))?;
+    if !plan.hook(&TestHook::Seccomp) {
+        seccomp::install(ctx.filters).map_err(|e| fail(Stage::Seccomp, "seccomp_failed", e))?;
+    }
+    if late_caps {
+        identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+    }
     // The supervisor has verified the digest and attached ptrace; anything but GO stops here.
     match channel::recv_byte(ctx.sock) {
         Ok(Some(GO)) => {}
         _ => exit_now(125),
     }
     ctx.inject(Stage::Exec)?;
-    let err = exec(&target.argv, &plan.env, target.exec_fd.as_raw_fd());
+    let exec_fd = hooked_exec(plan, target.exec_fd)?;
+    let err = exec(&target.argv, &plan.env, exec_fd.as_raw_fd());
     let code = match err.raw_os_error() {
         Some(libc::ENOENT) => "target_not_found",
         Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM) => "target_not_executable",
         _ => "exec_failed",
     };
     Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
+}
+
+/// The fd to execute: the verified one, or what a test hook says instead (another file; or the
+/// verified one with an extra fd left open across exec).
+fn hooked_exec(plan: &CagePlan, verified: OwnedFd) -> Result<OwnedFd, Fail> {
+    if plan.hook(&TestHook::Fd) {
+        // SAFETY: a copy of fd 0 without FD_CLOEXEC, left open on purpose.
+        unsafe { libc::fcntl(0, libc::F_DUPFD, 9) };
+    }
+    match &plan.test_hook {
+        Some(h @ TestHook::Exe(other)) if plan.hook(h) => open_checked(other),
+        _ => Ok(verified),
+    }
 }
 
 fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Result<(), Fail> {

@@ -22,6 +22,6 @@ pub mod supervise;
 pub mod sys;
 
 pub use launch::{launch, NAMESPACES};
-pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
+pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage, TestHook};
 pub use record::{LaunchRecord, State};
 pub use supervise::Sinks;

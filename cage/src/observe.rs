@@ -212,6 +212,69 @@ mod tests {
         assert_eq!(violations(&good(), &expect()), Vec::<String>::new());
     }
 
+    /// Each fact, made false on its own, is reported and named.
+    #[test]
+    fn each_fact_alone_is_a_violation() {
+        type Breaker = fn(&mut Observed);
+        let cases: &[(&str, Breaker)] = &[
+            ("executed file", |o| o.exe_inode = 3),
+            ("executed file", |o| o.exe_device = 9),
+            ("NoNewPrivs", |o| o.no_new_privs = 0),
+            ("Seccomp is 0", |o| o.seccomp = 0),
+            ("with 2 filters", |o| o.seccomp_filters = 2),
+            ("CapInh", |o| drop(o.capabilities.insert("CapInh".into(), "0000000000000400".into()))),
+            ("CapPrm", |o| drop(o.capabilities.insert("CapPrm".into(), "0000000000000001".into()))),
+            ("CapEff", |o| drop(o.capabilities.insert("CapEff".into(), "8000000000000000".into()))),
+            ("CapBnd", |o| drop(o.capabilities.insert("CapBnd".into(), "000001ffffffffff".into()))),
+            ("CapAmb", |o| drop(o.capabilities.insert("CapAmb".into(), "missing".into()))),
+            ("uids", |o| o.uids[2] = 0),
+            ("uids", |o| o.uids.truncate(3)),
+            ("gids", |o| o.gids[3] = 0),
+            ("supplementary groups", |o| o.groups = vec![27]),
+            ("mnt namespace", |o| o.namespaces.get_mut("mnt").unwrap().cage = "mnt:[1]".into()),
+            ("pid namespace", |o| o.namespaces.get_mut("pid").unwrap().cage = "pid:[1]".into()),
+            ("net namespace", |o| o.namespaces.get_mut("net").unwrap().cage = String::new()),
+            ("ipc namespace could not be read", |o| drop(o.namespaces.remove("ipc"))),
+            ("uts namespace", |o| o.namespaces.get_mut("uts").unwrap().cage = "uts:[1]".into()),
+            ("cgroup namespace", |o| o.namespaces.get_mut("cgroup").unwrap().cage = "cgroup:[1]".into()),
+            ("launch cgroup", |o| o.cgroup = "0::/other\n".into()),
+            ("open fds", |o| o.fds = vec![0, 1, 2, 3]),
+            ("open fds", |o| o.fds = vec![0, 1]),
+            ("cwd", |o| o.cwd = "/tmp".into()),
+            ("status channel", |o| o.status_channel_eof = false),
+        ];
+        for (fact, brk) in cases {
+            let mut o = good();
+            brk(&mut o);
+            let v = violations(&o, &expect());
+            assert_eq!(v.len(), 1, "{fact}: exactly one violation, got {v:?}");
+            assert!(v[0].contains(fact), "{fact}: named in {v:?}");
+        }
+    }
+
+    #[test]
+    fn status_fields_parse_as_the_kernel_prints_them() {
+        let status = "Name:\tprobe\nUid:\t65534\t65534\t65534\t65534\nGroups:\t\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+        assert_eq!(numbers(field(status, "Uid")), vec![65534; 4]);
+        assert_eq!(numbers(field(status, "Groups")), Vec::<u32>::new());
+        assert_eq!(field(status, "NoNewPrivs"), Some("1"));
+        assert_eq!(field(status, "Seccomp_filters"), None, "a prefix of another key is not a match");
+        assert_eq!(field(status, "Seccomp"), Some("2"));
+    }
+
+    #[test]
+    fn the_launch_cgroup_must_hold_in_every_hierarchy() {
+        let mut o = good();
+        o.cgroup = "2:cpu:/chio-1-x\n1:pids:/chio-1-x\n0::/\n".into();
+        let e = Expect { cgroup: Some(("chio-1-x", 2)), ..expect() };
+        assert!(violations(&o, &e).is_empty());
+        o.cgroup = "2:cpu:/chio-1-x\n1:pids:/\n0::/\n".into();
+        assert!(violations(&o, &e)[0].contains("launch cgroup"));
+        // A name that merely ends the same way is not the launch cgroup.
+        o.cgroup = "2:cpu:/xchio-1-x\n1:pids:/xchio-1-x\n".into();
+        assert!(!violations(&o, &e).is_empty());
+    }
+
     #[test]
     fn a_script_fd_is_allowed_only_as_the_hashed_script() {
         let mut o = good();

@@ -200,6 +200,70 @@ impl Stage {
     }
 }
 
+/// A test-only fault that makes one fact the supervisor checks at the exec stop false, through a
+/// real unmet condition in the cage (a step skipped or undone). Only builds with the
+/// `test-hooks` feature act on one; other builds refuse a plan that names one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TestHook {
+    /// Execute this file (inside the cage) instead of the verified one.
+    Exe(PathBuf),
+    /// Skip no_new_privs (landlock and seccomp are applied while capabilities still allow it).
+    NoNewPrivs,
+    /// Skip the seccomp filter.
+    Seccomp,
+    /// Skip dropping the bounding set, clearing ambient and locking securebits.
+    Bounding,
+    /// Put a capability in the inheritable set and skip emptying the sets (the inheritable
+    /// set survives exec).
+    Caps,
+    /// Run as the plan's uid minus one.
+    Uid,
+    /// Run as the plan's gid minus one.
+    Gid,
+    /// Keep a supplementary group.
+    Groups,
+    /// Do not unshare this namespace (`net`, `ipc`, `uts` or `cgroup`).
+    Namespace(&'static str),
+    /// Do not join the launch cgroup.
+    Cgroup,
+    /// Leave an extra fd open across exec.
+    Fd,
+    /// Change to `/` after entering the working directory.
+    Cwd,
+    /// The init keeps its copy of the status channel.
+    Channel,
+}
+
+impl TestHook {
+    /// Parse `CHIO_TEST_HOOK`'s value (`exe=/path`, `no_new_privs`, `ns=net`, ...).
+    pub fn parse(s: &str) -> Result<TestHook, String> {
+        if !cfg!(feature = "test-hooks") {
+            return Err("this chio was built without test hooks (the `test-hooks` feature)".into());
+        }
+        Ok(match s {
+            "no_new_privs" => TestHook::NoNewPrivs,
+            "seccomp" => TestHook::Seccomp,
+            "bounding" => TestHook::Bounding,
+            "caps" => TestHook::Caps,
+            "uid" => TestHook::Uid,
+            "gid" => TestHook::Gid,
+            "groups" => TestHook::Groups,
+            "ns=net" => TestHook::Namespace("net"),
+            "ns=ipc" => TestHook::Namespace("ipc"),
+            "ns=uts" => TestHook::Namespace("uts"),
+            "ns=cgroup" => TestHook::Namespace("cgroup"),
+            "cgroup" => TestHook::Cgroup,
+            "fd" => TestHook::Fd,
+            "cwd" => TestHook::Cwd,
+            "channel" => TestHook::Channel,
+            _ => match s.strip_prefix("exe=") {
+                Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
+                _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),
+            },
+        })
+    }
+}
+
 /// One launch, fully resolved.
 #[derive(Debug, Clone)]
 pub struct CagePlan {
@@ -240,6 +304,8 @@ pub struct CagePlan {
     pub inject_failure: Option<Stage>,
     /// Test-only: pretend the host's landlock ABI is at most this.
     pub landlock_abi_cap: Option<u32>,
+    /// Test-only: make one exec-stop fact false (builds with the `test-hooks` feature only).
+    pub test_hook: Option<TestHook>,
 }
 
 impl CagePlan {
@@ -268,6 +334,12 @@ impl CagePlan {
             cgroup_v2_root: None,
             inject_failure: None,
             landlock_abi_cap: None,
+            test_hook: None,
         }
+    }
+
+    /// True when this build acts on test hooks and the plan names `hook`.
+    pub fn hook(&self, hook: &TestHook) -> bool {
+        cfg!(feature = "test-hooks") && self.test_hook.as_ref() == Some(hook)
     }
 }

@@ -225,6 +225,9 @@ fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
         }
         plan.inject_failure = Some(stage);
     }
+    if let Ok(s) = std::env::var("CHIO_TEST_HOOK") {
+        plan.test_hook = Some(chio_cage::TestHook::parse(&s).map_err(anyhow::Error::msg)?);
+    }
     if let Ok(s) = std::env::var("CHIO_TEST_LANDLOCK_ABI") {
         plan.landlock_abi_cap = Some(s.parse().with_context(|| format!("CHIO_TEST_LANDLOCK_ABI={s} is not a number"))?);
     }

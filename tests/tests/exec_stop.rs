@@ -1,0 +1,157 @@
+//! Every fact the supervisor checks at the exec stop fails a launch for real. A test-only hook
+//! (`CHIO_TEST_HOOK`, in builds with the `test-hooks` feature) skips or undoes one step inside the
+//! cage, so the fact is false in the kernel's own state; the launch must end `BootstrapFailed` at
+//! the observe stage naming that fact, and the target — which would create a file in the
+//! workspace — must never run. The control is the same launch without the hook: it runs and
+//! creates the file.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Stdio};
+
+use chio_tests::{parse, CageRun, Scratch, Suite};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+/// `/probe write /workspace/ran` in a cage, with `hook` (if any) and `extra` flags.
+fn launch(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRun {
+    let mut cmd = Command::new(&e.chio);
+    cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
+        .arg(&ws.0)
+        .args(extra)
+        .args(["--", "/probe", "write", "/workspace/ran"])
+        .stdin(Stdio::null());
+    if let Some(h) = hook {
+        cmd.env("CHIO_TEST_HOOK", h);
+    }
+    parse(cmd.output().unwrap())
+}
+
+/// The hooked launch fails at the exec stop naming `fact`, the target never ran, and the same
+/// launch without the hook runs.
+fn fact_fails(test: &str, hook: &str, extra: &[&str], fact: &str) {
+    let Some(e) = Suite::new(test, PROBE) else { return };
+    let ws = Scratch::new("exec-stop");
+    if !extra.contains(&"--uid") {
+        ws.give_to_nobody();
+    }
+    let run = launch(&e, &ws, Some(hook), extra);
+    assert_eq!(run.state(), "BootstrapFailed", "{hook}: {}", run.stderr);
+    let failure = &run.record["failure"];
+    assert_eq!(
+        (failure["stage"].as_str(), failure["code"].as_str()),
+        (Some("observe"), Some("fact_mismatch")),
+        "{hook}"
+    );
+    let detail = failure["detail"].as_str().unwrap();
+    assert!(detail.contains(fact), "{hook}: the failure names {fact:?}: {detail}");
+    assert!(!ws.join("ran").exists(), "{hook}: the target ran");
+    assert_eq!(run.code, 125);
+    let control = launch(&e, &ws, None, extra);
+    assert_eq!(control.state(), "FullyEnforced", "control for {hook}: {}", control.stderr);
+    assert!(ws.join("ran").exists(), "control for {hook}: the target runs and writes");
+}
+
+#[test]
+fn exe_identity() {
+    fact_fails("exe_identity", "exe=/probe-suid", &[], "executed file is");
+}
+
+#[test]
+fn no_new_privs() {
+    fact_fails("no_new_privs", "no_new_privs", &[], "NoNewPrivs is 0");
+}
+
+#[test]
+fn seccomp_mode() {
+    fact_fails("seccomp_mode", "seccomp", &[], "Seccomp is 0");
+}
+
+#[test]
+fn bounding_set() {
+    fact_fails("bounding_set", "bounding", &[], "CapBnd is");
+}
+
+/// As uid 0 without the bounding drop and securebits, exec hands root its capabilities back.
+#[test]
+fn permitted_and_effective_sets() {
+    fact_fails("permitted_effective", "bounding", &["--uid", "0", "--gid", "0"], "CapEff is");
+    fact_fails("permitted_effective", "bounding", &["--uid", "0", "--gid", "0"], "CapPrm is");
+}
+
+#[test]
+fn inheritable_set() {
+    fact_fails("inheritable_set", "caps", &[], "CapInh is");
+}
+
+#[test]
+fn uids() {
+    fact_fails("uids", "uid", &[], "uids are");
+}
+
+#[test]
+fn gids() {
+    fact_fails("gids", "gid", &[], "gids are");
+}
+
+#[test]
+fn supplementary_groups() {
+    fact_fails("groups", "groups", &[], "supplementary groups");
+}
+
+#[test]
+fn net_namespace() {
+    fact_fails("net_ns", "ns=net", &[], "net namespace");
+}
+
+#[test]
+fn ipc_namespace() {
+    fact_fails("ipc_ns", "ns=ipc", &[], "ipc namespace");
+}
+
+#[test]
+fn uts_namespace() {
+    fact_fails("uts_ns", "ns=uts", &[], "uts namespace");
+}
+
+#[test]
+fn cgroup_namespace() {
+    fact_fails("cgroup_ns", "ns=cgroup", &[], "cgroup namespace");
+}
+
+#[test]
+fn launch_cgroup() {
+    fact_fails("launch_cgroup", "cgroup", &[], "not in the launch cgroup");
+}
+
+#[test]
+fn open_fds() {
+    fact_fails("open_fds", "fd", &[], "open fds are");
+}
+
+#[test]
+fn working_directory() {
+    fact_fails("cwd", "cwd", &[], "cwd is");
+}
+
+#[test]
+fn status_channel_eof() {
+    fact_fails("status_channel", "channel", &[], "still holds the status channel");
+}
+
+/// The mount and pid namespaces cannot be left shared by a hook without harming the host (the
+/// cage's mounts and pid 1 depend on them); their checks are covered by the unit tests of
+/// `observe::violations`. A hook is refused by a build without the feature, and an unknown one by
+/// every build.
+#[test]
+fn an_unknown_hook_is_refused() {
+    let Some(e) = Suite::new("unknown_hook", PROBE) else { return };
+    let out = Command::new(&e.chio)
+        .args(["cage", "run", "--", "/bin/true"])
+        .env("CHIO_TEST_HOOK", "ns=mnt")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names no hook"));
+}
