@@ -650,6 +650,136 @@ mod tests {
         assert!(f.target.len() < 800, "compact: {} instructions", f.target.len());
     }
 
+    /// The reviewed policy (`policies/seccomp-x86_64.tsv`): number → (name, decision).
+    fn policy() -> BTreeMap<u32, (String, String)> {
+        include_str!("../../policies/seccomp-x86_64.tsv")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                assert_eq!(f.len(), 4, "policy line {l:?}: number, name, decision, reason");
+                assert!(!f[3].trim().is_empty(), "policy line {l:?} gives no reason");
+                (f[0].parse().unwrap(), (f[1].to_string(), f[2].to_string()))
+            })
+            .collect()
+    }
+
+    /// Check one argument condition of the table with arguments chosen here, not by the filter.
+    fn check_condition(nr: u32, name: &str, cond: &str, decide: &dyn Fn([u64; 6]) -> u32) {
+        let with = |i: usize, v: u64| {
+            let mut a = [0u64; 6];
+            a[i] = v;
+            a
+        };
+        let (kind, params) = cond.split_once(':').unwrap_or((cond, ""));
+        let p: Vec<usize> = params.split(',').filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect();
+        let cases: Vec<([u64; 6], u32)> = match kind {
+            "if-no-setid-mode" => {
+                vec![(with(p[0], 0o644), RET_ALLOW), (with(p[0], 0o4755), EPERM), (with(p[0], 0o2711), EPERM)]
+            }
+            "if-create-no-setid" => {
+                let mut creat_suid = with(p[0], libc::O_CREAT as u64 | 1);
+                creat_suid[p[1]] = 0o4755;
+                let mut tmp_sgid = with(p[0], libc::O_TMPFILE as u64 | 2);
+                tmp_sgid[p[1]] = 0o2755;
+                let mut plain_read = with(p[0], libc::O_RDONLY as u64);
+                plain_read[p[1]] = 0o4755;
+                let mut creat_plain = with(p[0], libc::O_CREAT as u64 | 1);
+                creat_plain[p[1]] = 0o644;
+                vec![(creat_suid, EPERM), (tmp_sgid, EPERM), (plain_read, RET_ALLOW), (creat_plain, RET_ALLOW)]
+            }
+            "if-no-new-namespace" => {
+                let mut v: Vec<([u64; 6], u32)> = [
+                    libc::CLONE_NEWNS,
+                    libc::CLONE_NEWUSER,
+                    libc::CLONE_NEWPID,
+                    libc::CLONE_NEWNET,
+                    libc::CLONE_NEWIPC,
+                    libc::CLONE_NEWUTS,
+                    libc::CLONE_NEWCGROUP,
+                    0x80, // CLONE_NEWTIME
+                ]
+                .iter()
+                .map(|f| (with(0, *f as u64 | libc::SIGCHLD as u64), EPERM))
+                .collect();
+                v.push((with(0, libc::SIGCHLD as u64 | libc::CLONE_VM as u64 | libc::CLONE_VFORK as u64), RET_ALLOW));
+                v
+            }
+            "if-not-tiocsti" => vec![
+                (with(1, 0x5412), EPERM),
+                (with(1, 0x5412 | 1 << 32), EPERM),
+                (with(1, 0x541C), EPERM),
+                (with(1, libc::TCGETS), RET_ALLOW),
+                (with(1, libc::FIONREAD), RET_ALLOW),
+            ],
+            "if-plain-socket" => {
+                let s = |f: i32, t: i32, pr: i32| [f as u64, t as u64, pr as u64, 0, 0, 0];
+                vec![
+                    (s(libc::AF_UNIX, libc::SOCK_STREAM, 0), RET_ALLOW),
+                    (s(libc::AF_INET, libc::SOCK_STREAM, 0), RET_ALLOW),
+                    (s(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP), RET_ALLOW),
+                    (s(libc::AF_INET, libc::SOCK_STREAM, 262), EPERM),
+                    (s(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP), EPERM),
+                    (s(libc::AF_INET, 10, 0), EPERM),
+                    (s(libc::AF_NETLINK, libc::SOCK_DGRAM, 0), EPERM),
+                    (s(libc::AF_PACKET, libc::SOCK_DGRAM, 0), EPERM),
+                    (s(libc::AF_VSOCK, libc::SOCK_STREAM, 0), EPERM),
+                ]
+            }
+            "if-unix" => vec![(with(0, libc::AF_UNIX as u64), RET_ALLOW), (with(0, libc::AF_INET as u64), EPERM)],
+            "if-self" => vec![(with(0, 0), RET_ALLOW), (with(0, 1), EPERM)],
+            "if-within-file" => {
+                vec![(with(1, 0), RET_ALLOW), (with(1, 3), RET_ALLOW), (with(1, 1), EPERM), (with(1, 0x11), EPERM)]
+            }
+            _ => panic!("{nr} {name}: the policy names condition {cond:?}, which this test does not know"),
+        };
+        for (args, want) in cases {
+            assert_eq!(decide(args), want, "{nr} {name} under {cond} with {args:x?}");
+        }
+    }
+
+    #[test]
+    fn the_filter_decides_what_the_reviewed_policy_says() {
+        let f = build().unwrap();
+        let table = policy();
+        for nr in 0..1024u32 {
+            let decide = |args: [u64; 6]| run(&f.target, nr, AUDIT_ARCH_X86_64, args);
+            let (name, decision) = table.get(&nr).map_or(("(none)", "eperm"), |(n, d)| (n.as_str(), d.as_str()));
+            match decision {
+                "eperm" => assert_eq!(decide([0; 6]), EPERM, "{nr} {name} must be refused"),
+                "enosys" => assert_eq!(decide([0; 6]), RET_ERRNO | libc::ENOSYS as u32, "{nr} {name}"),
+                "allow" => {
+                    assert_eq!(decide([0; 6]), RET_ALLOW, "{nr} {name}");
+                    assert_eq!(decide([u64::MAX; 6]), RET_ALLOW, "{nr} {name}: allowed whatever its arguments");
+                }
+                cond => check_condition(nr, name, cond, &decide),
+            }
+        }
+    }
+
+    /// Every syscall the kernel headers list has a reviewed line, under the same number.
+    #[test]
+    fn the_policy_covers_the_kernels_syscall_list() {
+        let header = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h";
+        let Ok(text) = std::fs::read_to_string(header) else {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+            assert!(!ci, "{header} is missing (Debian package linux-libc-dev); CI=true forbids skipping");
+            eprintln!("SKIP the_policy_covers_the_kernels_syscall_list: {header} is missing");
+            return;
+        };
+        let table = policy();
+        let mut seen = 0;
+        for line in text.lines() {
+            let mut w = line.split_whitespace();
+            let (Some("#define"), Some(name), Some(nr)) = (w.next(), w.next(), w.next()) else { continue };
+            let (Some(name), Ok(nr)) = (name.strip_prefix("__NR_"), nr.parse::<u32>()) else { continue };
+            let reviewed = table.get(&nr).map(|(n, _)| n.as_str());
+            assert_eq!(reviewed, Some(name), "syscall {nr} ({name}) of {header} is not reviewed in the policy table");
+            seen += 1;
+        }
+        assert!(seen > 300, "only {seen} syscalls found in {header}");
+    }
+
     #[test]
     fn argument_filters() {
         let newuser = libc::CLONE_NEWUSER as u64 | libc::SIGCHLD as u64;
