@@ -17,7 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::path::{self, cstring};
-use crate::plan::{CagePlan, RootSpec};
+use crate::plan::{CagePlan, RootSpec, TestHook};
 use crate::record::SourceFact;
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
@@ -114,6 +114,8 @@ pub struct Prepared {
     pub sources: Vec<SourceFact>,
     /// The target runs as uid or gid 0: procfs's root-only files are masked.
     mask_proc: bool,
+    /// Mount attributes a test hook strips (read-only and noexec), to show landlock alone holds.
+    strip: u64,
 }
 
 fn err_at(what: &str, p: impl AsRef<Path>, e: io::Error) -> io::Error {
@@ -161,6 +163,7 @@ impl Prepared {
             described: Vec::new(),
             sources: Vec::new(),
             mask_proc: plan.uid == 0 || plan.gid == 0,
+            strip: if plan.hook(&TestHook::MountFlags) { MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC } else { 0 },
         };
         let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
         match &plan.root {
@@ -231,14 +234,16 @@ impl Prepared {
         match kind {
             libc::S_IFDIR => {
                 let fd = sys::openat(src, name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY, 0)?;
-                let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                let tree =
+                    clone_tree(fd.as_fd(), (MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) & !self.strip)?;
                 sys::mkdirat(target, name, 0o755)?;
                 self.grant_exec(parent, name)?;
                 self.push(parent, name.into(), tree, format!("ro bind of {}", shown.display()));
             }
             libc::S_IFREG => {
                 let fd = sys::openat(src, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-                let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                let tree =
+                    clone_tree(fd.as_fd(), (MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) & !self.strip)?;
                 sys::mkfileat(target, name)?;
                 self.grant_exec(parent, name)?;
                 self.push(parent, name.into(), tree, format!("ro bind of {}", shown.display()));
@@ -309,7 +314,11 @@ impl Prepared {
         sys::mkdirat(sk, c"proc", 0o555)?;
         sys::mkdirat(sk, c"dev", 0o755)?;
         sys::mkdirat(sk, c"tmp", 0o1777)?;
-        let tmp = tmpfs(plan.limits.tmp_bytes, "1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        let tmp = tmpfs(
+            plan.limits.tmp_bytes,
+            "1777",
+            (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip,
+        )?;
         self.push(Parent::Root, c"tmp".into(), tmp, format!("/tmp tmpfs size={} noexec", plan.limits.tmp_bytes));
         for (name, major, minor) in DEVICES {
             sys::mknodat(self.dev.as_fd(), name, libc::S_IFCHR | 0o666, libc::makedev(major, minor))?;
@@ -324,7 +333,11 @@ impl Prepared {
             sys::symlinkat(target, self.dev.as_fd(), name)?;
         }
         sys::mkdirat(self.dev.as_fd(), c"shm", 0o1777)?;
-        let shm = tmpfs(plan.limits.shm_bytes, "1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
+        let shm = tmpfs(
+            plan.limits.shm_bytes,
+            "1777",
+            (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip,
+        )?;
         self.push(Parent::Dev, c"shm".into(), shm, format!("/dev/shm tmpfs size={} noexec", plan.limits.shm_bytes));
         Ok(())
     }

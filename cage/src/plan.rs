@@ -232,6 +232,9 @@ pub enum TestHook {
     Cwd,
     /// The init keeps its copy of the status channel.
     Channel,
+    /// Mount the image's entries without read-only and `/tmp`, `/dev/shm` without noexec (to
+    /// show landlock alone refuses writes and execution there).
+    MountFlags,
 }
 
 impl TestHook {
@@ -256,6 +259,7 @@ impl TestHook {
             "fd" => TestHook::Fd,
             "cwd" => TestHook::Cwd,
             "channel" => TestHook::Channel,
+            "mount_flags" => TestHook::MountFlags,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

@@ -117,6 +117,30 @@ fn main() {
             println!("{}", std::env::args().collect::<Vec<_>>().join(" "));
             exit(0)
         }
+        "cat" => {
+            let data = std::fs::read(arg(rest, 0)).unwrap_or_else(|e| error(&format!("read: {e}")));
+            std::io::stdout().write_all(&data).unwrap();
+            exit(0)
+        }
+        "spin" => {
+            let ms: u64 = arg(rest, 0).parse().unwrap_or_else(|_| error("spin MS"));
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+            let mut x = 0u64;
+            while std::time::Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            exit(0)
+        }
+        "flood-stderr" => {
+            let mib: usize = arg(rest, 0).parse().unwrap_or_else(|_| error("flood-stderr MIB"));
+            let chunk = vec![b'e'; 1 << 20];
+            for _ in 0..mib {
+                if std::io::stderr().write_all(&chunk).is_err() {
+                    exit(1);
+                }
+            }
+            exit(0)
+        }
         "stderr-partial" => {
             eprint!("{}", arg(rest, 0));
             exit(0)

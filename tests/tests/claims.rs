@@ -1,0 +1,164 @@
+//! The README's claims about a launch, each shown on a real cage: bind destinations under `/proc`
+//! and `/dev` refused, nested binds resolved inside the new root, the fixed rlimits and hostname,
+//! the CPU ceiling, the stderr cap, landlock's abstract-socket scoping on its own, and the init's
+//! own identity and filter.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::linux::net::SocketAddrExt;
+use std::process::{Command, Stdio};
+
+use chio_tests::{build_rootfs, cage, parse, CageRun, Scratch, Suite};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn env(test: &str) -> Option<Suite> {
+    Suite::new(test, PROBE)
+}
+
+#[test]
+fn proc_and_dev_are_refused_as_bind_destinations() {
+    let Some(e) = env("bind_proc_dev") else { return };
+    let s = Scratch::new("bind-dest");
+    for dest in ["/proc/sys", "/dev/null", "/proc", "/dev"] {
+        let bind = format!("{}:{dest}", s.0.display());
+        let run = e.caged(&["--ro-bind", &bind], &["euid"]);
+        Suite::assert_stopped(&run, "path_refused");
+        assert!(run.record["failure"]["detail"].as_str().unwrap().contains("which the cage owns"), "{dest}");
+    }
+    // Control: the same source elsewhere is bound.
+    let run = e.caged(&["--ro-bind", &format!("{}:/data", s.0.display())], &["stat", "/data"]);
+    assert!(run.stdout.starts_with("ESCAPED"), "{}", run.stdout);
+}
+
+/// A deeper bind destination is resolved inside the new root: an image symlink to a host path
+/// leads nowhere on the host.
+#[test]
+fn nested_binds_resolve_inside_the_new_root() {
+    let Some(e) = env("nested_bind") else { return };
+    let s = Scratch::new("nested");
+    let root = s.join("root");
+    build_rootfs(&root, &e.probe);
+    let host_dir = Scratch::new("nested-host");
+    std::fs::create_dir_all(host_dir.join("sub")).unwrap();
+    std::fs::create_dir_all(root.join("real/sub")).unwrap();
+    std::os::unix::fs::symlink("/real", root.join("via")).unwrap();
+    std::os::unix::fs::symlink(&host_dir.0, root.join("out")).unwrap();
+    let src = Scratch::new("nested-src");
+    std::fs::write(src.join("marker"), "bound").unwrap();
+    let r = root.to_str().unwrap();
+    // Through an image symlink inside the image: lands at /real/sub.
+    let bind = format!("{}:/via/sub", src.0.display());
+    let run = cage(&e.chio, &["--rootfs", r, "--ro-bind", &bind], &["/probe", "read", "/real/sub/marker", "bound"]);
+    assert!(run.stdout.starts_with("ESCAPED"), "{}", run.stderr);
+    // Through an image symlink naming a host directory: resolved in the cage, where it does not
+    // exist — the launch fails and nothing is mounted on the host directory.
+    let bind = format!("{}:/out/sub", src.0.display());
+    let run = cage(&e.chio, &["--rootfs", r, "--ro-bind", &bind], &["/probe", "euid"]);
+    assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
+    assert!(run.stdout.is_empty());
+    assert!(!host_dir.join("sub/marker").exists());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(host_dir.0.to_str().unwrap()));
+}
+
+fn cat(e: &Suite, flags: &[&str], path: &str) -> CageRun {
+    let run = e.caged(flags, &["cat", path]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    run
+}
+
+#[test]
+fn fixed_rlimits_and_hostname() {
+    let Some(e) = env("rlimits_hostname") else { return };
+    let limits = cat(&e, &[], "/proc/self/limits").stdout;
+    let line = |name: &str| {
+        limits.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    assert!(line("Max open files").starts_with("Max open files 128 128"), "{limits}");
+    assert!(line("Max core file size").starts_with("Max core file size 0 0"), "{limits}");
+    assert!(line("Max file size").starts_with("Max file size 16777216 16777216"), "{limits}");
+    assert!(line("Max pending signals").starts_with("Max pending signals 256 256"), "{limits}");
+    assert!(line("Max locked memory").starts_with("Max locked memory 65536 65536"), "{limits}");
+    assert_eq!(cat(&e, &[], "/proc/sys/kernel/hostname").stdout.trim(), "chio");
+    // Control: the host's own limits and name differ.
+    let host_limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    assert!(!host_limits.lines().any(|l| l
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .starts_with("Max pending signals 256 ")));
+}
+
+#[test]
+fn the_cpu_ceiling_holds() {
+    let Some(e) = env("cpus") else { return };
+    let run = e.caged(&["--cpus", "0.2"], &["spin", "1500"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    let o = &run.record["outcome"];
+    let (cpu, wall) = (o["cpu_ms"].as_u64().unwrap(), o["wall_ms"].as_u64().unwrap());
+    assert!(cpu * 100 <= wall * 35, "0.2 CPU: {cpu} ms of CPU in {wall} ms");
+    // Control: a whole CPU lets it spin all the time.
+    let run = e.caged(&["--cpus", "1"], &["spin", "1500"]);
+    let o = &run.record["outcome"];
+    assert!(o["cpu_ms"].as_u64().unwrap() * 100 >= o["wall_ms"].as_u64().unwrap() * 60, "{o}");
+}
+
+#[test]
+fn stderr_is_capped_like_stdout() {
+    let Some(e) = env("stderr_cap") else { return };
+    let run = e.caged(&["--output-limit", "64K"], &["flood-stderr", "4"]);
+    assert_eq!(run.state(), "FullyEnforced");
+    let o = &run.record["outcome"];
+    assert_eq!(o["stderr_bytes"], 64 << 10);
+    assert_eq!(o["stderr_dropped"], (4 << 20) - (64 << 10));
+    assert!(o["limit_hit"].to_string().contains("output"));
+    // What reached chio's stderr: 64 KiB of the target's, then the record.
+    assert!(run.stderr.bytes().filter(|b| *b == b'e').count() >= 64 << 10);
+    assert!(run.stderr.len() < (64 << 10) + 16384, "{} bytes", run.stderr.len());
+}
+
+/// Landlock's abstract-unix-socket scope on its own: with the cage left in the host's network
+/// namespace (a test hook, shadow mode), connecting to a host abstract socket is still refused;
+/// with landlock off too it connects.
+#[test]
+fn landlock_scoping_alone_refuses_host_abstract_sockets() {
+    let Some(e) = env("landlock_scope") else { return };
+    let name = format!("chio-scope-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let launch = |env: &[(&str, &str)]| {
+        let out = Command::new(&e.chio)
+            .args(["cage", "run", "--json", "--mode", "shadow", "--rootfs", e.rootfs.to_str().unwrap()])
+            .args(["--", "/probe", "abstract-connect", &name])
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        parse(out)
+    };
+    let run = launch(&[("CHIO_TEST_HOOK", "ns=net")]);
+    assert!(run.record["not_confined"].to_string().contains("net namespace"), "{}", run.stderr);
+    assert!(run.stdout.starts_with("REFUSED") && run.stdout.trim_end().ends_with("errno=1"), "{}", run.stdout);
+    let run = launch(&[("CHIO_TEST_HOOK", "ns=net"), ("CHIO_TEST_LANDLOCK_ABI", "0")]);
+    assert!(run.stdout.starts_with("ESCAPED"), "control: {}", run.stdout);
+}
+
+/// The init sheds its privileges too: the target's uid, no capabilities, no_new_privs and a
+/// seccomp filter of its own.
+#[test]
+fn the_init_runs_as_the_target_with_its_own_filter() {
+    let Some(e) = env("init_identity") else { return };
+    let status = cat(&e, &[], "/proc/1/status").stdout;
+    let field = |k: &str| {
+        status.lines().find_map(|l| l.strip_prefix(k)).unwrap().split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    assert_eq!(field("Uid:"), "65534 65534 65534 65534");
+    assert_eq!(field("Gid:"), "65534 65534 65534 65534");
+    for cap in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(cap), "0000000000000000", "{cap}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2");
+    assert_eq!(field("Name:"), "chio-init");
+}
