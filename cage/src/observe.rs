@@ -207,6 +207,40 @@ mod tests {
         Expect { exe: (1, 2), uid: 65534, gid: 65534, cgroup: Some(("chio-1-x", 1)), cwd: "/", script: None }
     }
 
+    /// `read` of this very process: every fact comes from the kernel, compared with what the
+    /// test reads itself.
+    #[test]
+    fn reading_a_live_process() {
+        use std::os::unix::fs::MetadataExt;
+        let own = own_namespaces();
+        assert_eq!(own.keys().map(String::as_str).collect::<Vec<_>>(), {
+            let mut n = REQUIRED_NS.to_vec();
+            n.sort_unstable();
+            n
+        });
+        for (name, link) in &own {
+            assert!(link.starts_with(&format!("{name}:[")), "{name} -> {link}");
+        }
+        // SAFETY: getpid/getuid/getgid have no preconditions.
+        let (pid, uid, gid) = unsafe { (libc::getpid(), libc::getuid(), libc::getgid()) };
+        let o = read(pid, &own);
+        let exe = std::fs::metadata("/proc/self/exe").unwrap();
+        assert_eq!((o.exe_device, o.exe_inode), (exe.dev(), exe.ino()));
+        assert_eq!(o.uids, vec![uid; 4]);
+        assert_eq!(o.gids, vec![gid; 4]);
+        assert_eq!(o.cwd, std::env::current_dir().unwrap().to_string_lossy());
+        assert!(o.fds.starts_with(&[0, 1, 2]), "{:?}", o.fds);
+        assert!(o.fd_files.iter().all(|[fd, _, _]| o.fds.contains(&(*fd as i32))), "{:?}", o.fd_files);
+        assert!(!o.cgroup.is_empty());
+        assert!(o.capabilities.values().all(|v| u64::from_str_radix(v, 16).is_ok()), "{:?}", o.capabilities);
+        for (name, f) in &o.namespaces {
+            assert_eq!(f.cage, f.host, "{name}: the same process is in its own namespaces");
+        }
+        // So it fails the checks a cage must pass: its namespaces are the supervisor's.
+        let e = Expect { exe: (o.exe_device, o.exe_inode), uid, gid, cgroup: None, cwd: &o.cwd, script: None };
+        assert!(violations(&o, &e).iter().any(|v| v.contains("mnt namespace")));
+    }
+
     #[test]
     fn a_target_meeting_every_fact_has_no_violation() {
         assert_eq!(violations(&good(), &expect()), Vec::<String>::new());

@@ -10,11 +10,51 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-/// The built `chio` binary (a sibling of the probe in the target directory).
+/// The built `chio` binary (a sibling of the probe in the target directory). `cargo test -p
+/// chio-tests` alone does not rebuild it: a binary older than the sources it is built from is
+/// refused, so no suite passes or fails on yesterday's code.
 pub fn chio_bin(probe: &Path) -> PathBuf {
     let p = probe.with_file_name("chio");
     assert!(p.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", p.display());
+    let built = std::fs::metadata(&p).and_then(|m| m.modified()).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    if let Some(newer) = ["cage/src", "cli/src", "kernel/src", "supervisor/src"]
+        .iter()
+        .flat_map(|d| sources(&repo.join(d)))
+        .find(|f| std::fs::metadata(f).and_then(|m| m.modified()).is_ok_and(|t| t > built))
+    {
+        panic!(
+            "{} is older than {}: rebuild it (cargo test --workspace, or cargo build -p chio-cli -p chio-tests)",
+            p.display(),
+            newer.display()
+        );
+    }
     p
+}
+
+/// Every file below `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for ent in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match ent.file_type() {
+                Ok(t) if t.is_dir() => stack.push(ent.path()),
+                Ok(_) => out.push(ent.path()),
+                Err(_) => {}
+            }
+        }
+    }
+    out
+}
+
+/// Skip `test` for `reason` (printed), or fail under `CI=true` / `CHIO_REQUIRE_PRIVILEGED=1`,
+/// where nothing may be skipped.
+pub fn skip(test: &str, reason: &str) {
+    let must = std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("CHIO_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1");
+    assert!(!must, "{test}: cannot run here ({reason}), and CI=true forbids skipping");
+    eprintln!("SKIP {test}: {reason}");
 }
 
 /// True when privileged tests may run. Without root they skip with a printed reason, except
