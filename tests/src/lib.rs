@@ -235,6 +235,31 @@ pub fn host(probe: &Path, argv: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Who runs a control: the cage's own uid (65534) without the cage, the same in a user namespace
+/// of its own (an unprivileged user's way to capabilities), or root where the host itself
+/// refuses the unprivileged uid (the reason is kept with the call).
+#[derive(Debug, Clone, Copy)]
+pub enum Control {
+    /// uid/gid 65534 on the host.
+    Nobody,
+    /// uid/gid 65534 as root of a user namespace of its own.
+    NobodyInUserns,
+    /// root on the host: the host refuses the unprivileged uid (the reason).
+    Root(&'static str),
+}
+
+/// Run the probe as `who` on the host (a control): returns (exit code, stdout).
+pub fn host_as(who: Control, probe: &Path, argv: &[&str]) -> (i32, String) {
+    let p = probe.to_str().unwrap();
+    let mut full: Vec<&str> = match who {
+        Control::Nobody => vec!["as-user", "65534", p],
+        Control::NobodyInUserns => vec!["as-user", "65534", p, "userns", p],
+        Control::Root(_) => vec![],
+    };
+    full.extend_from_slice(argv);
+    host(probe, &full)
+}
+
 /// Assert a control run escaped.
 pub fn assert_escaped(what: &str, (code, stdout): (i32, String)) {
     assert!(
@@ -283,6 +308,22 @@ impl Suite {
             assert_eq!(got, want, "{what}: wrong errno; stdout={}", run.stdout);
         }
         assert_escaped(what, host(&self.probe, control));
+    }
+
+    /// Probe refused in the cage with `errno`; the control, run as `who`, escapes.
+    pub fn pair_as(&self, what: &str, args: &[&str], errno: i32, who: Control, control: &[&str]) {
+        self.pair_with(what, &[], args, errno, who, control)
+    }
+
+    /// [`Suite::pair_as`] with launch flags.
+    pub fn pair_with(&self, what: &str, flags: &[&str], args: &[&str], errno: i32, who: Control, control: &[&str]) {
+        let run = self.caged(flags, args);
+        assert_eq!(run.assert_refused(what), errno, "{what}: wrong errno; stdout={}", run.stdout);
+        let got = host_as(who, &self.probe, control);
+        assert!(
+            got.0 == 0 && got.1.starts_with("ESCAPED"),
+            "control {what} as {who:?} should escape without the cage: {got:?}"
+        );
     }
 
     /// Assert a launch was stopped before the target ran, with `code` in its record.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use chio_tests::Control::{Nobody, NobodyInUserns, Root};
 use chio_tests::{
     assert_escaped, build_symlinked_rootfs, cage, host, parse, processes_tagged, wait_gone, Scratch, Suite,
 };
@@ -21,12 +22,15 @@ fn env(test: &str) -> Option<Suite> {
     Suite::new(test, PROBE)
 }
 
+/// A syscall probe refused in the cage with `errno`; its control runs the same call as `who`
+/// (the cage's uid without the cage, or in a user namespace of its own where capabilities are
+/// needed; root only where the host refuses unprivileged users and says why).
 macro_rules! syscall_probe {
-    ($name:ident, $args:expr, $errno:expr) => {
+    ($name:ident, $args:expr, $errno:expr, $who:expr) => {
         #[test]
         fn $name() {
             let Some(e) = env(stringify!($name)) else { return };
-            e.pair(stringify!($name), &[], $args, Some($errno), $args);
+            e.pair_as(stringify!($name), $args, $errno, $who, $args);
         }
     };
 }
@@ -37,19 +41,24 @@ macro_rules! syscall_probe {
 fn write_to_root_is_refused() {
     let Some(e) = env("write_to_root") else { return };
     let s = Scratch::new("write-root");
-    e.pair("write /", &[], &["write", "/escaped"], Some(libc::EROFS), &["write", s.join("escaped").to_str().unwrap()]);
+    s.give_to_nobody();
+    let control = s.join("escaped");
+    e.pair_with("write /", &[], &["write", "/escaped"], libc::EROFS, Nobody, &["write", control.to_str().unwrap()]);
 }
 
 #[test]
 fn write_into_image_directory_is_refused() {
     let Some(e) = env("write_into_image") else { return };
     let s = Scratch::new("write-lib");
-    e.pair(
+    s.give_to_nobody();
+    let control = s.join("escaped");
+    e.pair_with(
         "write /lib",
         &[],
         &["write", "/lib/escaped"],
-        Some(libc::EROFS),
-        &["write", s.join("escaped").to_str().unwrap()],
+        libc::EROFS,
+        Nobody,
+        &["write", control.to_str().unwrap()],
     );
 }
 
@@ -60,7 +69,7 @@ fn host_files_outside_the_binds_are_invisible() {
     let secret = s.join("secret.txt");
     std::fs::write(&secret, "host-secret").unwrap();
     let p = secret.to_str().unwrap();
-    e.pair("read host file", &[], &["read", p], Some(libc::ENOENT), &["read", p]);
+    e.pair_with("read host file", &[], &["read", p], libc::ENOENT, Nobody, &["read", p]);
 }
 
 #[test]
@@ -76,12 +85,15 @@ fn host_shadow_is_not_readable_on_the_default_root() {
 fn exec_from_tmp_is_refused() {
     let Some(e) = env("exec_tmp") else { return };
     let s = Scratch::new("exec-tmp");
-    e.pair(
+    s.give_to_nobody();
+    let control = s.join("x");
+    e.pair_with(
         "exec /tmp",
         &[],
         &["exec-copy", "/tmp/x"],
-        Some(libc::EACCES),
-        &["exec-copy", s.join("x").to_str().unwrap()],
+        libc::EACCES,
+        Nobody,
+        &["exec-copy", control.to_str().unwrap()],
     );
 }
 
@@ -89,19 +101,22 @@ fn exec_from_tmp_is_refused() {
 fn exec_from_dev_shm_is_refused() {
     let Some(e) = env("exec_shm") else { return };
     let s = Scratch::new("exec-shm");
-    e.pair(
+    s.give_to_nobody();
+    let control = s.join("x");
+    e.pair_with(
         "exec /dev/shm",
         &[],
         &["exec-copy", "/dev/shm/x"],
-        Some(libc::EACCES),
-        &["exec-copy", s.join("x").to_str().unwrap()],
+        libc::EACCES,
+        Nobody,
+        &["exec-copy", control.to_str().unwrap()],
     );
 }
 
 #[test]
 fn exec_from_memfd_is_refused() {
     let Some(e) = env("exec_memfd") else { return };
-    e.pair("exec memfd", &[], &["exec-memfd"], Some(libc::EACCES), &["exec-memfd"]);
+    e.pair_as("exec memfd", &["exec-memfd"], libc::EACCES, Nobody, &["exec-memfd"]);
 }
 
 #[test]
@@ -290,45 +305,60 @@ fn host_block_devices_are_absent() {
 
 // ---- system calls ------------------------------------------------------------------------
 
-syscall_probe!(unshare_user_namespace, &["unshare", "user"], libc::EPERM);
-syscall_probe!(unshare_mount_namespace, &["unshare", "mnt"], libc::EPERM);
-syscall_probe!(unshare_net_namespace, &["unshare", "net"], libc::EPERM);
-syscall_probe!(clone_with_new_namespace, &["clone-newuser"], libc::EPERM);
-syscall_probe!(clone3_is_enosys, &["clone3"], libc::ENOSYS);
-syscall_probe!(setns_is_refused, &["setns"], libc::EPERM);
-syscall_probe!(ptrace_is_refused, &["ptrace"], libc::EPERM);
-syscall_probe!(process_vm_readv_is_refused, &["process-vm-readv"], libc::EPERM);
-syscall_probe!(bpf_is_refused, &["bpf"], libc::EPERM);
-syscall_probe!(perf_event_open_is_refused, &["perf-event-open"], libc::EPERM);
-syscall_probe!(keyctl_is_refused, &["keyctl"], libc::EPERM);
-syscall_probe!(userfaultfd_is_refused, &["userfaultfd"], libc::EPERM);
-syscall_probe!(io_uring_is_enosys, &["io-uring"], libc::ENOSYS);
-syscall_probe!(tiocsti_is_refused, &["tiocsti"], libc::EPERM);
-syscall_probe!(tiocsti_high_bit_is_refused, &["tiocsti-highbit"], libc::EPERM);
-syscall_probe!(netlink_socket_is_refused, &["socket", "netlink"], libc::EPERM);
-syscall_probe!(vsock_socket_is_refused, &["socket", "vsock"], libc::EPERM);
-syscall_probe!(packet_socket_is_refused, &["socket", "packet"], libc::EPERM);
-syscall_probe!(raw_socket_is_refused, &["raw-socket"], libc::EPERM);
-syscall_probe!(setuid_root_is_refused, &["setuid0"], libc::EPERM);
-syscall_probe!(chroot_is_refused, &["chroot", "/"], libc::EPERM);
+syscall_probe!(unshare_user_namespace, &["unshare", "user"], libc::EPERM, Nobody);
+syscall_probe!(unshare_mount_namespace, &["unshare", "mnt"], libc::EPERM, NobodyInUserns);
+syscall_probe!(unshare_net_namespace, &["unshare", "net"], libc::EPERM, NobodyInUserns);
+syscall_probe!(clone_with_new_namespace, &["clone-newuser"], libc::EPERM, Nobody);
+syscall_probe!(clone3_is_enosys, &["clone3"], libc::ENOSYS, Nobody);
+syscall_probe!(
+    setns_is_refused,
+    &["setns"],
+    libc::EPERM,
+    Root("setns into another net namespace needs CAP_SYS_ADMIN over it")
+);
+syscall_probe!(ptrace_is_refused, &["ptrace"], libc::EPERM, Nobody);
+syscall_probe!(process_vm_readv_is_refused, &["process-vm-readv"], libc::EPERM, Nobody);
+syscall_probe!(bpf_is_refused, &["bpf"], libc::EPERM, Root("kernel.unprivileged_bpf_disabled"));
+syscall_probe!(perf_event_open_is_refused, &["perf-event-open"], libc::EPERM, Nobody);
+syscall_probe!(keyctl_is_refused, &["keyctl"], libc::EPERM, Nobody);
+syscall_probe!(userfaultfd_is_refused, &["userfaultfd"], libc::EPERM, Root("vm.unprivileged_userfaultfd=0"));
+syscall_probe!(io_uring_is_enosys, &["io-uring"], libc::ENOSYS, Nobody);
+syscall_probe!(
+    tiocsti_is_refused,
+    &["tiocsti"],
+    libc::EPERM,
+    Root("dev.tty.legacy_tiocsti=0 refuses unprivileged TIOCSTI")
+);
+syscall_probe!(tiocsti_high_bit_is_refused, &["tiocsti-highbit"], libc::EPERM, Root("dev.tty.legacy_tiocsti=0"));
+syscall_probe!(netlink_socket_is_refused, &["socket", "netlink"], libc::EPERM, Nobody);
+syscall_probe!(vsock_socket_is_refused, &["socket", "vsock"], libc::EPERM, Nobody);
+syscall_probe!(packet_socket_is_refused, &["socket", "packet"], libc::EPERM, NobodyInUserns);
+syscall_probe!(raw_socket_is_refused, &["raw-socket"], libc::EPERM, NobodyInUserns);
+syscall_probe!(
+    setuid_root_is_refused,
+    &["setuid0"],
+    libc::EPERM,
+    Root("only root may become root: the cage's own effect is running as 65534")
+);
+syscall_probe!(chroot_is_refused, &["chroot", "/"], libc::EPERM, NobodyInUserns);
 
 #[test]
 fn mount_is_refused() {
     let Some(e) = env("mount") else { return };
     let s = Scratch::new("mount");
-    e.pair("mount", &[], &["mount", "/tmp"], Some(libc::EPERM), &["mount", s.0.to_str().unwrap()]);
+    e.pair_as("mount", &["mount", "/tmp"], libc::EPERM, NobodyInUserns, &["mount", s.0.to_str().unwrap()]);
 }
 
 #[test]
 fn pivot_root_is_refused() {
     let Some(e) = env("pivot_root") else { return };
-    e.pair("pivot_root", &[], &["pivot-root"], Some(libc::EPERM), &["pivot-root", "--own-ns"]);
+    e.pair_as("pivot_root", &["pivot-root"], libc::EPERM, NobodyInUserns, &["pivot-root", "--own-ns"]);
 }
 
 #[test]
 fn sethostname_is_refused() {
     let Some(e) = env("sethostname") else { return };
-    e.pair("sethostname", &[], &["sethostname"], Some(libc::EPERM), &["sethostname", "--own-ns"]);
+    e.pair_as("sethostname", &["sethostname"], libc::EPERM, NobodyInUserns, &["sethostname", "--own-ns"]);
 }
 
 #[test]
@@ -349,7 +379,9 @@ fn uid_0_in_the_cage_cannot_write_sysctls() {
 fn mknod_is_refused() {
     let Some(e) = env("mknod") else { return };
     let s = Scratch::new("mknod");
-    e.pair("mknod", &[], &["mknod", "/tmp/disk"], Some(libc::EACCES), &["mknod", s.join("disk").to_str().unwrap()]);
+    let control = s.join("disk");
+    let who = Root("device nodes need CAP_MKNOD over the host, which no unprivileged user has");
+    e.pair_as("mknod", &["mknod", "/tmp/disk"], libc::EACCES, who, &["mknod", control.to_str().unwrap()]);
 }
 
 #[test]

@@ -100,6 +100,7 @@ fn main() {
         "setuid0" => verdict("setuid(0)", unsafe { libc::setuid(0) } as libc::c_long),
         "dump-status" => dump_status(),
         "symlink" => symlink(arg(rest, 0), arg(rest, 1)),
+        "userns" => userns(rest),
         "setid" => setid(arg(rest, 0), arg(rest, 1)),
         "chmod" => chmod(arg(rest, 0), arg(rest, 1)),
         "touch-times" => touch_times(arg(rest, 0)),
@@ -869,4 +870,30 @@ fn swap_then_read(script: &str, from: &str, to: &str) -> ! {
         escaped(&format!("{script} read the swapped-in file"))
     }
     refused(&format!("{script} is the file that was hashed"), 0)
+}
+
+/// Control helper: become root of a new user namespace (mapped to the caller's uid and gid, so
+/// no privilege the caller did not have) and exec a command there. What an unprivileged user
+/// can do this way, the cage must still refuse.
+fn userns(rest: &[String]) -> ! {
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    // Network and mount namespaces too: capabilities over the host's would not come with the
+    // user namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
+        error(&format!("unshare(CLONE_NEWUSER): errno {}", errno()));
+    }
+    for (file, text) in [
+        ("/proc/self/setgroups", "deny".to_string()),
+        ("/proc/self/uid_map", format!("0 {uid} 1")),
+        ("/proc/self/gid_map", format!("0 {gid} 1")),
+    ] {
+        std::fs::write(file, text).unwrap_or_else(|e| error(&format!("{file}: {e}")));
+    }
+    if unsafe { libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWNS) } != 0 {
+        error(&format!("unshare(CLONE_NEWNET|CLONE_NEWNS): errno {}", errno()));
+    }
+    let mut cmd = std::process::Command::new(arg(rest, 0));
+    cmd.args(&rest[1..]);
+    let e = std::os::unix::process::CommandExt::exec(&mut cmd);
+    error(&format!("exec: {e}"))
 }
