@@ -230,7 +230,13 @@ mod tests {
         assert_eq!(o.gids, vec![gid; 4]);
         assert_eq!(o.cwd, std::env::current_dir().unwrap().to_string_lossy());
         assert!(o.fds.starts_with(&[0, 1, 2]), "{:?}", o.fds);
-        assert!(o.fd_files.iter().all(|[fd, _, _]| o.fds.contains(&(*fd as i32))), "{:?}", o.fd_files);
+        assert_eq!(o.pid, pid);
+        assert!(o.fd_files.iter().all(|[fd, _, _]| *fd > 2 && o.fds.contains(&(*fd as i32))), "{:?}", o.fd_files);
+        // This test's own open files above 2 are listed with their identity.
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        let n = std::os::fd::AsRawFd::as_raw_fd(&f) as u64;
+        let o = read(pid, &own);
+        assert!(o.fd_files.contains(&[n, exe.dev(), exe.ino()]), "fd {n} in {:?}", o.fd_files);
         assert!(!o.cgroup.is_empty());
         assert!(o.capabilities.values().all(|v| u64::from_str_radix(v, 16).is_ok()), "{:?}", o.capabilities);
         for (name, f) in &o.namespaces {

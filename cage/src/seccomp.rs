@@ -548,9 +548,7 @@ fn target_cases() -> BTreeMap<u32, Action> {
 pub fn build() -> Result<Filters, String> {
     let target = compile(&target_cases());
     let init = compile(&INIT_ALLOWED.iter().map(|nr| (*nr as u32, Action::Allow)).collect());
-    if target.len() > 4096 {
-        return Err(format!("the seccomp filter has {} instructions, more than the kernel takes", target.len()));
-    }
+    check_len(&target)?;
     let mut h = Sha256::new();
     for i in &target {
         h.update(i.code.to_le_bytes());
@@ -558,6 +556,14 @@ pub fn build() -> Result<Filters, String> {
         h.update(i.k.to_le_bytes());
     }
     Ok(Filters { target, init, sha256: hex(&h.finalize()) })
+}
+
+/// The kernel takes at most BPF_MAXINSNS (4096) instructions.
+fn check_len(prog: &Program) -> Result<(), String> {
+    match prog.len() {
+        0..=4096 => Ok(()),
+        n => Err(format!("the seccomp filter has {n} instructions, more than the kernel takes")),
+    }
 }
 
 fn apply(prog: &Program, what: &str) -> Result<(), String> {
@@ -902,6 +908,43 @@ mod tests {
         let init = build().unwrap().init;
         assert_eq!(run(&init, libc::SYS_wait4 as u32, AUDIT_ARCH_X86_64, [0; 6]), RET_ALLOW);
         assert_eq!(run(&init, libc::SYS_openat as u32, AUDIT_ARCH_X86_64, [0; 6]), EPERM);
+    }
+
+    #[test]
+    fn helpers() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xab, 0xff]), "000fabff");
+        assert!(check_len(&vec![ret(RET_ALLOW); 4096]).is_ok());
+        assert!(check_len(&vec![ret(RET_ALLOW); 4097]).is_err());
+    }
+
+    /// In a forked child: install a filter for real, then make one call it refuses; the child's
+    /// exit status says whether the kernel refused it.
+    fn refused_after_install(install: fn(&Filters) -> Result<(), String>, nr: libc::c_long) -> bool {
+        let f = build().unwrap();
+        // SAFETY: the child only calls prctl, the install and one raw syscall, then _exit.
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                if install(&f).is_err() {
+                    libc::_exit(2);
+                }
+                let r = libc::syscall(nr, 0, 0, 0);
+                let refused = r == -1 && *libc::__errno_location() == libc::EPERM;
+                libc::_exit(if refused { 0 } else { 1 });
+            }
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0
+        }
+    }
+
+    #[test]
+    fn installed_filters_refuse_for_real() {
+        // getppid is allowed for the target and not for the init; umask(0) is harmless either way.
+        assert!(refused_after_install(install_init, libc::SYS_getppid), "the init's filter is in force");
+        assert!(!refused_after_install(install, libc::SYS_getppid), "the target may getppid");
+        assert!(refused_after_install(install, libc::SYS_vhangup), "the target's filter is in force");
     }
 
     #[test]
