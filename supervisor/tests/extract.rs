@@ -279,11 +279,24 @@ fn pax_paths_xattrs_and_ownership() {
     let p = f.root().join(&long);
     assert_eq!(std::fs::read_to_string(&p).unwrap(), "long");
     let m = std::fs::metadata(&p).unwrap();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        assert_eq!((m.uid(), m.gid()), (1234, 4321));
-    }
+    assert_eq!((m.uid(), m.gid()), (1234, 4321), "numeric owner applied (the suite runs as root)");
+    // user.* xattrs are applied; anything else (file capabilities!) is not.
+    assert_eq!(xattr(&p, "user.tag").as_deref(), Some(&b"v"[..]));
+    assert_eq!(xattr(&p, "security.capability"), None, "a file capability was applied");
     assert!(!f.root().join("ignored-name").exists());
+}
+
+/// The value of extended attribute `name` of `p` (not following a symlink), or None.
+fn xattr(p: &std::path::Path, name: &str) -> Option<Vec<u8>> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of the given length.
+    let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n >= 0).then(|| {
+        buf.truncate(n as usize);
+        buf
+    })
 }
 
 #[test]
