@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use chio_tests::Control::{Nobody, NobodyInUserns, Root};
 use chio_tests::{
-    assert_escaped, build_symlinked_rootfs, cage, host, parse, processes_tagged, wait_gone, Scratch, Suite,
+    assert_escaped, build_symlinked_rootfs, cage, host, host_as, parse, processes_tagged, wait_gone, Scratch, Suite,
 };
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -43,7 +43,14 @@ fn write_to_root_is_refused() {
     let s = Scratch::new("write-root");
     s.give_to_nobody();
     let control = s.join("escaped");
-    e.pair_with("write /", &[], &["write", "/escaped"], libc::EROFS, Nobody, &["write", control.to_str().unwrap()]);
+    e.pair_with(
+        "write /",
+        &[],
+        &["write", "/escaped"],
+        Some(libc::EROFS),
+        Nobody,
+        &["write", control.to_str().unwrap()],
+    );
 }
 
 #[test]
@@ -56,7 +63,7 @@ fn write_into_image_directory_is_refused() {
         "write /lib",
         &[],
         &["write", "/lib/escaped"],
-        libc::EROFS,
+        Some(libc::EROFS),
         Nobody,
         &["write", control.to_str().unwrap()],
     );
@@ -69,16 +76,21 @@ fn host_files_outside_the_binds_are_invisible() {
     let secret = s.join("secret.txt");
     std::fs::write(&secret, "host-secret").unwrap();
     let p = secret.to_str().unwrap();
-    e.pair_with("read host file", &[], &["read", p], libc::ENOENT, Nobody, &["read", p]);
+    e.pair_with("read host file", &[], &["read", p], Some(libc::ENOENT), Nobody, &["read", p]);
 }
 
 #[test]
 fn host_shadow_is_not_readable_on_the_default_root() {
     let Some(e) = env("host_shadow") else { return };
     let bind = format!("{}:/probe", e.probe.display());
-    let run = cage(&e.chio, &["--ro-bind", &bind], &["/probe", "read", "/etc/shadow"]);
+    // As uid 0, which may read the host's shadow: the cage's own effect is that it is absent.
+    let run = cage(&e.chio, &["--ro-bind", &bind, "--uid", "0", "--gid", "0"], &["/probe", "read", "/etc/shadow"]);
     assert_eq!(run.assert_refused("read /etc/shadow"), libc::ENOENT);
-    assert_escaped("read /etc/shadow", host(&e.probe, &["read", "/etc/shadow"]));
+    // Control as root: the host refuses /etc/shadow to every other uid.
+    assert_escaped(
+        "read /etc/shadow",
+        host_as(Root("shadow is readable by root only"), &e.probe, &["read", "/etc/shadow"]),
+    );
 }
 
 #[test]
@@ -91,7 +103,7 @@ fn exec_from_tmp_is_refused() {
         "exec /tmp",
         &[],
         &["exec-copy", "/tmp/x"],
-        libc::EACCES,
+        Some(libc::EACCES),
         Nobody,
         &["exec-copy", control.to_str().unwrap()],
     );
@@ -107,7 +119,7 @@ fn exec_from_dev_shm_is_refused() {
         "exec /dev/shm",
         &[],
         &["exec-copy", "/dev/shm/x"],
-        libc::EACCES,
+        Some(libc::EACCES),
         Nobody,
         &["exec-copy", control.to_str().unwrap()],
     );
@@ -127,11 +139,12 @@ fn absolute_symlink_in_workspace_stays_inside() {
     std::fs::write(host_dir.join("chio-host-marker"), "host").unwrap();
     std::os::unix::fs::symlink(&host_dir.0, ws.join("escape")).unwrap();
     let w = ws.0.to_str().unwrap();
-    e.pair(
+    e.pair_with(
         "absolute symlink",
         &["--workspace", w],
         &["read", "/workspace/escape/chio-host-marker"],
         Some(libc::ENOENT),
+        Nobody,
         &["read", ws.join("escape/chio-host-marker").to_str().unwrap()],
     );
 }
@@ -145,11 +158,12 @@ fn dotdot_symlink_in_workspace_stays_inside() {
     let up = format!("../../../../../../../..{}", host_dir.0.display());
     std::os::unix::fs::symlink(&up, ws.join("up")).unwrap();
     let w = ws.0.to_str().unwrap();
-    e.pair(
+    e.pair_with(
         "../ symlink",
         &["--workspace", w],
         &["read", "/workspace/up/chio-host-marker"],
         Some(libc::ENOENT),
+        Nobody,
         &["read", ws.join("up/chio-host-marker").to_str().unwrap()],
     );
 }
@@ -158,13 +172,16 @@ fn dotdot_symlink_in_workspace_stays_inside() {
 fn hardlink_from_workspace_to_image_is_refused() {
     let Some(e) = env("hardlink") else { return };
     let ws = Scratch::new("ws-link");
+    ws.give_to_nobody();
     std::fs::write(ws.join("src"), "x").unwrap();
+    std::os::unix::fs::chown(ws.join("src"), Some(65534), Some(65534)).unwrap();
     let w = ws.0.to_str().unwrap();
-    e.pair(
+    e.pair_with(
         "hardlink out",
         &["--workspace", w],
         &["hardlink", "/probe", "/workspace/stolen"],
         Some(libc::EXDEV),
+        Nobody,
         &["hardlink", ws.join("src").to_str().unwrap(), ws.join("dst").to_str().unwrap()],
     );
 }
@@ -189,7 +206,7 @@ fn image_proc_symlink_does_not_redirect_procfs() {
     let root = h.rootfs.join("root");
     let run = cage(&e.chio, &["--rootfs", root.to_str().unwrap()], &["/probe", "is-procfs", "/proc"]);
     run.assert_refused("/proc symlink");
-    assert_escaped("/proc symlink", host(&e.probe, &["is-procfs", root.join("proc").to_str().unwrap()]));
+    assert_escaped("/proc symlink", host_as(Nobody, &e.probe, &["is-procfs", root.join("proc").to_str().unwrap()]));
 }
 
 #[test]
@@ -199,7 +216,10 @@ fn image_dev_symlink_does_not_redirect_dev() {
     let root = h.rootfs.join("root");
     let run = cage(&e.chio, &["--rootfs", root.to_str().unwrap()], &["/probe", "stat", "/dev/chio-host-marker"]);
     assert_eq!(run.assert_refused("/dev symlink"), libc::ENOENT);
-    assert_escaped("/dev symlink", host(&e.probe, &["stat", root.join("dev/chio-host-marker").to_str().unwrap()]));
+    assert_escaped(
+        "/dev symlink",
+        host_as(Nobody, &e.probe, &["stat", root.join("dev/chio-host-marker").to_str().unwrap()]),
+    );
 }
 
 #[test]
@@ -213,7 +233,10 @@ fn image_tmp_symlink_does_not_redirect_tmp() {
     let w = cage(&e.chio, &["--rootfs", root.to_str().unwrap()], &["/probe", "write", "/tmp/written"]);
     assert!(w.stdout.starts_with("ESCAPED"), "writing the cage's own /tmp works: {}", w.stdout);
     assert!(!h.host.join("tmp/written").exists(), "the write went through the image's /tmp symlink");
-    assert_escaped("/tmp symlink", host(&e.probe, &["stat", root.join("tmp/chio-host-marker").to_str().unwrap()]));
+    assert_escaped(
+        "/tmp symlink",
+        host_as(Nobody, &e.probe, &["stat", root.join("tmp/chio-host-marker").to_str().unwrap()]),
+    );
 }
 
 // ---- leaked fds and /proc ----------------------------------------------------------------
@@ -247,9 +270,9 @@ fn cwd_through_a_leaked_fd_is_impossible() {
     assert_escaped("fd walk", (out.status.code().unwrap(), String::from_utf8_lossy(&out.stdout).into_owned()));
 }
 
-/// A host process whose /proc entries the controls read.
+/// A host process of uid 65534 whose /proc entries the controls (run as 65534) read.
 fn host_sleeper() -> std::process::Child {
-    Command::new("/bin/sleep").arg("30").spawn().unwrap()
+    Command::new(PROBE).args(["as-user", "65534", "/bin/sleep", "30"]).spawn().unwrap()
 }
 
 #[test]
@@ -257,7 +280,7 @@ fn proc_1_exe_of_the_init_is_not_readable() {
     let Some(e) = env("proc1_exe") else { return };
     let mut other = host_sleeper();
     let control = format!("/proc/{}/exe", other.id());
-    e.pair("read /proc/1/exe", &[], &["read", "/proc/1/exe"], Some(libc::EACCES), &["read", &control]);
+    e.pair_with("read /proc/1/exe", &[], &["read", "/proc/1/exe"], Some(libc::EACCES), Nobody, &["read", &control]);
     other.kill().unwrap();
     other.wait().unwrap();
 }
@@ -268,11 +291,13 @@ fn proc_self_exe_is_not_writable() {
     let s = Scratch::new("self-exe");
     let copy = s.join("probe-copy");
     std::fs::copy(&e.probe, &copy).unwrap();
-    e.pair(
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
+    e.pair_with(
         "write /proc/self/exe",
         &[],
         &["open-write", "/proc/self/exe"],
         None,
+        Nobody,
         &["open-write", copy.to_str().unwrap()],
     );
 }
@@ -282,7 +307,8 @@ fn proc_1_root_does_not_lead_out() {
     let Some(e) = env("proc1_root") else { return };
     let mut other = host_sleeper();
     let control = format!("/proc/{}/root/etc/hostname", other.id());
-    e.pair("read /proc/1/root", &[], &["read", "/proc/1/root/etc/hostname"], Some(libc::EACCES), &["read", &control]);
+    let args = ["read", "/proc/1/root/etc/hostname"];
+    e.pair_with("read /proc/1/root", &[], &args, Some(libc::EACCES), Nobody, &["read", &control]);
     other.kill().unwrap();
     other.wait().unwrap();
 }
@@ -290,7 +316,7 @@ fn proc_1_root_does_not_lead_out() {
 #[test]
 fn sys_is_not_mounted() {
     let Some(e) = env("sys") else { return };
-    e.pair("stat /sys", &[], &["stat", "/sys/fs/cgroup"], Some(libc::ENOENT), &["stat", "/sys/fs/cgroup"]);
+    e.pair_with("stat /sys", &[], &["stat", "/sys/fs/cgroup"], Some(libc::ENOENT), Nobody, &["stat", "/sys/fs/cgroup"]);
 }
 
 #[test]
@@ -300,7 +326,7 @@ fn host_block_devices_are_absent() {
         .into_iter()
         .find(|d| Path::new(d).exists())
         .unwrap();
-    e.pair("host device", &[], &["stat", dev], Some(libc::ENOENT), &["stat", dev]);
+    e.pair_with("host device", &[], &["stat", dev], Some(libc::ENOENT), Nobody, &["stat", dev]);
 }
 
 // ---- system calls ------------------------------------------------------------------------
@@ -407,7 +433,7 @@ fn tcp_to_host_loopback_is_refused() {
     let addr = listener.local_addr().unwrap().to_string();
     let run = e.caged(&["--net", "loopback"], &["tcp-connect", &addr]);
     run.assert_refused("tcp to host");
-    assert_escaped("tcp to host", host(&e.probe, &["tcp-connect", &addr]));
+    assert_escaped("tcp to host", host_as(Nobody, &e.probe, &["tcp-connect", &addr]));
 }
 
 #[test]
@@ -415,7 +441,7 @@ fn tcp_bind_is_refused_by_landlock() {
     let Some(e) = env("tcp_bind") else { return };
     let run = e.caged(&["--net", "loopback"], &["tcp-bind", "127.0.0.1:8080"]);
     assert_eq!(run.assert_refused("tcp bind"), libc::EACCES);
-    assert_escaped("tcp bind", host(&e.probe, &["tcp-bind", "127.0.0.1:0"]));
+    assert_escaped("tcp bind", host_as(Nobody, &e.probe, &["tcp-bind", "127.0.0.1:0"]));
 }
 
 #[test]
@@ -424,7 +450,7 @@ fn abstract_unix_socket_on_host_is_unreachable() {
     let name = format!("chio-test-{}", std::process::id());
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
     let _l = UnixListener::bind_addr(&addr).unwrap();
-    e.pair("abstract socket", &[], &["abstract-connect", &name], None, &["abstract-connect", &name]);
+    e.pair_with("abstract socket", &[], &["abstract-connect", &name], None, Nobody, &["abstract-connect", &name]);
 }
 
 #[test]
@@ -436,7 +462,7 @@ fn host_processes_cannot_be_signalled() {
     let run = e.caged(&[], &["kill", &pid]);
     assert_eq!(run.assert_refused("kill host"), libc::ESRCH);
     assert!(victim.try_wait().unwrap().is_none(), "the host process survived the cage's attempt");
-    assert_escaped("kill host", host(&e.probe, &["kill", &pid]));
+    assert_escaped("kill host", host_as(Nobody, &e.probe, &["kill", &pid]));
     victim.wait().unwrap();
 }
 
@@ -454,13 +480,13 @@ fn setuid_binary_in_rootfs_gains_nothing() {
 #[test]
 fn no_capabilities_inside() {
     let Some(e) = env("caps") else { return };
-    e.pair("capabilities", &[], &["caps"], None, &["caps"]);
+    e.pair_with("capabilities", &[], &["caps"], None, Root("the capabilities a cage drops are root's"), &["caps"]);
 }
 
 #[test]
 fn no_new_privs_inside() {
     let Some(e) = env("nnp") else { return };
-    e.pair("no_new_privs", &[], &["nnp"], None, &["nnp"]);
+    e.pair_with("no_new_privs", &[], &["nnp"], None, Nobody, &["nnp"]);
 }
 
 // ---- ceilings ----------------------------------------------------------------------------
@@ -472,7 +498,7 @@ fn fork_bomb_is_held_by_pids() {
     assert_eq!(run.assert_refused("fork bomb"), libc::EAGAIN);
     let hit = run.record["outcome"]["limit_hit"].as_array().unwrap();
     assert!(hit.iter().any(|h| h == "pids"), "record names the pids ceiling: {hit:?}");
-    assert_escaped("fork bomb", host(&e.probe, &["fork-many", "64"]));
+    assert_escaped("fork bomb", host_as(Nobody, &e.probe, &["fork-many", "64"]));
 }
 
 #[test]
@@ -486,7 +512,7 @@ fn memory_hog_is_held_by_memory() {
     assert!(o["limit_hit"].as_array().unwrap().iter().any(|h| h == "memory"), "{o}");
     assert!(o["peak_memory_bytes"].as_u64().unwrap() <= 64 << 20, "{o}");
     assert_eq!(run.code, 137);
-    assert_escaped("memory hog", host(&e.probe, &["alloc", "256"]));
+    assert_escaped("memory hog", host_as(Nobody, &e.probe, &["alloc", "256"]));
 }
 
 #[test]
@@ -498,7 +524,8 @@ fn disk_fill_is_held_by_fsize() {
     assert_eq!(run.assert_refused("fsize"), libc::EFBIG);
     assert_eq!(std::fs::metadata(ws.join("big")).unwrap().len(), 16 << 20);
     let s = Scratch::new("fsize-control");
-    assert_escaped("fsize", host(&e.probe, &["fill", s.join("big").to_str().unwrap(), "32"]));
+    s.give_to_nobody();
+    assert_escaped("fsize", host_as(Nobody, &e.probe, &["fill", s.join("big").to_str().unwrap(), "32"]));
 }
 
 #[test]
@@ -507,7 +534,8 @@ fn tmp_fill_is_held_by_tmpfs_size() {
     let run = e.caged(&["--tmp-size", "8M"], &["fill", "/tmp/big", "12"]);
     assert_eq!(run.assert_refused("tmp size"), libc::ENOSPC);
     let s = Scratch::new("tmp-control");
-    assert_escaped("tmp size", host(&e.probe, &["fill", s.join("big").to_str().unwrap(), "12"]));
+    s.give_to_nobody();
+    assert_escaped("tmp size", host_as(Nobody, &e.probe, &["fill", s.join("big").to_str().unwrap(), "12"]));
 }
 
 #[test]
@@ -520,7 +548,7 @@ fn output_flood_is_capped() {
     assert_eq!(o["stdout_bytes"], 64 << 10);
     assert_eq!(o["stdout_dropped"], (8 << 20) - (64 << 10));
     assert!(o["limit_hit"].as_array().unwrap().iter().any(|h| h == "output"));
-    let (code, out) = host(&e.probe, &["flood", "8"]);
+    let (code, out) = host_as(Nobody, &e.probe, &["flood", "8"]);
     assert_eq!((code, out.len()), (0, 8 << 20), "control floods 8 MiB");
 }
 
