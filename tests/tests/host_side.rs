@@ -8,7 +8,8 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use chio_tests::{assert_escaped, cage, host, Scratch, Suite};
+use chio_tests::Control::{Nobody, NobodyInUserns};
+use chio_tests::{assert_escaped, cage, host, host_as, Scratch, Suite};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -323,6 +324,7 @@ fn default_root_etc_files_are_copies() {
 fn a_cage_never_leaves_a_set_id_file() {
     let Some(e) = env("setid") else { return };
     let control = Scratch::new("setid-control");
+    control.give_to_nobody();
     let hows =
         ["chmod", "fchmod", "fchmodat", "fchmodat2", "open", "openat", "creat", "mkdir", "mkdirat", "mknod", "mknodat"];
     let workspaces = [Scratch::new("setid-root"), Scratch::new("setid-nobody")];
@@ -340,7 +342,8 @@ fn a_cage_never_leaves_a_set_id_file() {
     // Linux already ignores S_ISGID in mkdir's mode (a directory inherits it from its parent
     // only): the filter refuses it anyway, but there is no control to run for those two.
     for how in hows.into_iter().filter(|h| !h.starts_with("mkdir")) {
-        assert_escaped(how, host(&e.probe, &["setid", how, control.join(how).to_str().unwrap()]));
+        // As the cage's uid, on its own files: an unprivileged user can set these bits.
+        assert_escaped(how, host_as(Nobody, &e.probe, &["setid", how, control.join(how).to_str().unwrap()]));
     }
     // Nothing the cages left in the workspaces carries a set-id bit.
     for ent in workspaces.iter().flat_map(|ws| std::fs::read_dir(&ws.0).unwrap()) {
@@ -357,8 +360,8 @@ fn a_cage_never_leaves_a_set_id_file() {
 #[test]
 fn host_wide_pools_cannot_be_drained() {
     let Some(e) = env("pools") else { return };
-    e.pair("io_setup", &[], &["io-setup"], Some(libc::ENOSYS), &["io-setup"]);
-    e.pair("inotify", &[], &["inotify"], Some(libc::ENOSYS), &["inotify"]);
+    e.pair_as("io_setup", &["io-setup"], libc::ENOSYS, Nobody, &["io-setup"]);
+    e.pair_as("inotify", &["inotify"], libc::ENOSYS, Nobody, &["inotify"]);
     // Pending signals are counted per uid across the host: a cage queues at most its limit.
     let run = e.caged(&[], &["sigqueue", "2000"]);
     assert_eq!(run.assert_refused("sigqueue"), libc::EAGAIN);
@@ -377,7 +380,8 @@ fn only_plain_tcp_udp_and_unix_sockets() {
         let a = ["socket-raw", args[0], args[1], args[2]];
         let run = e.caged(&["--net", "loopback"], &a);
         assert_eq!(run.assert_refused(what), libc::EPERM, "{what}");
-        let (code, out) = host(&e.probe, &a);
+        let who = if what == "SOCK_PACKET" { NobodyInUserns } else { Nobody };
+        let (code, out) = host_as(who, &e.probe, &a);
         // SCTP may be absent from the host kernel; MPTCP and SOCK_PACKET work for root.
         if what != "SCTP" || code == 0 {
             assert_escaped(what, (code, out));
@@ -392,16 +396,16 @@ fn the_target_cannot_reach_the_cages_init() {
     let Some(e) = env("init_reach") else { return };
     let tag = format!("chio-init-reach-{}", std::process::id());
     let mut sleeper = std::process::Command::new(&e.probe)
-        .args(["sleeper", &tag])
+        .args(["as-user", "65534", PROBE, "sleeper", &tag])
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let pid = sleeper.id().to_string();
-    e.pair("prlimit(1)", &[], &["prlimit", "1"], Some(libc::EPERM), &["prlimit", &pid]);
+    e.pair_as("prlimit(1)", &["prlimit", "1"], libc::EPERM, Nobody, &["prlimit", &pid]);
     // /proc/1/cmdline names only the init, not the supervisor's command line.
     let run = e.caged(&[], &["read", "/proc/1/cmdline", "--rootfs"]);
     run.assert_refused("/proc/1/cmdline");
-    assert_escaped("cmdline", host(&e.probe, &["read", &format!("/proc/{pid}/cmdline"), &tag]));
+    assert_escaped("cmdline", host_as(Nobody, &e.probe, &["read", &format!("/proc/{pid}/cmdline"), &tag]));
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
 }
@@ -412,11 +416,13 @@ fn fallocate_cannot_reserve_disk_past_the_file_size() {
     let ws = Scratch::new("falloc");
     ws.give_to_nobody();
     let control = Scratch::new("falloc-control");
-    e.pair(
+    control.give_to_nobody();
+    e.pair_with(
         "fallocate KEEP_SIZE",
         &["--workspace", ws.0.to_str().unwrap()],
         &["fallocate-keep", "/workspace/f", "64"],
         Some(libc::EPERM),
+        Nobody,
         &["fallocate-keep", control.join("f").to_str().unwrap(), "64"],
     );
     assert!(std::fs::metadata(ws.join("f")).unwrap().blocks() < 64, "no space was reserved");
