@@ -691,8 +691,32 @@ fn init_dies_with_the_supervisor_even_without_the_janitor() {
     sup.kill().unwrap();
     sup.wait().unwrap();
     let left = wait_gone(&tag, Duration::from_secs(5));
-    for d in chio_cgroups(sup.id()) {
+    // Isolated from the other tests' launches: one of them sweeping this orphaned cgroup would
+    // kill its processes and remove it. The cgroup must still be here, so the parent-death
+    // signal, not a sweep, ended the cage.
+    let cgroups = chio_cgroups(sup.id());
+    assert!(!cgroups.is_empty(), "the launch cgroup was swept by another launch: the test proves nothing");
+    for d in cgroups {
         let _ = std::fs::remove_dir(d); // nobody is left to remove it; the next launch would sweep it
     }
     assert_eq!(left, Vec::<u32>::new(), "cage processes outlived the supervisor and its janitor");
+    // Control: a child of a killed parent, without a parent-death signal, lives on.
+    let ctag = format!("{tag}-control");
+    let mut sh = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("\"$0\" sleeper \"$1\" & wait")
+        .arg(&e.probe)
+        .arg(&ctag)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    BufReader::new(sh.stdout.take().unwrap()).lines().next();
+    sh.kill().unwrap();
+    sh.wait().unwrap();
+    let survivors = processes_tagged(&ctag);
+    assert!(!survivors.is_empty(), "control: an uncaged child survives its killed parent");
+    for p in survivors {
+        // SAFETY: killing the control's own leftover.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
 }
