@@ -130,6 +130,7 @@ pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
             if let (Some(db), Some(seed)) = (receipt_db, kernel_key) {
                 let key = keys::read_seed(seed)?;
                 let mut store = chio_kernel::store::Store::open(db, true)?;
+                store.bind_key(&key)?;
                 let draft = chio_kernel::receipt::Draft {
                     kind: Some(chio_kernel::receipt::Kind::Denial),
                     tool_server: Some(m.server_id.clone()),

@@ -217,7 +217,9 @@ impl LaunchReceipts {
     /// Open the store and key before anything runs, so a bad key or foreign store refuses early.
     pub fn open(db: &Path, seed: &Path) -> Result<LaunchReceipts> {
         let key = keys::read_seed(seed)?;
-        let store = Store::open(db, true)?;
+        let mut store = Store::open(db, true)?;
+        // Bound to one kernel key, with a verified tail: or no launch at all.
+        store.bind_key(&key).with_context(|| format!("receipt store {}", db.display()))?;
         Ok(LaunchReceipts { store, key })
     }
 

@@ -14,8 +14,8 @@ use crate::time;
 
 /// `PRAGMA application_id` of a chio receipt store ("chio").
 pub const APPLICATION_ID: i32 = 0x6368_696f;
-/// Schema version this code reads and writes.
-pub const USER_VERSION: i32 = 1;
+/// Schema version this code reads and writes (1 lacked `store_meta`; it is upgraded on open).
+pub const USER_VERSION: i32 = 2;
 
 const SCHEMA_SQL: &str = "
 CREATE TABLE receipts (
@@ -43,6 +43,13 @@ CREATE TABLE operations (
 ) STRICT;
 ";
 
+/// Facts fixed at creation: the kernel public key the store is bound to.
+const META_SQL: &str = "
+CREATE TABLE store_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
+CREATE TRIGGER store_meta_no_update BEFORE UPDATE ON store_meta BEGIN SELECT RAISE(ABORT, 'a store''s binding is fixed'); END;
+CREATE TRIGGER store_meta_no_delete BEFORE DELETE ON store_meta BEGIN SELECT RAISE(ABORT, 'a store''s binding is fixed'); END;
+";
+
 /// Why the store refused or failed.
 #[derive(Debug)]
 pub enum StoreError {
@@ -54,12 +61,14 @@ pub enum StoreError {
     Receipt(receipt::ReceiptError),
     /// Bad input (a draft without a kind, ...).
     Invalid(String),
+    /// The store is bound to another kernel key, or its chain is broken: no append.
+    Refused(String),
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Foreign(e) | StoreError::Invalid(e) => write!(f, "{e}"),
+            StoreError::Foreign(e) | StoreError::Invalid(e) | StoreError::Refused(e) => write!(f, "{e}"),
             StoreError::Sql(e) => write!(f, "receipt store: {e}"),
             StoreError::Receipt(e) => write!(f, "{e}"),
         }
@@ -155,8 +164,11 @@ impl Store {
             }
             conn.execute_batch("PRAGMA journal_mode=WAL;")?;
             conn.execute_batch(&format!(
-                "BEGIN; {SCHEMA_SQL} PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={USER_VERSION}; COMMIT;"
+                "BEGIN IMMEDIATE; {SCHEMA_SQL} {META_SQL} PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={USER_VERSION}; COMMIT;"
             ))?;
+        } else if app == APPLICATION_ID && version == 1 {
+            // Schema 1 had no binding table; `bind_key` binds such a store on its next append.
+            conn.execute_batch(&format!("BEGIN IMMEDIATE; {META_SQL} PRAGMA user_version={USER_VERSION}; COMMIT;"))?;
         } else if app != APPLICATION_ID {
             return Err(StoreError::Foreign(format!(
                 "{} is not a chio receipt store (application_id {app:#x})",
@@ -170,6 +182,88 @@ impl Store {
         }
         conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")?;
         Ok(Store { conn })
+    }
+
+    /// Make the store ready for appends signed by `key`, or refuse: a store is bound to the kernel
+    /// key that first wrote to it (recorded in `store_meta`; a store from before the binding is
+    /// bound to the signer of its first receipt), and its tail — the last receipt's signature,
+    /// id, sequence number, link and indexed columns — must verify under that key. Call it once
+    /// after opening, before the first append; a refusal names the receipt.
+    pub fn bind_key(&mut self, key: &SigningKey) -> Result<(), StoreError> {
+        let ours = crate::keys::hex(key.verifying_key().as_bytes());
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let bound: Option<String> = tx
+            .query_row("SELECT value FROM store_meta WHERE name = 'kernel_public_key'", [], |r| r.get(0))
+            .optional()?;
+        let bound = match bound {
+            Some(k) => k,
+            None => {
+                let first: Option<String> =
+                    tx.query_row("SELECT envelope FROM receipts ORDER BY seq LIMIT 1", [], |r| r.get(0)).optional()?;
+                let k = match first {
+                    Some(env) => serde_json::from_str::<crate::envelope::Signed>(&env)
+                        .map(|s| s.signer_public_key)
+                        .map_err(|e| StoreError::Refused(format!("the first receipt cannot be read: {e}")))?,
+                    None => ours.clone(),
+                };
+                tx.execute("INSERT INTO store_meta (name, value) VALUES ('kernel_public_key', ?1)", [&k])?;
+                k
+            }
+        };
+        if bound != ours {
+            return Err(StoreError::Refused(format!(
+                "this receipt store is bound to kernel key {bound}; refusing receipts signed by {ours} (use the store's own key, or a new store)"
+            )));
+        }
+        Self::check_tail(&tx, &bound)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The last receipt verifies under `key` and links to the one before it.
+    fn check_tail(tx: &rusqlite::Transaction<'_>, key: &str) -> Result<(), StoreError> {
+        let broken = |seq: i64, id: &str, why: String| {
+            StoreError::Refused(format!(
+                "the receipt store's chain is broken at receipt {seq} ({id}): {why}; no receipt is appended to it (run `chio receipt verify-chain`)"
+            ))
+        };
+        let last = tx
+            .query_row(
+                "SELECT seq, id, kind, tool_server, outcome, prev, envelope, (SELECT count(*) FROM receipts) FROM receipts ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        (r.get::<_, String>(2)?, r.get::<_, Option<String>>(3)?, r.get::<_, String>(4)?, r.get::<_, String>(5)?),
+                        r.get::<_, String>(6)?,
+                        r.get::<_, i64>(7)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(|e| StoreError::Refused(format!("the receipt store's last receipt cannot be read: {e}")))?;
+        let Some((seq, id, columns, envelope, count)) = last else { return Ok(()) };
+        let v = receipt::verify(envelope.as_bytes(), key)
+            .map_err(|e| broken(seq, &id, format!("signature or body refused: {e}")))?;
+        if v.id != id {
+            return Err(broken(seq, &id, format!("the stored id differs from the body's digest {}", v.id)));
+        }
+        if v.body.seq != seq as u64 || count != seq {
+            return Err(broken(seq, &id, format!("the body says seq {} in a store of {count} receipts", v.body.seq)));
+        }
+        let body_cols =
+            (v.body.kind.name().to_string(), v.body.tool_server.clone(), v.body.outcome.clone(), v.body.prev.clone());
+        if body_cols != columns {
+            return Err(broken(seq, &id, "indexed columns differ from the signed body".into()));
+        }
+        let before: Option<String> =
+            tx.query_row("SELECT id FROM receipts WHERE seq = ?1", [seq - 1], |r| r.get(0)).optional()?;
+        let expected = before.unwrap_or_else(|| GENESIS.to_string());
+        if v.body.prev != expected {
+            return Err(broken(seq, &id, format!("links to {} but the receipt before it is {expected}", v.body.prev)));
+        }
+        Ok(())
     }
 
     /// Append a receipt signed by `key`; it is committed (durable) when this returns.
@@ -433,6 +527,75 @@ mod tests {
     }
 
     #[test]
+    fn a_store_is_bound_to_the_key_that_first_wrote_it() {
+        let path = temp("bound");
+        let (k1, k2) = (keys::generate().unwrap(), keys::generate().unwrap());
+        let mut s = Store::open(&path, true).unwrap();
+        s.bind_key(&k1).unwrap();
+        s.append(&k1, draft(0)).unwrap();
+        drop(s);
+        let mut s = Store::open(&path, true).unwrap();
+        let e = s.bind_key(&k2).unwrap_err();
+        let pk1 = keys::hex(k1.verifying_key().as_bytes());
+        assert!(matches!(&e, StoreError::Refused(m) if m.contains(&format!("bound to kernel key {pk1}"))), "{e}");
+        s.bind_key(&k1).unwrap();
+        // The binding itself cannot be rewritten through SQL.
+        assert!(s
+            .connection()
+            .execute("UPDATE store_meta SET value = 'x'", [])
+            .is_err_and(|e| e.to_string().contains("fixed")));
+    }
+
+    #[test]
+    fn a_store_from_before_the_binding_is_bound_to_its_first_signer() {
+        let (s, pk, path) = filled("legacy", 2);
+        s.connection().execute_batch("DROP TABLE store_meta; PRAGMA user_version = 1;").unwrap();
+        drop(s);
+        let mut s = Store::open(&path, true).unwrap();
+        let other = keys::generate().unwrap();
+        let e = s.bind_key(&other).unwrap_err();
+        assert!(matches!(&e, StoreError::Refused(m) if m.contains(&pk)), "{e}");
+    }
+
+    #[test]
+    fn a_broken_tail_refuses_appends_naming_the_receipt() {
+        let path = temp("tail");
+        let key = keys::generate().unwrap();
+        let mut s = Store::open(&path, true).unwrap();
+        s.bind_key(&key).unwrap();
+        for i in 0..4 {
+            s.append(&key, draft(i)).unwrap();
+        }
+        let last_id: String =
+            s.connection().query_row("SELECT id FROM receipts WHERE seq = 4", [], |r| r.get(0)).unwrap();
+        // An edited last receipt.
+        attacker(&s, "UPDATE receipts SET envelope = replace(envelope, 'exit:0', 'exit:1') WHERE seq = 4");
+        let e = s.bind_key(&key).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Refused(m) if m.contains(&format!("receipt 4 ({last_id})")) && m.contains("signature")),
+            "{e}"
+        );
+        // A receipt deleted before the last.
+        let path = temp("tail-gap");
+        let mut s = Store::open(&path, true).unwrap();
+        s.bind_key(&key).unwrap();
+        for i in 0..4 {
+            s.append(&key, draft(i)).unwrap();
+        }
+        attacker(&s, "DELETE FROM receipts WHERE seq = 2");
+        let e = s.bind_key(&key).unwrap_err();
+        assert!(matches!(&e, StoreError::Refused(m) if m.contains("receipt 4") && m.contains("3 receipts")), "{e}");
+        // An indexed column of the last receipt.
+        let path = temp("tail-column");
+        let mut s = Store::open(&path, true).unwrap();
+        s.bind_key(&key).unwrap();
+        s.append(&key, draft(1)).unwrap();
+        attacker(&s, "UPDATE receipts SET outcome = 'exit:7' WHERE seq = 1");
+        let e = s.bind_key(&key).unwrap_err();
+        assert!(matches!(&e, StoreError::Refused(m) if m.contains("receipt 1") && m.contains("columns")), "{e}");
+    }
+
+    #[test]
     fn foreign_and_newer_databases_are_refused() {
         let path = temp("foreign");
         let c = Connection::open(&path).unwrap();
@@ -442,9 +605,9 @@ mod tests {
             matches!(Store::open(&path, true), Err(StoreError::Foreign(e)) if e.contains("not a chio receipt store"))
         );
         let (s, _, path) = filled("newer", 1);
-        s.connection().execute_batch("PRAGMA user_version = 2;").unwrap();
+        s.connection().execute_batch("PRAGMA user_version = 3;").unwrap();
         drop(s);
-        assert!(matches!(Store::open(&path, false), Err(StoreError::Foreign(e)) if e.contains("schema 2")));
+        assert!(matches!(Store::open(&path, false), Err(StoreError::Foreign(e)) if e.contains("schema 3")));
         assert!(matches!(Store::open(&temp("absent"), false), Err(StoreError::Foreign(_))));
     }
 }

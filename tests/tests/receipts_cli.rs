@@ -114,3 +114,62 @@ fn a_foreign_store_refuses_the_launch_before_it_runs() {
     assert_eq!(run.status.code(), Some(125), "{}", String::from_utf8_lossy(&run.stderr));
     assert!(!ws.join("ran").exists(), "the target ran although its receipts could not be recorded");
 }
+
+/// A store written by one kernel key refuses a launch with another, before it runs, and a store
+/// whose last receipt was edited refuses the next launch naming that receipt.
+#[test]
+fn a_store_bound_to_another_key_or_broken_refuses_the_launch() {
+    if !privileged("receipts_bound") {
+        return;
+    }
+    let dir = Scratch::new("receipts-bound");
+    let (k1, k2) = (dir.join("k1"), dir.join("k2"));
+    for k in [&k1, &k2] {
+        assert!(chio(&["keys", "generate", "--out", s(k)]).status.success());
+    }
+    let db = dir.join("r.db");
+    let ws = Scratch::new("receipts-bound-ws");
+    ws.give_to_nobody();
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let launch = |key: &Path, file: &str| {
+        chio(&[
+            "cage",
+            "run",
+            "--rootfs",
+            s(rootfs),
+            "--workspace",
+            s(&ws.0),
+            "--receipt-db",
+            s(&db),
+            "--kernel-key",
+            s(&key.join("signing.seed")),
+            "--",
+            "/probe",
+            "write",
+            &format!("/workspace/{file}"),
+        ])
+    };
+    // Control: the store's own key appends.
+    assert!(launch(&k1, "first").status.success());
+    assert!(ws.join("first").exists());
+    let run = launch(&k2, "second");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(125), "{err}");
+    assert!(err.contains("bound to kernel key"), "{err}");
+    assert!(!ws.join("second").exists(), "the target ran under a store that refused its key");
+    // Edit the last receipt (bypassing the append-only triggers, as an attacker with the file would).
+    let store = chio_kernel::store::Store::open(&db, false).unwrap();
+    store
+        .connection()
+        .execute_batch(
+            "DROP TRIGGER receipts_no_update; UPDATE receipts SET envelope = replace(envelope, 'exit:0', 'exit:9')
+             WHERE seq = (SELECT max(seq) FROM receipts);",
+        )
+        .unwrap();
+    drop(store);
+    let run = launch(&k1, "third");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(125), "{err}");
+    assert!(err.contains("chain is broken at receipt 2"), "{err}");
+    assert!(!ws.join("third").exists());
+}
