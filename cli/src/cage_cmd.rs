@@ -237,6 +237,15 @@ fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
 /// Run the command; returns the process exit status.
 pub fn run(a: &RunArgs) -> Result<i32> {
     let plan = plan_from(a)?;
+    // The record file is created before anything runs, like the receipt store: a path that
+    // cannot be written refuses the launch instead of losing the command's exit status after it.
+    let record_file = match &a.record {
+        Some(path) => Some(
+            std::fs::File::create(path)
+                .with_context(|| format!("--record {}: cannot create the record file", path.display()))?,
+        ),
+        None => None,
+    };
     // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
     let mut receipts = match (&a.receipt_db, &a.kernel_key) {
         (Some(db), Some(seed)) => Some(crate::receipt_cmd::LaunchReceipts::open(db, seed)?),
@@ -266,14 +275,16 @@ pub fn run(a: &RunArgs) -> Result<i32> {
         let ids = r.finish(&rec, enforced.take()).context("the launch ran but its receipts could not be recorded")?;
         eprintln!("chio: receipts {}", ids.join(" "));
     }
-    report(a, &rec)?;
+    report(a, &rec, record_file)?;
     Ok(rec.exit_status())
 }
 
-fn report(a: &RunArgs, rec: &LaunchRecord) -> Result<()> {
+fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {
     let json = serde_json::to_string(rec)?;
-    if let Some(path) = &a.record {
-        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing record {}", path.display()))?;
+    if let (Some(mut f), Some(path)) = (record_file, &a.record) {
+        f.write_all(format!("{json}\n").as_bytes())
+            .and_then(|_| f.sync_all())
+            .with_context(|| format!("writing record {}", path.display()))?;
     }
     let mut err = std::io::stderr().lock();
     if let Some(f) = &rec.failure {

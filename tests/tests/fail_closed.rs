@@ -222,3 +222,25 @@ fn dotted_cwd_is_rejected() {
     assert_eq!(run.state(), "FullyEnforced", "a trailing slash is normalized: {}", run.stderr);
     assert_eq!(run.record["observed"]["cwd"], "/lib");
 }
+
+/// A record file that cannot be created refuses the launch before the target runs (it used to
+/// be written only afterwards, turning the command's status into 125).
+#[test]
+fn an_unwritable_record_file_refuses_before_the_target_runs() {
+    let Some(e) = env("record_unwritable") else { return };
+    let ws = Scratch::new("record-ws");
+    ws.give_to_nobody();
+    let bad = ws.join("no/such/dir/record.json");
+    let flags = ["--record", bad.to_str().unwrap(), "--workspace", ws.0.to_str().unwrap()];
+    let run = e.run(&[], &flags, &["/probe", "write", "/workspace/ran"]);
+    assert_eq!(run.code, 125, "{}", run.stderr);
+    assert!(run.stderr.contains("cannot create the record file"), "{}", run.stderr);
+    assert!(!ws.join("ran").exists(), "the target ran although its record could not be kept");
+    // Control: a writable path keeps the record and the command's own status.
+    let good = ws.join("record.json");
+    let flags = ["--record", good.to_str().unwrap(), "--workspace", ws.0.to_str().unwrap()];
+    let run = e.run(&[], &flags, &["/probe", "write", "/workspace/ran"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(ws.join("ran").exists());
+    assert!(std::fs::read_to_string(&good).unwrap().contains("FullyEnforced"));
+}
