@@ -109,6 +109,13 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
         ));
     }
     check_limits(&plan.limits).map_err(|detail| reject("bad_limit", detail))?;
+    if plan.uid == u32::MAX || plan.gid == u32::MAX {
+        // -1 means "leave unchanged" to setresuid/setresgid: the target would keep root's ids.
+        return Err(reject(
+            "bad_identity",
+            "uid and gid 4294967295 (-1) mean \"unchanged\" to the kernel; choose another".into(),
+        ));
+    }
     if let Some(d) = &plan.expect_sha256 {
         if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(reject("bad_digest", format!("expected digest {d:?} is not 64 lowercase hex digits")));
@@ -135,17 +142,21 @@ fn check_limits(l: &crate::plan::Limits) -> Result<(), String> {
             return Err(format!("{name} {value} bytes is below the 1 MiB floor (tmpfs would read 0 as unlimited)"));
         }
     }
-    let zero = [
-        ("memory ceiling", l.memory_bytes),
-        ("pids ceiling", l.pids),
-        ("CPU ceiling", l.cpu_millis),
-        ("wall-clock deadline", Some(l.wall_ms)),
-        ("open-file limit", Some(l.nofile)),
+    // (flag, what, value, floor): below the floor a launch cannot even start its init and target.
+    let floors = [
+        ("--memory", "memory ceiling", l.memory_bytes, 1 << 20, "1M"),
+        ("--pids", "pids ceiling", l.pids, 2, "2 (the init and the command)"),
+        ("--cpus", "CPU ceiling", l.cpu_millis, 10, "0.01 (the kernel's smallest CPU quota)"),
+        ("--timeout", "wall-clock deadline", Some(l.wall_ms), 1, "1ms"),
+        ("", "open-file limit", Some(l.nofile), 8, "8"),
     ];
-    match zero.iter().find(|(_, v)| *v == Some(0)) {
-        Some((name, _)) => Err(format!("a {name} of 0 is not a ceiling; give a positive value or none")),
-        None => Ok(()),
+    for (flag, what, value, floor, shown) in floors {
+        if let Some(v) = value.filter(|v| *v < floor) {
+            let v = if flag == "--cpus" { format!("{} CPU", v as f64 / 1000.0) } else { v.to_string() };
+            return Err(format!("{flag} {what} {v} is below its floor of {shown}").trim_start().to_string());
+        }
     }
+    Ok(())
 }
 
 fn inject(plan: &CagePlan, stage: Stage) -> Result<(), Stop> {

@@ -244,3 +244,27 @@ fn an_unwritable_record_file_refuses_before_the_target_runs() {
     assert!(ws.join("ran").exists());
     assert!(std::fs::read_to_string(&good).unwrap().contains("FullyEnforced"));
 }
+
+/// Limits no launch can work under are refused up front, naming the flag and the floor; the
+/// floors themselves launch.
+#[test]
+fn limits_below_their_floor_are_refused_naming_the_flag() {
+    let Some(e) = env("limit_floors") else { return };
+    for (flags, says) in [
+        (["--memory", "4K"], "--memory"),
+        (["--memory", "0"], "--memory"),
+        (["--pids", "1"], "--pids"),
+        (["--cpus", "0.001"], "--cpus"),
+        (["--uid", "4294967295"], "unchanged"),
+        (["--gid", "4294967295"], "unchanged"),
+    ] {
+        let run = e.run(&[], &flags, &["/probe", "euid"]);
+        assert_eq!(run.state(), "Rejected", "{flags:?}: {}", run.stderr);
+        assert!(run.record["failure"]["detail"].as_str().unwrap().contains(says), "{flags:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty());
+    }
+    for flags in [["--memory", "1M"], ["--pids", "2"], ["--cpus", "0.01"]] {
+        let run = e.run(&[], &flags, &["/probe", "euid"]);
+        assert_eq!(run.state(), "FullyEnforced", "{flags:?}: {}", run.stderr);
+    }
+}
