@@ -7,7 +7,7 @@ use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use crate::record::{NamespaceFact, Observed};
+use crate::record::{FdFile, NamespaceFact, Observed};
 use crate::sys;
 
 /// Namespaces that must differ from the supervisor's.
@@ -85,10 +85,10 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
         o.fds = names.iter().filter_map(|n| n.to_str().ok()?.parse().ok()).collect();
         o.fds.sort_unstable();
         for n in names.iter().filter(|n| !matches!(n.to_bytes(), b"0" | b"1" | b"2")) {
-            let fd: u64 = n.to_str().ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+            let fd: i32 = n.to_str().ok().and_then(|s| s.parse().ok()).unwrap_or(-1);
             // Following the magic link: the file the fd is open on.
             if let Ok(st) = sys::fstatat(fds.as_fd(), n, 0) {
-                o.fd_files.push([fd, st.st_dev, st.st_ino]);
+                o.fd_files.push(FdFile { fd, device: st.st_dev, inode: st.st_ino });
             }
         }
         o.fd_files.sort_unstable();
@@ -160,7 +160,7 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
             if o.fds != [0, 1, 2, n] {
                 v.push(format!("open fds are {:?} (want only 0, 1, 2 and the script at {n})", o.fds));
             }
-            if !o.fd_files.contains(&[n as u64, dev, ino]) {
+            if !o.fd_files.contains(&FdFile { fd: n, device: dev, inode: ino }) {
                 v.push(format!("fd {n} is not the hashed script {dev}:{ino}: {:?}", o.fd_files));
             }
         }
@@ -231,12 +231,16 @@ mod tests {
         assert_eq!(o.cwd, std::env::current_dir().unwrap().to_string_lossy());
         assert!(o.fds.starts_with(&[0, 1, 2]), "{:?}", o.fds);
         assert_eq!(o.pid, pid);
-        assert!(o.fd_files.iter().all(|[fd, _, _]| *fd > 2 && o.fds.contains(&(*fd as i32))), "{:?}", o.fd_files);
+        assert!(o.fd_files.iter().all(|f| f.fd > 2 && o.fds.contains(&f.fd)), "{:?}", o.fd_files);
         // This test's own open files above 2 are listed with their identity.
         let f = std::fs::File::open("/proc/self/exe").unwrap();
-        let n = std::os::fd::AsRawFd::as_raw_fd(&f) as u64;
+        let n = std::os::fd::AsRawFd::as_raw_fd(&f);
         let o = read(pid, &own);
-        assert!(o.fd_files.contains(&[n, exe.dev(), exe.ino()]), "fd {n} in {:?}", o.fd_files);
+        assert!(
+            o.fd_files.contains(&FdFile { fd: n, device: exe.dev(), inode: exe.ino() }),
+            "fd {n}: {:?}",
+            o.fd_files
+        );
         assert!(!o.cgroup.is_empty());
         assert!(o.capabilities.values().all(|v| u64::from_str_radix(v, 16).is_ok()), "{:?}", o.capabilities);
         for (name, f) in &o.namespaces {
@@ -319,7 +323,7 @@ mod tests {
     fn a_script_fd_is_allowed_only_as_the_hashed_script() {
         let mut o = good();
         o.fds = vec![0, 1, 2, 5];
-        o.fd_files = vec![[5, 7, 8]];
+        o.fd_files = vec![FdFile { fd: 5, device: 7, inode: 8 }];
         assert_eq!(violations(&o, &expect()).len(), 1, "an extra fd without a script");
         let e = Expect { script: Some((5, 7, 8)), ..expect() };
         assert_eq!(violations(&o, &e), Vec::<String>::new());

@@ -9,6 +9,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::{Limits, Mode, NetMode, Stage};
 
+/// Device and inode numbers are 64-bit (overlayfs with `xino=on` sets the top bits): in a signed
+/// document they are decimal strings, since canonical JSON numbers are exact only to 2^53.
+/// Reading also takes a plain number (records written before this rule).
+pub mod id64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serialize as a decimal string.
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+
+    /// Deserialize from a decimal string or a number.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            Number(u64),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(n) => Ok(n),
+            Either::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// Schema name of the record.
 pub const SCHEMA: &str = "chio.cage.launch-record.v1";
 
@@ -46,8 +72,10 @@ pub struct Target {
     /// SHA-256 of the exact bytes, hashed by the supervisor from the fd that is executed.
     pub sha256: String,
     /// st_dev of the opened file.
+    #[serde(with = "id64")]
     pub device: u64,
     /// st_ino of the opened file.
+    #[serde(with = "id64")]
     pub inode: u64,
     /// For a `#!` script: the path the interpreter reads it by, an fd kept open across exec
     /// (`/dev/fd/<n>`), so the file hashed is the file read.
@@ -73,8 +101,10 @@ pub struct Observed {
     /// Target pid as the host sees it.
     pub pid: i32,
     /// Device of `/proc/<pid>/exe`.
+    #[serde(with = "id64")]
     pub exe_device: u64,
     /// Inode of `/proc/<pid>/exe`.
+    #[serde(with = "id64")]
     pub exe_inode: u64,
     /// `NoNewPrivs:` of status.
     pub no_new_privs: u32,
@@ -96,9 +126,9 @@ pub struct Observed {
     pub cgroup: String,
     /// Open fds of the target.
     pub fds: Vec<i32>,
-    /// Device and inode behind each open fd above 2 (a script's fd), as `[fd, device, inode]`.
+    /// Device and inode behind each open fd above 2 (a script's fd).
     #[serde(default)]
-    pub fd_files: Vec<[u64; 3]>,
+    pub fd_files: Vec<FdFile>,
     /// `/proc/<pid>/cwd` (as the cage sees it).
     pub cwd: String,
     /// The cage's status channel reached EOF (no cage process holds a setup fd).
@@ -137,6 +167,19 @@ pub struct Reported {
     pub sources: Vec<SourceFact>,
 }
 
+/// An open fd of the target above 2 and the file it is open on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FdFile {
+    /// The fd number.
+    pub fd: i32,
+    /// st_dev of the file.
+    #[serde(with = "id64")]
+    pub device: u64,
+    /// st_ino of the file.
+    #[serde(with = "id64")]
+    pub inode: u64,
+}
+
 /// A host directory or file the cage mounts, as it was resolved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceFact {
@@ -145,8 +188,10 @@ pub struct SourceFact {
     /// The host path the operator gave.
     pub source: String,
     /// st_dev of the opened source.
+    #[serde(with = "id64")]
     pub device: u64,
     /// st_ino of the opened source.
+    #[serde(with = "id64")]
     pub inode: u64,
     /// Mounted writable.
     pub writable: bool,

@@ -271,12 +271,23 @@ pub fn run(a: &RunArgs) -> Result<i32> {
         // chio's own lines (and the --json record) always start a line of their own.
         eprintln!();
     }
+    // A receipt that cannot be written never hides the record: it is still printed and saved.
+    let mut unrecorded = false;
     if let Some(r) = receipts.as_mut() {
-        let ids = r.finish(&rec, enforced.take()).context("the launch ran but its receipts could not be recorded")?;
-        eprintln!("chio: receipts {}", ids.join(" "));
+        match r.finish(&rec, enforced.take()) {
+            Ok(ids) => eprintln!("chio: receipts {}", ids.join(" ")),
+            Err(e) => {
+                let what = match rec.state {
+                    State::FullyEnforced | State::NotConfined => "the command ran but its receipts",
+                    _ => "the launch did not run, and the receipt of its failure",
+                };
+                eprintln!("chio: {what} could not be recorded: {e:#}");
+                unrecorded = true;
+            }
+        }
     }
     report(a, &rec, record_file)?;
-    Ok(rec.exit_status())
+    Ok(if unrecorded { 125 } else { rec.exit_status() })
 }
 
 fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {

@@ -60,7 +60,12 @@ fn the_record_names_each_source_by_device_and_inode() {
     {
         let m = std::fs::metadata(dir).unwrap();
         let s = sources.iter().find(|s| s["dest"] == dest).unwrap_or_else(|| panic!("{dest} in {sources:?}"));
-        assert_eq!((s["device"].as_u64().unwrap(), s["inode"].as_u64().unwrap()), (m.dev(), m.ino()), "{dest}");
+        // 64-bit identifiers are decimal strings in the record (exact in canonical JSON).
+        let id = (
+            s["device"].as_str().unwrap().parse::<u64>().unwrap(),
+            s["inode"].as_str().unwrap().parse::<u64>().unwrap(),
+        );
+        assert_eq!(id, (m.dev(), m.ino()), "{dest}");
         assert_eq!(s["writable"], writable, "{dest}");
     }
 }

@@ -173,3 +173,46 @@ fn a_store_bound_to_another_key_or_broken_refuses_the_launch() {
     assert!(err.contains("chain is broken at receipt 2"), "{err}");
     assert!(!ws.join("third").exists());
 }
+
+/// Inode numbers above 2^53 (overlayfs with `xino=on` over two filesystems) have no exact JSON
+/// number: the record carries 64-bit identifiers as strings, so a receipted launch on such a
+/// root works and its receipts verify.
+#[test]
+fn a_root_with_64_bit_inodes_is_receipted() {
+    if !privileged("receipts_xino") {
+        return;
+    }
+    let dir = Scratch::new("receipts-xino");
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let db = dir.join("r.db");
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let script = r#"set -e
+d="$1"; lower="$2"; shift 2
+mkdir -p "$d/up" "$d/root"
+mount -t tmpfs none "$d/up"
+mkdir "$d/up/u" "$d/up/w"
+mount -t overlay overlay -o "lowerdir=$lower,upperdir=$d/up/u,workdir=$d/up/w,xino=on" "$d/root"
+stat -c '%i' "$d/root/probe" >&2
+"$@" --rootfs "$d/root" -- /probe euid
+"#;
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+        .arg(&dir.0)
+        .arg(rootfs)
+        .arg(chio_bin(&PathBuf::from(PROBE)))
+        .args(["cage", "run", "--json", "--receipt-db", s(&db), "--kernel-key", s(&keydir.join("signing.seed"))])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let inode: u64 = stderr.lines().next().unwrap().trim().parse().unwrap();
+    assert!(inode > 1 << 53, "the overlay gives 64-bit inodes: {inode}");
+    assert_eq!(out.status.code(), Some(1), "the probe ran (euid is refused as 65534): {stderr}");
+    let record: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+    assert_eq!(record["state"], "FullyEnforced");
+    assert_eq!(record["target"]["inode"], inode.to_string());
+    let public = std::fs::read_to_string(keydir.join("public.key")).unwrap();
+    let v = chio(&["receipt", "verify-chain", "--receipt-db", s(&db), "--trusted-kernel-pubkey", public.trim()]);
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+}
