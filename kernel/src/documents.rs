@@ -276,6 +276,13 @@ pub fn policy_from(v: Value) -> Result<Policy, DocumentError> {
             "policy.manifest: sha256 and publisher_key must be 64 lowercase hex digits".into(),
         ));
     }
+    for (field, paths) in [("read_paths", &p.ceilings.read_paths), ("write_paths", &p.ceilings.write_paths)] {
+        if let Some(bad) = paths.iter().find(|c| !c.starts_with('/') || c.split('/').any(|x| x == "..")) {
+            return Err(DocumentError::Schema(format!(
+                "policy.ceilings.{field}: {bad:?} is not an absolute path without '..' (write \"/\" for everything)"
+            )));
+        }
+    }
     Ok(p)
 }
 
@@ -297,10 +304,14 @@ pub fn verify_policy(bytes: &[u8], operator_key: &str) -> Result<Policy, Documen
     policy_from(envelope::verify(bytes, operator_key).map_err(DocumentError::Envelope)?)
 }
 
-/// `path` lies at or beneath `prefix`, by whole components.
+/// `path` lies at or beneath `prefix`, by whole components (`/` holds everything; an empty
+/// prefix holds nothing — policies refuse one anyway).
 fn beneath(path: &str, prefix: &str) -> bool {
+    if prefix.is_empty() {
+        return false;
+    }
     let prefix = prefix.trim_end_matches('/');
-    path == prefix || path.starts_with(&format!("{prefix}/")) || prefix.is_empty()
+    prefix.is_empty() || path == prefix || path.starts_with(&format!("{prefix}/"))
 }
 
 /// What admission hands to the launcher: everything a cage plan needs, from the two documents.
@@ -458,6 +469,20 @@ mod tests {
             ("a".repeat(64).as_str(), 65534, PolicyMode::Enforced)
         );
         assert!(verify_policy(&p_env, &pk).is_err(), "wrong key");
+    }
+
+    #[test]
+    fn an_empty_or_relative_ceiling_path_is_refused() {
+        for bad in ["", "etc", "/workspace/../etc"] {
+            let mut body = policy_body(&"c".repeat(64), &"d".repeat(64));
+            body["ceilings"]["read_paths"] = json!([bad]);
+            let e = policy_from(body).unwrap_err();
+            assert!(matches!(&e, DocumentError::Schema(m) if m.contains("read_paths")), "{bad:?}: {e}");
+        }
+        assert!(!beneath("/etc/shadow", ""));
+        assert!(beneath("/etc/shadow", "/"));
+        assert!(beneath("/workspace/a", "/workspace/"));
+        assert!(!beneath("/workspacefoo", "/workspace"));
     }
 
     #[test]
