@@ -37,8 +37,8 @@ pub enum ReceiptCommand {
         /// Only this tool server.
         #[arg(long = "tool-server")]
         tool_server: Option<String>,
-        /// Only this kind (launch_enforcement, launch_terminal, tool_call, denial).
-        #[arg(long)]
+        /// Only this kind.
+        #[arg(long, value_parser = ["launch_enforcement", "launch_terminal", "tool_call", "denial"])]
         kind: Option<String>,
         /// Only this outcome.
         #[arg(long)]
@@ -49,8 +49,8 @@ pub enum ReceiptCommand {
         /// Issued before (RFC 3339 UTC).
         #[arg(long)]
         until: Option<String>,
-        /// Page size.
-        #[arg(long, default_value_t = 100)]
+        /// Page size (1 to 10000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
         limit: u64,
         /// Cursor from the previous page.
         #[arg(long)]
@@ -94,11 +94,17 @@ pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
                 since_ms: when(since, "--since")?,
                 until_ms: when(until, "--until")?,
                 after_seq: *cursor,
-                limit: (*limit).clamp(1, 10_000),
+                limit: *limit,
             };
             list(db, &filter)
         }
         ReceiptCommand::VerifyChain { db, key, from, to } => {
+            if let (Some(f), Some(t)) = (from, to) {
+                if f > t {
+                    eprintln!("chio: --from {f} is after --to {t}: an empty range verifies nothing");
+                    return Ok(2);
+                }
+            }
             let key = key.as_deref().map(pinned_key).transpose()?;
             verify_chain(db, key.as_deref(), *from, *to)
         }
@@ -123,8 +129,15 @@ fn verify_file(input: &Path, key: &str) -> Result<i32> {
     }
     let text = std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
     let ndjson = input.extension().is_some_and(|e| e == "ndjson");
-    let records: Vec<&str> =
-        if ndjson { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { vec![text.trim()] };
+    let records: Vec<String> = if ndjson {
+        text.lines().filter(|l| !l.trim().is_empty()).map(unwrap_listed).collect()
+    } else {
+        vec![unwrap_listed(text.trim())]
+    };
+    if records.is_empty() || records.iter().all(|r| r.is_empty()) {
+        eprintln!("chio: {} holds no receipt: nothing was verified", input.display());
+        return Ok(1);
+    }
     if records.len() > MAX_RECORDS {
         bail!("{} holds {} receipts; receipt verify checks at most {MAX_RECORDS}", input.display(), records.len());
     }
@@ -155,6 +168,15 @@ fn verify_file(input: &Path, key: &str) -> Result<i32> {
     }
     println!("ok: {} receipt(s) verified under {key}", ok.len());
     Ok(0)
+}
+
+/// A line of `chio receipt list` (`{seq, id, ..., receipt}`) stands for its receipt; anything
+/// else is taken as a receipt itself.
+fn unwrap_listed(line: &str) -> String {
+    match canonical::parse_strict(line.as_bytes()) {
+        Ok(v) if v.get("receipt").is_some_and(|r| r.is_object()) && v.get("body").is_none() => v["receipt"].to_string(),
+        _ => line.to_string(),
+    }
 }
 
 /// The id a receipt would have (SHA-256 of its canonical body), for error messages.

@@ -80,6 +80,29 @@ fn launch_receipts_verify_offline_and_tampering_is_named() {
         chio(&["receipt", "verify", "--input", s(&export), "--trusted-kernel-pubkey", s(&other.join("public.key"))]);
     assert_eq!(v.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&v.stderr).contains("not the pinned key"));
+
+    // `receipt list` output verifies as it is (no jq step).
+    let listed_file = dir.join("listed.ndjson");
+    std::fs::write(&listed_file, chio(&["receipt", "list", "--receipt-db", s(&db)]).stdout).unwrap();
+    let v = chio(&["receipt", "verify", "--input", s(&listed_file), "--trusted-kernel-pubkey", s(&public)]);
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    assert!(String::from_utf8_lossy(&v.stdout).contains("2 receipt(s) verified"));
+    // Zero receipts is not "verified".
+    let empty = dir.join("empty.ndjson");
+    std::fs::write(&empty, "").unwrap();
+    let v = chio(&["receipt", "verify", "--input", s(&empty), "--trusted-kernel-pubkey", s(&public)]);
+    assert_eq!(v.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&v.stderr).contains("no receipt"));
+    // Nonsense filters and ranges are refused, not answered with nothing.
+    for args in [
+        vec!["receipt", "list", "--receipt-db", s(&db), "--kind", "bogus"],
+        vec!["receipt", "list", "--receipt-db", s(&db), "--limit", "0"],
+        vec!["receipt", "verify-chain", "--receipt-db", s(&db), "--from", "4", "--to", "2"],
+    ] {
+        let r = chio(&args);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&r.stderr));
+        assert!(r.stdout.is_empty(), "{args:?}");
+    }
 }
 
 #[test]
