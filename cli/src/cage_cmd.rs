@@ -56,9 +56,14 @@ pub struct RunArgs {
     /// Working directory inside the cage.
     #[arg(long)]
     cwd: Option<PathBuf>,
-    /// Environment variable KEY=VALUE (the environment starts with only PATH, HOME, TMPDIR).
-    #[arg(long, value_name = "KEY=VALUE")]
+    /// Environment variable KEY=VALUE, or KEY to pass chio's own value through (the environment
+    /// starts with only PATH, HOME, TMPDIR).
+    #[arg(long, value_name = "KEY[=VALUE]")]
     env: Vec<String>,
+    /// Environment variables from a file: KEY=VALUE or KEY lines; blank lines and # comments
+    /// skipped (applied before --env).
+    #[arg(long = "env-file", value_name = "FILE")]
+    env_file: Vec<PathBuf>,
     /// uid of the target.
     #[arg(long, default_value_t = 65534)]
     uid: u32,
@@ -165,14 +170,18 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
     for b in &a.bind {
         plan.binds.push(split_bind(b, true)?);
     }
-    for kv in &a.env {
-        let Some((k, v)) = kv.split_once('=') else {
-            bail!("--env {kv:?} is not KEY=VALUE");
-        };
-        if k.is_empty() {
-            bail!("--env {kv:?} has an empty name");
+    for file in &a.env_file {
+        let text = std::fs::read_to_string(file).with_context(|| format!("--env-file {}", file.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            apply_env(&mut plan.env, line).with_context(|| format!("--env-file {}:{}", file.display(), n + 1))?;
         }
-        set_env(&mut plan.env, k, v);
+    }
+    for kv in &a.env {
+        apply_env(&mut plan.env, kv).context("--env")?;
     }
     plan.uid = a.uid;
     plan.gid = a.gid;
@@ -201,6 +210,23 @@ fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Res
     if let Some(wd) = rec.config["WorkingDir"].as_str().filter(|w| w.starts_with('/')) {
         plan.cwd = Path::new(wd).components().collect();
     }
+    Ok(())
+}
+
+/// `KEY=VALUE` sets it; `KEY` alone passes chio's own value through (refused when unset).
+fn apply_env(env: &mut Vec<(OsString, OsString)>, spec: &str) -> Result<()> {
+    let (k, v) = match spec.split_once('=') {
+        Some((k, v)) => (k, v.to_string()),
+        None => {
+            let v = std::env::var(spec)
+                .with_context(|| format!("{spec:?} passes chio's own value through, but it is not set"))?;
+            (spec, v)
+        }
+    };
+    if k.is_empty() || k.contains('\0') {
+        bail!("{spec:?} has no variable name");
+    }
+    set_env(env, k, &v);
     Ok(())
 }
 
@@ -236,6 +262,13 @@ fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
 
 /// Run the command; returns the process exit status.
 pub fn run(a: &RunArgs) -> Result<i32> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
+             (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"
+        );
+    }
     let plan = plan_from(a)?;
     // The record file is created before anything runs, like the receipt store: a path that
     // cannot be written refuses the launch instead of losing the command's exit status after it.

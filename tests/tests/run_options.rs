@@ -106,3 +106,53 @@ fn sigterm_to_the_supervisor_reaches_the_target() {
     assert_eq!(run.record["outcome"]["signal"], libc::SIGTERM);
     assert!(run.record["outcome"]["limit_hit"].as_array().unwrap().is_empty());
 }
+
+/// `--env KEY` passes chio's own value through; `--env-file` reads KEY=VALUE and KEY lines;
+/// an unset KEY is refused before anything runs.
+#[test]
+fn env_pass_through_and_env_file() {
+    if !privileged("env_file") {
+        return;
+    }
+    let s = Scratch::new("env-file");
+    std::fs::write(s.join("vars"), "# comment\nFROM_FILE=file value\n\nPASSED\n").unwrap();
+    let out = Command::new(chio())
+        .args(["cage", "run", "--json", "--env", "CHIO_TEST_PASSED", "--env-file"])
+        .arg(s.join("vars"))
+        .args(["--", "/usr/bin/env"])
+        .env("CHIO_TEST_PASSED", "through")
+        .env("PASSED", "from chio")
+        .env("NOT_PASSED", "secret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = parse(out);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    for want in ["CHIO_TEST_PASSED=through", "FROM_FILE=file value", "PASSED=from chio"] {
+        assert!(run.stdout.lines().any(|l| l == want), "{want} in {}", run.stdout);
+    }
+    assert!(!run.stdout.contains("NOT_PASSED"), "only what is named passes");
+    let out = Command::new(chio())
+        .args(["cage", "run", "--env", "CHIO_TEST_SURELY_UNSET", "--", "/bin/true"])
+        .env_remove("CHIO_TEST_SURELY_UNSET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not set"));
+}
+
+/// Without root, `chio cage run` says it needs root instead of failing deep in setup.
+#[test]
+fn without_root_the_message_says_root_is_needed() {
+    if !privileged("not_root") {
+        return;
+    }
+    let out = Command::new(PROBE)
+        .args(["as-user", "65534"])
+        .arg(chio())
+        .args(["cage", "run", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"), "{}", String::from_utf8_lossy(&out.stderr));
+}
