@@ -137,8 +137,9 @@ fn optional<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Opt
 }
 
 /// Turn flags into a plan (no I/O beyond canonicalizing operator paths).
-pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
+pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
     let mut plan = CagePlan::new(a.command.clone());
+    let mut held = None;
     plan.mode = match a.mode {
         ModeArg::Enforced => Mode::Enforced,
         ModeArg::Shadow => Mode::Shadow,
@@ -152,7 +153,7 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
         plan.root = RootSpec::Directory(std::path::absolute(r).with_context(|| format!("rootfs {}", r.display()))?);
     }
     if let Some(image) = &a.image {
-        apply_image(&mut plan, image, &a.state_dir)?;
+        held = Some(apply_image(&mut plan, image, &a.state_dir)?);
     }
     if let Some(w) = &a.workspace {
         plan.workspace = Some(std::path::absolute(w).with_context(|| format!("workspace {}", w.display()))?);
@@ -194,13 +195,15 @@ pub fn plan_from(a: &RunArgs) -> Result<CagePlan> {
     l.tmp_bytes = parse_size(&a.tmp_size).map_err(anyhow::Error::msg).context("--tmp-size")?;
     plan.expect_sha256 = a.expect_sha256.clone();
     apply_environment_overrides(&mut plan)?;
-    Ok(plan)
+    Ok((plan, held))
 }
 
 /// Root filesystem, environment and working directory from an imported image (flags given
 /// later override them).
-fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Result<()> {
+fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Result<std::fs::File> {
     let (store, rec) = crate::image_cmd::find(state, image)?;
+    // Held for the whole launch: `image rm` refuses an image in use.
+    let held = store.hold(&rec).with_context(|| format!("image {image}"))?;
     plan.root = RootSpec::Directory(store.rootfs(&rec));
     for kv in rec.config["Env"].as_array().into_iter().flatten().filter_map(|v| v.as_str()) {
         if let Some((k, v)) = kv.split_once('=') {
@@ -210,7 +213,7 @@ fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Res
     if let Some(wd) = rec.config["WorkingDir"].as_str().filter(|w| w.starts_with('/')) {
         plan.cwd = Path::new(wd).components().collect();
     }
-    Ok(())
+    Ok(held)
 }
 
 /// `KEY=VALUE` sets it; `KEY` alone passes chio's own value through (refused when unset).
@@ -269,7 +272,7 @@ pub fn run(a: &RunArgs) -> Result<i32> {
              (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"
         );
     }
-    let plan = plan_from(a)?;
+    let (plan, _held_image) = plan_from(a)?;
     // The record file is created before anything runs, like the receipt store: a path that
     // cannot be written refuses the launch instead of losing the command's exit status after it.
     let record_file = match &a.record {

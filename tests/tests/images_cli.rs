@@ -93,7 +93,30 @@ fn import_run_verify_and_remove() {
     let v = chio(&["image", "verify", "mine", "--state-dir", s]);
     assert_eq!(v.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&v.stderr).contains("modified since import"));
-    assert!(chio(&["image", "rm", "mine", "--state-dir", s]).status.success());
+    // An image a running launch uses cannot be removed; the launch is named.
+    let mut running = Command::new(chio_bin(Path::new(PROBE)))
+        .args(["cage", "run", "--state-dir", s, "--image", "mine", "--", "/probe", "sleeper", "chio-image-in-use"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(running.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "SLEEPING");
+    let busy = chio(&["image", "rm", "mine", "--state-dir", s]);
+    let err = String::from_utf8_lossy(&busy.stderr);
+    assert_eq!(busy.status.code(), Some(1), "{err}");
+    assert!(err.contains("in use by a running launch") && err.contains(&format!("pid {}", running.id())), "{err}");
+    assert!(Path::new(rootfs_path).exists(), "the rootfs under a running cage is kept");
+    running.kill().unwrap();
+    running.wait().unwrap();
+    // Once the launch is over (its cage's processes gone, which takes a moment after a
+    // SIGKILL of the supervisor), it goes.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !chio(&["image", "rm", "mine", "--state-dir", s]).status.success() {
+        assert!(std::time::Instant::now() < until, "the image stayed in use after its launch ended");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert!(!Path::new(rootfs_path).exists());
     let missing = chio(&["cage", "run", "--state-dir", s, "--image", "probe:1", "--", "/probe"]);
     assert_eq!(missing.status.code(), Some(125));

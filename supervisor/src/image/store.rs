@@ -342,15 +342,63 @@ impl ImageStore {
         Ok(tree_digest(&self.rootfs(rec))? == rec.tree_sha256)
     }
 
-    /// Remove an image and any rootfs no other image uses.
+    /// Hold an image's root filesystem for a launch: a shared lock on its directory, released
+    /// when the returned file is closed (by every process of the launch that inherited it). An
+    /// image being removed cannot be held.
+    pub fn hold(&self, rec: &ImageRecord) -> io::Result<fs::File> {
+        let dir = fs::File::open(self.rootfs(rec))?;
+        // SAFETY: flock on our own open directory fd.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&dir), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("image {} is being removed", rec.image_id)));
+        }
+        Ok(dir)
+    }
+
+    /// Remove an image and any rootfs no other image uses. An image whose root filesystem a
+    /// running launch holds is refused, naming the launch's processes.
     pub fn remove(&self, rec: &ImageRecord) -> io::Result<bool> {
         let _lock = self.lock()?;
+        let rootfs = fs::File::open(self.rootfs(rec))?;
+        // SAFETY: flock on our own open directory fd; held until the removal is done.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&rootfs), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let users = lock_holders(&rootfs);
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("image {} is in use by a running launch ({users}); stop it first", rec.image_id),
+            ));
+        }
         fs::remove_file(self.dir.join("images").join(format!("{}.json", hex_of(&rec.image_id))))?;
         let still_used = self.list()?.iter().any(|r| r.chain_id == rec.chain_id);
         if !still_used {
             fs::remove_dir_all(self.rootfs(rec))?;
         }
         Ok(!still_used)
+    }
+}
+
+/// The processes holding a lock on `f`'s inode, from /proc/locks: "pid N (command)".
+fn lock_holders(f: &fs::File) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = f.metadata() else { return "unknown processes".into() };
+    let suffix = format!(":{}", m.ino());
+    let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
+    let pids: Vec<String> = locks
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // "1: FLOCK  ADVISORY  READ 1234 fd:01:5678 0 EOF" (a "->" marks a waiter).
+            let (pid, id) = if w.get(1) == Some(&"->") { (w.get(5)?, w.get(6)?) } else { (w.get(4)?, w.get(5)?) };
+            id.ends_with(&suffix).then(|| {
+                let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd: String = String::from_utf8_lossy(&cmd).replace('\0', " ").chars().take(80).collect();
+                format!("pid {pid}: {}", cmd.trim())
+            })
+        })
+        .collect();
+    if pids.is_empty() {
+        "unknown processes".into()
+    } else {
+        pids.join("; ")
     }
 }
 
