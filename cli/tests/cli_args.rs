@@ -13,11 +13,19 @@ fn bad_size_is_refused_with_its_flag() {
     assert!(err.contains("--memory") && err.contains("lots"), "{err}");
 }
 
+/// `--env KEY` passes chio's own value through: a KEY chio does not have is refused.
 #[test]
 fn bad_env_is_refused() {
-    let out = Command::new(CHIO).args(["cage", "run", "--env", "NOEQUALS", "--", "/bin/true"]).output().unwrap();
+    let out = Command::new(CHIO)
+        .args(["cage", "run", "--env", "NOEQUALS", "--", "/bin/true"])
+        .env_remove("NOEQUALS")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=VALUE"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not set"));
+    let out = Command::new(CHIO).args(["cage", "run", "--env", "=v", "--", "/bin/true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no variable name"));
 }
 
 #[test]
