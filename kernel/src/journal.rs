@@ -178,14 +178,10 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// A fresh store in memory (SQLite's `:memory:`): the journal's logic is what is tested
+    /// here, and nothing is left in /tmp.
     fn store() -> Store {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("chio-journal-{}-{n}.db", std::process::id()));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
-        }
-        Store::open(&p, true).unwrap()
+        Store::open(std::path::Path::new(":memory:"), true).unwrap()
     }
 
     /// Drive a fresh key into `state`.

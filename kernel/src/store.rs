@@ -433,12 +433,29 @@ mod tests {
     use crate::keys;
     use crate::receipt::Kind;
 
-    fn temp(tag: &str) -> std::path::PathBuf {
-        let p = std::env::temp_dir().join(format!("chio-store-{tag}-{}.db", std::process::id()));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+    /// A store file in /tmp, removed (with its -wal and -shm) when the test is done, pass or fail.
+    struct TempDb(std::path::PathBuf);
+
+    impl Drop for TempDb {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+            }
         }
-        p
+    }
+
+    impl std::ops::Deref for TempDb {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    fn temp(tag: &str) -> TempDb {
+        let p = std::env::temp_dir().join(format!("chio-store-{tag}-{}.db", std::process::id()));
+        let t = TempDb(p);
+        drop(TempDb(t.0.clone()));
+        t
     }
 
     fn draft(i: usize) -> Draft {
@@ -450,7 +467,7 @@ mod tests {
         }
     }
 
-    fn filled(tag: &str, n: usize) -> (Store, String, std::path::PathBuf) {
+    fn filled(tag: &str, n: usize) -> (Store, String, TempDb) {
         let path = temp(tag);
         let key = keys::generate().unwrap();
         let mut s = Store::open(&path, true).unwrap();
@@ -598,7 +615,7 @@ mod tests {
     #[test]
     fn foreign_and_newer_databases_are_refused() {
         let path = temp("foreign");
-        let c = Connection::open(&path).unwrap();
+        let c = Connection::open(&*path).unwrap();
         c.execute_batch("CREATE TABLE t(x); PRAGMA application_id = 42;").unwrap();
         drop(c);
         assert!(

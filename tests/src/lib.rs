@@ -149,16 +149,25 @@ pub fn build_symlinked_rootfs(root: &Path, probe: &Path, host_target: &Path) {
     }
 }
 
-/// The suite's shared rootfs, built once per test process.
+static SHARED_ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+/// The suite's shared rootfs, built once per test process and removed when the process exits.
 pub fn shared_rootfs(probe: &Path) -> &'static Path {
-    static ROOT: OnceLock<PathBuf> = OnceLock::new();
-    ROOT.get_or_init(|| {
+    SHARED_ROOT.get_or_init(|| {
         remove_stale_rootfs();
         let p = std::env::temp_dir().join(format!("chio-test-rootfs-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         build_rootfs(&p, probe);
+        // SAFETY: registering a plain extern "C" function to run at exit.
+        unsafe { libc::atexit(remove_shared_rootfs) };
         p
     })
+}
+
+extern "C" fn remove_shared_rootfs() {
+    if let Some(p) = SHARED_ROOT.get() {
+        let _ = std::fs::remove_dir_all(p);
+    }
 }
 
 /// Rootfs fixtures of earlier test processes that are no longer running.

@@ -356,7 +356,9 @@ fn pivot_root(own_ns: bool) -> ! {
                 std::ptr::null(),
             )
         };
-        let dir = std::env::temp_dir().join(format!("chio-pivot-{}", std::process::id()));
+        // A tmpfs over /tmp first (this mount namespace's own): nothing lands on the host's disk.
+        unsafe { libc::mount(c"tmpfs".as_ptr(), c"/tmp".as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) };
+        let dir = std::path::PathBuf::from(format!("/tmp/chio-pivot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let d = c(dir.to_str().unwrap());
         unsafe { libc::mount(c"tmpfs".as_ptr(), d.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) };
