@@ -175,12 +175,30 @@ fn dotdot_and_absolute_names_are_refused() {
 fn nothing_is_written_through_a_symlink() {
     let f = Fixture::new("symwrite");
     let outside = f.base.join("outside");
+    // A symlink naming a host path is resolved inside the root, where that path does not exist.
     let r = f.apply(Tar::default().symlink("link", outside.to_str().unwrap()).file("link/pwned", "x").done());
-    refused(r, "not a directory");
+    refused(r, "does not have");
     f.outside_untouched();
-    // A relative symlink climbing out, then a write beneath it.
+    // A relative symlink climbing out: `..` stops at the root.
     let f = Fixture::new("symwrite-rel");
-    refused(f.apply(Tar::default().symlink("up", "../outside").file("up/pwned", "x").done()), "not a directory");
+    refused(f.apply(Tar::default().symlink("up", "../outside").file("up/pwned", "x").done()), "does not have");
+    f.outside_untouched();
+    // Where the target exists inside the root, the write lands there (containerd's and umoci's
+    // rule), whether the link is absolute or climbs with `..`.
+    let f = Fixture::new("symwrite-inside");
+    f.apply(
+        Tar::default()
+            .dir("inner")
+            .symlink("abs", "/inner")
+            .symlink("rel", "../../../inner")
+            .file("abs/one", "1")
+            .file("rel/two", "2")
+            .done(),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(f.root().join("inner/one")).unwrap(), "1");
+    assert_eq!(std::fs::read_to_string(f.root().join("inner/two")).unwrap(), "2");
+    assert!(std::fs::symlink_metadata(f.root().join("abs")).unwrap().file_type().is_symlink());
     f.outside_untouched();
 }
 
@@ -211,7 +229,7 @@ fn hardlinks_stay_inside_the_root() {
     let target_dir = f3.base.join("outside");
     refused(
         f3.apply(Tar::default().symlink("l", target_dir.to_str().unwrap()).hardlink("h", "l/secret").done()),
-        "not a directory",
+        "does not have",
     );
     let f4 = Fixture::new("hl-to-symlink");
     refused(f4.apply(Tar::default().symlink("s", &outside(&f4)).hardlink("h", "s").done()), "not a regular file");
@@ -332,9 +350,11 @@ fn cross_layer_hardlinks_and_merged_usr() {
     let (a, b) = (std::fs::metadata(r.join("usr/bin/sh")).unwrap(), std::fs::metadata(r.join("usr/bin/dash")).unwrap());
     assert_eq!(a.ino(), b.ino(), "a hardlink to a lower layer's file");
     assert_eq!(std::fs::read_link(r.join("lib")).unwrap(), Path::new("usr/lib"));
-    // A later layer writing through the merged-/usr symlink is refused, not followed.
-    refused(f.apply(Tar::default().file("bin/evil", "x").done()), "not a directory");
-    assert!(!r.join("usr/bin/evil").exists());
+    // A later layer adding bin/foo over the merged-/usr base lands in usr/bin (as containerd
+    // and umoci do), the symlink staying a symlink.
+    f.apply(Tar::default().file("bin/foo", "x").done()).unwrap();
+    assert_eq!(std::fs::read_to_string(r.join("usr/bin/foo")).unwrap(), "x");
+    assert!(std::fs::symlink_metadata(r.join("bin")).unwrap().file_type().is_symlink());
     f.outside_untouched();
 }
 
@@ -350,7 +370,8 @@ fn a_replaced_directory_is_not_written_through_a_stale_handle() {
             .file("a/three", "3")
             .done(),
     );
-    refused(r, "not a directory");
+    // Resolved inside the root, where the host path does not exist.
+    refused(r, "does not have");
     f.outside_untouched();
 }
 

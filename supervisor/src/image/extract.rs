@@ -182,10 +182,14 @@ fn components(raw: &[u8], b: &Budgets) -> Result<Vec<OsString>, ExtractError> {
 }
 
 /// Open the directory holding `names[..n-1]` below `root`, one `O_NOFOLLOW` step at a time;
-/// missing directories are created when `create`. A symlink anywhere on the way is refused.
+/// missing directories are created when `create`. A symlink on the way is resolved *inside the
+/// root*, as containerd and umoci do (`openat2(RESOLVE_IN_ROOT)`: an absolute target or `..`
+/// cannot leave it), so a layer adding `bin/foo` over a base whose `bin -> usr/bin` writes
+/// `usr/bin/foo`. Nothing is ever written outside the root.
 fn open_parent(root: BorrowedFd<'_>, names: &[OsString], create: bool, raw: &[u8]) -> Result<OwnedFd, ExtractError> {
     let mut cur = openat(root, c".", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(io_err(raw))?;
-    for name in &names[..names.len().saturating_sub(1)] {
+    let dirs = &names[..names.len().saturating_sub(1)];
+    for (i, name) in dirs.iter().enumerate() {
         let c = cstr(name).map_err(io_err(raw))?;
         let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
         cur = match openat(cur.as_fd(), &c, flags, 0) {
@@ -196,15 +200,24 @@ fn open_parent(root: BorrowedFd<'_>, names: &[OsString], create: bool, raw: &[u8
                 openat(cur.as_fd(), &c, flags, 0).map_err(io_err(raw))?
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
-                return Err(refused(
-                    raw,
-                    format!("{} is not a directory (a symlink is never followed)", name.to_string_lossy()),
-                ))
+                in_root(root, &dirs[..=i], raw)?
             }
             Err(e) => return Err(io_err(raw)(e)),
         };
     }
     Ok(cur)
+}
+
+/// Resolve the directory `prefix` inside `root`, following symlinks as if `root` were `/`.
+fn in_root(root: BorrowedFd<'_>, prefix: &[OsString], raw: &[u8]) -> Result<OwnedFd, ExtractError> {
+    let path: std::path::PathBuf = prefix.iter().collect();
+    let shown = path.to_string_lossy().into_owned();
+    chio_cage::path::resolve_in(root, &path, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTDIR) => refused(raw, format!("{shown} is not a directory")),
+        Some(libc::ENOENT) => refused(raw, format!("{shown} is a symlink to a directory the image does not have")),
+        Some(libc::ELOOP) => refused(raw, format!("{shown}: too many symlinks")),
+        _ => io_err(raw)(e),
+    })
 }
 
 /// Remove `name` below `dir` (recursively for a directory), if it exists. True when a directory
