@@ -179,7 +179,7 @@ fn every_format_gives_the_same_tree() {
     let root = e.store.rootfs(&a);
     assert_eq!(std::fs::read_to_string(root.join("usr/bin/tool")).unwrap(), "v2");
     assert!(!root.join("etc/gone").exists(), "whiteout applied");
-    assert_eq!(a.references, ["app:1"]);
+    assert_eq!(a.references, ["docker.io/library/app:1"], "references in normal form");
     assert_eq!(a.config["WorkingDir"], "/work");
     let archive = tar_dir(&dir, &e.base.join("oci-archive.tar"));
     let b = e.import(&archive).unwrap();
@@ -455,4 +455,47 @@ fn a_bomb_after_the_tar_end_marker_is_bounded() {
     // Control: with room for it, the same layer imports (the tail is part of its DiffID).
     let rec = e.import(&dir).unwrap();
     assert_eq!(std::fs::read_to_string(e.store.rootfs(&rec).join("hello")).unwrap(), "hi");
+}
+
+/// Names accumulate like `docker load` tags, a name moves to the image imported under it, no
+/// name is stored twice, and references are matched in the docker CLI's normal form.
+#[test]
+fn names_accumulate_move_and_are_normalized() {
+    let img = image();
+    let mut other = image();
+    let mut cfg: serde_json::Value = serde_json::from_slice(&img.config).unwrap();
+    cfg["config"]["Env"] = json!(["PATH=/bin"]);
+    other.config = serde_json::to_vec(&cfg).unwrap();
+    let e = env("names");
+    let (a_dir, b_dir) = (oci_dir(&e.base.join("a"), &img, |_| {}), oci_dir(&e.base.join("b"), &other, |_| {}));
+    let sel = Selection { reference: None, platform: "linux/amd64".into() };
+    let import =
+        |dir: &Path, name: &str| e.store.import(dir, &sel, Some(name), &Budgets::default(), &mut |_| {}).unwrap();
+    let a = import(&a_dir, "app:1");
+    import(&a_dir, "first");
+    for name in ["app:1", "docker.io/library/app:1", "first", "first:latest", "docker.io/library/first:latest"] {
+        assert_eq!(e.store.find(name).unwrap().image_id, a.image_id, "{name} names the first image");
+    }
+    let b = import(&b_dir, "app:1");
+    assert_ne!(a.image_id, b.image_id);
+    assert_eq!(e.store.find("app:1").unwrap().image_id, b.image_id, "the name moved to the new image");
+    let a_now = e.store.find("first").unwrap();
+    assert!(!a_now.references.iter().any(|r| r.contains("app:1")), "{:?}", a_now.references);
+    import(&b_dir, "app:1");
+    let b_now = e.store.find("app:1").unwrap();
+    assert_eq!(
+        b_now.references.iter().filter(|r| *r == "docker.io/library/app:1").count(),
+        1,
+        "{:?}",
+        b_now.references
+    );
+    for (given, normal) in [
+        ("app", "docker.io/library/app:latest"),
+        ("user/app:2", "docker.io/user/app:2"),
+        ("localhost:5000/app", "localhost:5000/app:latest"),
+        ("registry.example.com/team/app:3", "registry.example.com/team/app:3"),
+        ("app@sha256:abc", "docker.io/library/app@sha256:abc"),
+    ] {
+        assert_eq!(chio_supervisor::image::store::normalize_reference(given), normal);
+    }
 }

@@ -199,9 +199,7 @@ fn open_parent(root: BorrowedFd<'_>, names: &[OsString], create: bool, raw: &[u8
                 check(unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755) }).map_err(io_err(raw))?;
                 openat(cur.as_fd(), &c, flags, 0).map_err(io_err(raw))?
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
-                in_root(root, &dirs[..=i], raw)?
-            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => in_root(root, &dirs[..=i], raw)?,
             Err(e) => return Err(io_err(raw)(e)),
         };
     }

@@ -146,8 +146,16 @@ impl ImageStore {
         let _ = fs::remove_dir_all(&tmp);
         let (layers, report, tree) = outcome?;
         let c = &res.config["config"];
-        let mut references = res.references.clone();
-        references.extend(name.map(str::to_string));
+        // Names accumulate like `docker load` tags: the image keeps the names it had, gains the
+        // new ones, and a name that named another image moves here (never two images under one
+        // name).
+        let mut references: Vec<String> =
+            records.iter().filter(|r| r.image_id == res.image_id).flat_map(|r| r.references.clone()).collect();
+        references
+            .extend(res.references.iter().chain(name.map(str::to_string).as_ref()).map(|r| normalize_reference(r)));
+        let mut seen = HashSet::new();
+        references.retain(|r| seen.insert(r.clone()));
+        self.take_names(&records, &res.image_id, &references)?;
         let rec = ImageRecord {
             image_id: res.image_id.clone(),
             references,
@@ -303,6 +311,19 @@ impl ImageStore {
         Ok((out, report))
     }
 
+    /// Remove `names` from every image but `keep` (rewriting their records).
+    fn take_names(&self, records: &[ImageRecord], keep: &str, names: &[String]) -> io::Result<()> {
+        for r in records.iter().filter(|r| r.image_id != keep && r.references.iter().any(|n| names.contains(n))) {
+            let mut r = r.clone();
+            r.references.retain(|n| !names.contains(n));
+            let meta = self.dir.join("images").join(format!("{}.json", hex_of(&r.image_id)));
+            let tmp = meta.with_extension("json.tmp");
+            fs::write(&tmp, serde_json::to_vec_pretty(&r).map_err(io::Error::other)?)?;
+            fs::rename(&tmp, &meta)?;
+        }
+        Ok(())
+    }
+
     /// Every imported image.
     pub fn list(&self) -> io::Result<Vec<ImageRecord>> {
         let mut out = Vec::new();
@@ -321,7 +342,9 @@ impl ImageStore {
     /// The image named by a reference, a full ID, or an unambiguous ID prefix (12+ hex digits).
     pub fn find(&self, what: &str) -> io::Result<ImageRecord> {
         let all = self.list()?;
-        let by_ref: Vec<&ImageRecord> = all.iter().filter(|r| r.references.iter().any(|n| n == what)).collect();
+        let full = normalize_reference(what);
+        let by_ref: Vec<&ImageRecord> =
+            all.iter().filter(|r| r.references.iter().any(|n| *n == full || n == what)).collect();
         let hex = hex_of(what);
         let by_id: Vec<&ImageRecord> =
             all.iter().filter(|r| hex.len() >= 12 && hex_of(&r.image_id).starts_with(hex)).collect();
@@ -374,6 +397,26 @@ impl ImageStore {
         }
         Ok(!still_used)
     }
+}
+
+/// A reference in the docker CLI's normal form: `app` is `docker.io/library/app:latest`,
+/// `user/app:1` is `docker.io/user/app:1`; a first component with a `.` or `:` (or `localhost`)
+/// is a registry and is kept; a digest reference keeps its digest.
+pub fn normalize_reference(r: &str) -> String {
+    let (name, suffix) = match r.split_once('@') {
+        Some((n, d)) => (n, format!("@{d}")),
+        None => match r.rfind(':') {
+            Some(i) if !r[i..].contains('/') => (&r[..i], r[i..].to_string()),
+            _ => (r, ":latest".to_string()),
+        },
+    };
+    let registry = name.split_once('/').is_some_and(|(first, _)| first.contains(['.', ':']) || first == "localhost");
+    let full = match (registry, name.contains('/')) {
+        (true, _) => name.to_string(),
+        (false, true) => format!("docker.io/{name}"),
+        (false, false) => format!("docker.io/library/{name}"),
+    };
+    format!("{full}{suffix}")
 }
 
 /// The processes holding a lock on `f`'s inode, from /proc/locks: "pid N (command)".
