@@ -155,17 +155,43 @@ impl Store {
         let conn = Connection::open_with_flags(path, flags)
             .map_err(|e| StoreError::Foreign(format!("cannot open receipt store {}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
-        let version: i32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+        // One statement, so one snapshot: a store being created by another process is seen
+        // either empty or whole.
+        let ids = |c: &Connection| -> rusqlite::Result<(i32, i32, i64)> {
+            c.query_row(
+                "SELECT (SELECT application_id FROM pragma_application_id), (SELECT user_version FROM pragma_user_version),
+                        (SELECT count(*) FROM sqlite_schema)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+        };
+        let (mut app, mut version, tables) = ids(&conn)?;
         if app == 0 && version == 0 && tables == 0 {
             if !create {
                 return Err(StoreError::Foreign(format!("{} is empty, not a receipt store", path.display())));
             }
             conn.execute_batch("PRAGMA journal_mode=WAL;")?;
-            conn.execute_batch(&format!(
-                "BEGIN IMMEDIATE; {SCHEMA_SQL} {META_SQL} PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={USER_VERSION}; COMMIT;"
-            ))?;
+            // Another process may be creating the same store: decide inside one write
+            // transaction, so exactly one of them creates it and the others find it made.
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let created = match ids(&conn) {
+                Ok((0, 0, 0)) => conn.execute_batch(&format!(
+                    "{SCHEMA_SQL} {META_SQL} PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={USER_VERSION};"
+                )),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            match created {
+                Ok(()) => conn.execute_batch("COMMIT")?,
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Err(e.into());
+                }
+            }
+            (app, version, _) = ids(&conn)?;
+        }
+        if app == 0 && version == 0 {
+            return Err(StoreError::Foreign(format!("{} is not a chio receipt store", path.display())));
         } else if app == APPLICATION_ID && version == 1 {
             // Schema 1 had no binding table; `bind_key` binds such a store on its next append.
             conn.execute_batch(&format!("BEGIN IMMEDIATE; {META_SQL} PRAGMA user_version={USER_VERSION}; COMMIT;"))?;
@@ -365,13 +391,14 @@ impl Store {
             }
         };
         let mut stmt = self.conn.prepare(
-            "SELECT seq, id, kind, tool_server, outcome, prev, envelope FROM receipts WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
+            "SELECT seq, id, kind, tool_server, outcome, prev, envelope, issued_at_ms FROM receipts WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
         )?;
         let mut rows = stmt.query(params![from, to.unwrap_or(i64::MAX as u64)])?;
         while let Some(r) = rows.next()? {
             let (row_seq, row_id): (u64, String) = (r.get(0)?, r.get(1)?);
             let columns: (String, Option<String>, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
             let envelope: String = r.get(6)?;
+            let issued_at_ms: i64 = r.get(7)?;
             report.checked += 1;
             let mut problem = |why: String| report.problems.push((row_seq, row_id.clone(), why));
             if row_seq != seq + 1 {
@@ -401,6 +428,14 @@ impl Store {
                     );
                     if body_cols != columns {
                         problem("indexed columns differ from the signed body".into());
+                    }
+                    // The time column is what `list --since/--until` filters on.
+                    if time::rfc3339(issued_at_ms) != v.body.issued_at {
+                        problem(format!(
+                            "issued_at_ms column ({}) differs from the signed issued_at {}",
+                            time::rfc3339(issued_at_ms),
+                            v.body.issued_at
+                        ));
                     }
                 }
             }
@@ -536,6 +571,11 @@ mod tests {
         );
         let r = s.verify_chain(Some(&pk), None, None).unwrap();
         assert!(r.problems.iter().any(|(_, _, why)| why.contains("reordered")), "{r:?}");
+        // The time column moved (it would hide the receipt from `list --since`).
+        let (s, pk, _) = filled("time", 3);
+        attacker(&s, "UPDATE receipts SET issued_at_ms = issued_at_ms - 86400000 WHERE seq = 2");
+        let r = s.verify_chain(Some(&pk), None, None).unwrap();
+        assert!(r.problems.iter().any(|(seq, _, why)| *seq == 2 && why.contains("issued_at")), "{r:?}");
         // An indexed column changed without touching the signed body.
         let (s, pk, _) = filled("column", 3);
         attacker(&s, "UPDATE receipts SET outcome = 'FullyEnforced' WHERE seq = 2");
@@ -610,6 +650,29 @@ mod tests {
         attacker(&s, "UPDATE receipts SET outcome = 'exit:7' WHERE seq = 1");
         let e = s.bind_key(&key).unwrap_err();
         assert!(matches!(&e, StoreError::Refused(m) if m.contains("receipt 1") && m.contains("columns")), "{e}");
+    }
+
+    #[test]
+    fn many_processes_creating_one_store_all_succeed() {
+        let path = temp("concurrent");
+        let key = keys::generate().unwrap();
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (p, k) = (path.0.clone(), key.clone());
+                std::thread::spawn(move || -> Result<(), StoreError> {
+                    let mut s = Store::open(&p, true)?;
+                    s.bind_key(&k)?;
+                    s.append(&k, draft(0)).map(drop)
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        let s = Store::open(&path, false).unwrap();
+        assert_eq!(s.count().unwrap(), 16);
+        let pk = keys::hex(key.verifying_key().as_bytes());
+        assert!(s.verify_chain(Some(&pk), None, None).unwrap().problems.is_empty());
     }
 
     #[test]
