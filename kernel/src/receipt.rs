@@ -149,11 +149,25 @@ pub struct Verified {
 /// Verify one exported receipt (an envelope's JSON bytes) against the pinned kernel key.
 pub fn verify(bytes: &[u8], kernel_key_hex: &str) -> Result<Verified, ReceiptError> {
     let v = envelope::verify(bytes, kernel_key_hex).map_err(ReceiptError::Envelope)?;
-    let body: Body = serde_json::from_value(v).map_err(|e| ReceiptError::Body(e.to_string()))?;
+    verified_body(v)
+}
+
+/// A signed body as a receipt. Its id is the SHA-256 of the canonical bytes of exactly what was
+/// signed, and the body must be in its one receipt form (what the typed body serializes to: an
+/// explicit `null` where the schema omits a field is refused) — so two different signed bodies
+/// can never share an id.
+fn verified_body(v: Value) -> Result<Verified, ReceiptError> {
+    let body: Body = serde_json::from_value(v.clone()).map_err(|e| ReceiptError::Body(e.to_string()))?;
     if body.schema != SCHEMA {
         return Err(ReceiptError::Body(format!("schema is {:?}", body.schema)));
     }
-    Ok(Verified { id: id_of(&body)?, body })
+    if serde_json::to_value(&body).map_err(|e| ReceiptError::Body(e.to_string()))? != v {
+        return Err(ReceiptError::Body(
+            "the signed body is not in its receipt form (an explicit null or a field the schema omits)".into(),
+        ));
+    }
+    let c = canonical::to_canonical(&v).map_err(|e| ReceiptError::Envelope(EnvelopeError::Canonical(e)))?;
+    Ok(Verified { id: sha256_hex(c.as_bytes()), body })
 }
 
 /// Read a receipt without checking its signature (for hash-chain checks when no key is pinned):
@@ -161,11 +175,7 @@ pub fn verify(bytes: &[u8], kernel_key_hex: &str) -> Result<Verified, ReceiptErr
 pub fn parse_unsigned(bytes: &[u8]) -> Result<Verified, ReceiptError> {
     let v = canonical::parse_strict(bytes).map_err(|e| ReceiptError::Body(e.to_string()))?;
     let env: Signed = serde_json::from_value(v).map_err(|e| ReceiptError::Body(e.to_string()))?;
-    let body: Body = serde_json::from_value(env.body).map_err(|e| ReceiptError::Body(e.to_string()))?;
-    if body.schema != SCHEMA {
-        return Err(ReceiptError::Body(format!("schema is {:?}", body.schema)));
-    }
-    Ok(Verified { id: id_of(&body)?, body })
+    verified_body(env.body)
 }
 
 /// Check that `receipts` (verified, in order) form an unbroken chain starting after `prev`/`seq`.
@@ -186,4 +196,45 @@ pub fn chain_breaks(receipts: &[Verified], mut prev: String, mut seq: u64) -> Ve
         seq = r.body.seq;
     }
     breaks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys;
+
+    fn body() -> Body {
+        Body {
+            schema: SCHEMA.into(),
+            kind: Kind::LaunchTerminal,
+            seq: 1,
+            prev: GENESIS.into(),
+            issued_at: "2026-12-01T00:00:00.000Z".into(),
+            tool_server: None,
+            outcome: "exit:0".into(),
+            launch_record: None,
+            launch: None,
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn the_id_is_the_digest_of_exactly_what_was_signed() {
+        let key = keys::generate().unwrap();
+        let pk = keys::hex(key.verifying_key().as_bytes());
+        let env = sign(&key, &body()).unwrap();
+        let v = verify(serde_json::to_string(&env).unwrap().as_bytes(), &pk).unwrap();
+        let signed = canonical::to_canonical(&serde_json::to_value(&env.body).unwrap()).unwrap();
+        assert_eq!(v.id, sha256_hex(signed.as_bytes()));
+        assert_eq!(v.id, id_of(&body()).unwrap());
+        // The same body with an explicit null the schema omits: a different signed document, so
+        // it may not pass under the same id — it is refused.
+        let mut with_null = serde_json::to_value(body()).unwrap();
+        with_null["tool_server"] = Value::Null;
+        let env = envelope::sign(&key, with_null).unwrap();
+        let e = verify(serde_json::to_string(&env).unwrap().as_bytes(), &pk).unwrap_err();
+        assert!(matches!(&e, ReceiptError::Body(m) if m.contains("receipt form")), "{e}");
+        let e = parse_unsigned(serde_json::to_string(&env).unwrap().as_bytes()).unwrap_err();
+        assert!(matches!(&e, ReceiptError::Body(_)), "{e}");
+    }
 }
