@@ -71,6 +71,23 @@ pub enum ReceiptCommand {
         /// Last sequence number.
         #[arg(long)]
         to: Option<u64>,
+        /// A checkpoint from `chio receipt checkpoint` (needs --trusted-kernel-pubkey): the store
+        /// must still hold the receipt it names (deleted newest receipts are caught).
+        #[arg(long, value_name = "FILE", requires = "key")]
+        checkpoint: Option<PathBuf>,
+    },
+    /// Write a signed checkpoint of the store's head (seq and id of its last receipt) to keep
+    /// elsewhere; `verify-chain --checkpoint` checks the store against it.
+    Checkpoint {
+        /// The receipt store.
+        #[arg(long = "receipt-db", value_name = "DB")]
+        db: PathBuf,
+        /// The kernel's signing seed (the key the store is bound to).
+        #[arg(long = "kernel-key", value_name = "SEED")]
+        kernel_key: PathBuf,
+        /// Where to write it (default: stdout).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -98,7 +115,18 @@ pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
             };
             list(db, &filter)
         }
-        ReceiptCommand::VerifyChain { db, key, from, to } => {
+        ReceiptCommand::Checkpoint { db, kernel_key, out } => {
+            let key = keys::read_seed(kernel_key)?;
+            let mut store = Store::open(db, false)?;
+            store.bind_key(&key).with_context(|| format!("receipt store {}", db.display()))?;
+            let text = serde_json::to_string(&store.checkpoint(&key)?)? + "\n";
+            match out {
+                Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
+                None => print!("{text}"),
+            }
+            Ok(0)
+        }
+        ReceiptCommand::VerifyChain { db, key, from, to, checkpoint } => {
             if let (Some(f), Some(t)) = (from, to) {
                 if f > t {
                     eprintln!("chio: --from {f} is after --to {t}: an empty range verifies nothing");
@@ -106,7 +134,18 @@ pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
                 }
             }
             let key = key.as_deref().map(pinned_key).transpose()?;
-            verify_chain(db, key.as_deref(), *from, *to)
+            let code = verify_chain(db, key.as_deref(), *from, *to)?;
+            match (checkpoint, &key) {
+                (Some(cp), Some(k)) => {
+                    let bytes = std::fs::read(cp).with_context(|| format!("reading checkpoint {}", cp.display()))?;
+                    let problems = Store::open(db, false)?.check_checkpoint(&bytes, k)?;
+                    for p in &problems {
+                        eprintln!("checkpoint {}: {p}", cp.display());
+                    }
+                    Ok(if problems.is_empty() { code } else { 1 })
+                }
+                _ => Ok(code),
+            }
         }
     }
 }

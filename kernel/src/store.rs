@@ -14,6 +14,8 @@ use crate::time;
 
 /// `PRAGMA application_id` of a chio receipt store ("chio").
 pub const APPLICATION_ID: i32 = 0x6368_696f;
+/// Schema of a signed checkpoint of a store's head.
+pub const CHECKPOINT_SCHEMA: &str = "chio.receipt-checkpoint.v1";
 /// Schema version this code reads and writes (1 lacked `store_meta`; it is upgraded on open).
 pub const USER_VERSION: i32 = 2;
 
@@ -445,6 +447,48 @@ impl Store {
         Ok(report)
     }
 
+    /// A signed checkpoint of the chain's head (`chio.receipt-checkpoint.v1`: seq and id of the
+    /// last receipt, time), for the operator to keep elsewhere: deleting the newest receipts
+    /// (or all of them) leaves a chain that verifies, but not against its checkpoint.
+    pub fn checkpoint(&self, key: &SigningKey) -> Result<crate::envelope::Signed, StoreError> {
+        let head: Option<(u64, String)> = self
+            .conn
+            .query_row("SELECT seq, id FROM receipts ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let (seq, id) = head.unwrap_or((0, GENESIS.to_string()));
+        let body = serde_json::json!({
+            "schema": CHECKPOINT_SCHEMA, "seq": seq, "id": id, "issued_at": time::rfc3339(time::now_ms()),
+        });
+        crate::envelope::sign(key, body).map_err(|e| StoreError::Receipt(receipt::ReceiptError::Envelope(e)))
+    }
+
+    /// Check the store against a checkpoint (its envelope's bytes) signed by the pinned key: the
+    /// receipt at the checkpoint's seq must exist and have its id. Returns the problems.
+    pub fn check_checkpoint(&self, checkpoint: &[u8], key_hex: &str) -> Result<Vec<String>, StoreError> {
+        let body = crate::envelope::verify(checkpoint, key_hex)
+            .map_err(|e| StoreError::Refused(format!("the checkpoint does not verify: {e}")))?;
+        let (Some(CHECKPOINT_SCHEMA), Some(seq), Some(id)) =
+            (body["schema"].as_str(), body["seq"].as_u64(), body["id"].as_str())
+        else {
+            return Err(StoreError::Refused(format!("the checkpoint is not a {CHECKPOINT_SCHEMA} document")));
+        };
+        if seq == 0 {
+            return Ok(Vec::new());
+        }
+        let at: Option<String> =
+            self.conn.query_row("SELECT id FROM receipts WHERE seq = ?1", [seq], |r| r.get(0)).optional()?;
+        let last = self.conn.query_row("SELECT coalesce(max(seq), 0) FROM receipts", [], |r| r.get::<_, u64>(0))?;
+        Ok(match at {
+            Some(found) if found == id => Vec::new(),
+            Some(found) => vec![format!("receipt {seq} is {found} but the checkpoint says {id}: the chain diverges")],
+            None if last < seq => vec![format!(
+                "the store ends at receipt {last} but its checkpoint is at {seq}: receipts {}..{seq} were deleted",
+                last + 1
+            )],
+            None => vec![format!("receipt {seq} of the checkpoint is missing")],
+        })
+    }
+
     /// Number of receipts.
     pub fn count(&self) -> Result<u64, StoreError> {
         Ok(self.conn.query_row("SELECT count(*) FROM receipts", [], |r| r.get(0))?)
@@ -673,6 +717,29 @@ mod tests {
         assert_eq!(s.count().unwrap(), 16);
         let pk = keys::hex(key.verifying_key().as_bytes());
         assert!(s.verify_chain(Some(&pk), None, None).unwrap().problems.is_empty());
+    }
+
+    #[test]
+    fn deleting_the_newest_receipts_is_caught_by_a_checkpoint() {
+        let path = temp("checkpoint");
+        let key = keys::generate().unwrap();
+        let pk = keys::hex(key.verifying_key().as_bytes());
+        let mut s = Store::open(&path, true).unwrap();
+        s.bind_key(&key).unwrap();
+        for i in 0..5 {
+            s.append(&key, draft(i)).unwrap();
+        }
+        let cp = serde_json::to_vec(&s.checkpoint(&key).unwrap()).unwrap();
+        assert_eq!(s.check_checkpoint(&cp, &pk).unwrap(), Vec::<String>::new());
+        s.append(&key, draft(5)).unwrap();
+        assert_eq!(s.check_checkpoint(&cp, &pk).unwrap(), Vec::<String>::new(), "a longer store still holds it");
+        attacker(&s, "DELETE FROM receipts WHERE seq >= 4");
+        assert!(s.verify_chain(Some(&pk), None, None).unwrap().problems.is_empty(), "the shorter chain verifies");
+        let p = s.check_checkpoint(&cp, &pk).unwrap();
+        assert!(p[0].contains("ends at receipt 3") && p[0].contains("4..5 were deleted"), "{p:?}");
+        // Another key's checkpoint is refused.
+        let other = keys::hex(keys::generate().unwrap().verifying_key().as_bytes());
+        assert!(matches!(s.check_checkpoint(&cp, &other), Err(StoreError::Refused(_))));
     }
 
     #[test]

@@ -239,3 +239,63 @@ stat -c '%i' "$d/root/probe" >&2
     let v = chio(&["receipt", "verify-chain", "--receipt-db", s(&db), "--trusted-kernel-pubkey", public.trim()]);
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
 }
+
+/// A signed checkpoint of the head catches the deletion of the newest receipts, which leaves a
+/// chain that verifies on its own.
+#[test]
+fn a_checkpoint_catches_deleted_newest_receipts() {
+    if !privileged("receipts_checkpoint") {
+        return;
+    }
+    let dir = Scratch::new("receipts-checkpoint");
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let (db, seed, public) = (dir.join("r.db"), keydir.join("signing.seed"), keydir.join("public.key"));
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    for _ in 0..2 {
+        let run = chio(&[
+            "cage",
+            "run",
+            "--rootfs",
+            s(rootfs),
+            "--receipt-db",
+            s(&db),
+            "--kernel-key",
+            s(&seed),
+            "--",
+            "/probe",
+            "euid",
+        ]);
+        assert_eq!(run.status.code(), Some(1), "{}", String::from_utf8_lossy(&run.stderr));
+    }
+    let cp = dir.join("head.json");
+    let out = chio(&["receipt", "checkpoint", "--receipt-db", s(&db), "--kernel-key", s(&seed), "--out", s(&cp)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let verify = || {
+        chio(&[
+            "receipt",
+            "verify-chain",
+            "--receipt-db",
+            s(&db),
+            "--trusted-kernel-pubkey",
+            s(&public),
+            "--checkpoint",
+            s(&cp),
+        ])
+    };
+    assert!(verify().status.success(), "{}", String::from_utf8_lossy(&verify().stderr));
+    // Delete the newest receipt (an attacker with the file, bypassing the triggers).
+    let store = chio_kernel::store::Store::open(&db, false).unwrap();
+    store
+        .connection()
+        .execute_batch(
+            "DROP TRIGGER receipts_no_delete; DELETE FROM receipts WHERE seq = (SELECT max(seq) FROM receipts);",
+        )
+        .unwrap();
+    drop(store);
+    let plain = chio(&["receipt", "verify-chain", "--receipt-db", s(&db), "--trusted-kernel-pubkey", s(&public)]);
+    assert!(plain.status.success(), "without the checkpoint the shorter chain verifies");
+    let v = verify();
+    assert_eq!(v.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&v.stderr).contains("were deleted"), "{}", String::from_utf8_lossy(&v.stderr));
+}
