@@ -89,9 +89,16 @@ fn open(flag: &Option<PathBuf>) -> Result<ImageStore> {
     ImageStore::open(&dir).with_context(|| format!("image store {}", dir.display()))
 }
 
-/// Find an image in the store at `flag`.
+/// The store for a command that only reads it: nothing is created (a missing store has no
+/// image).
+fn open_read(flag: &Option<PathBuf>) -> Result<ImageStore> {
+    let dir = state_dir(flag);
+    ImageStore::open_existing(&dir).with_context(|| format!("image store {}", dir.display()))
+}
+
+/// Find an image in the store at `flag` (creating nothing).
 pub fn find(flag: &Option<PathBuf>, image: &str) -> Result<(ImageStore, ImageRecord)> {
-    let store = open(flag)?;
+    let store = open_read(flag)?;
     let rec = store.find(image)?;
     Ok((store, rec))
 }
@@ -119,7 +126,7 @@ pub fn run(cmd: &ImageCommand) -> Result<i32> {
             import(path, reference, platform, name.as_deref(), *json, state_dir, &budgets)
         }
         ImageCommand::List { state_dir } => {
-            for r in open(state_dir)?.list()? {
+            for r in open_read(state_dir)?.list()? {
                 let id = r.image_id.trim_start_matches("sha256:");
                 println!("{}  {:<12} {}", &id[..12.min(id.len())], r.platform, r.references.join(", "));
             }

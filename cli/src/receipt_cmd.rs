@@ -138,7 +138,7 @@ pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
             match (checkpoint, &key) {
                 (Some(cp), Some(k)) => {
                     let bytes = std::fs::read(cp).with_context(|| format!("reading checkpoint {}", cp.display()))?;
-                    let problems = Store::open(db, false)?.check_checkpoint(&bytes, k)?;
+                    let problems = Store::open_read_only(db)?.check_checkpoint(&bytes, k)?;
                     for p in &problems {
                         eprintln!("checkpoint {}: {p}", cp.display());
                     }
@@ -227,7 +227,7 @@ fn claimed_id(text: &str) -> String {
 }
 
 fn list(db: &Path, filter: &Filter) -> Result<i32> {
-    let store = Store::open(db, false)?;
+    let store = Store::open_read_only(db)?;
     let rows = store.list(filter)?;
     let mut out = std::io::stdout().lock();
     for r in &rows {
@@ -247,7 +247,7 @@ fn list(db: &Path, filter: &Filter) -> Result<i32> {
 }
 
 fn verify_chain(db: &Path, key: Option<&str>, from: Option<u64>, to: Option<u64>) -> Result<i32> {
-    let store = Store::open(db, false)?;
+    let store = Store::open_read_only(db)?;
     let report = store.verify_chain(key, from, to)?;
     let mut err = std::io::stderr().lock();
     for (seq, id, why) in &report.problems {

@@ -212,6 +212,45 @@ impl Store {
         Ok(Store { conn })
     }
 
+    /// Open a store only to read it (list, verify): nothing is written, and it works on a
+    /// read-only file system (where SQLite cannot create the WAL index, the file is opened
+    /// immutable — nothing can be writing to it there).
+    pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
+        let escaped = path.to_string_lossy().replace('%', "%25").replace('?', "%3f").replace('#', "%23");
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let cannot =
+            |e: rusqlite::Error| StoreError::Foreign(format!("cannot open receipt store {}: {e}", path.display()));
+        if !path.is_file() {
+            return Err(StoreError::Foreign(format!("{} is not a receipt store (no such file)", path.display())));
+        }
+        let probe = |uri: &str| -> rusqlite::Result<(Connection, i32, i32)> {
+            let conn = Connection::open_with_flags(uri, flags)?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            let (app, version) = conn.query_row(
+                "SELECT (SELECT application_id FROM pragma_application_id), (SELECT user_version FROM pragma_user_version)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            Ok((conn, app, version))
+        };
+        let (conn, app, version) = probe(&format!("file:{escaped}?mode=ro"))
+            .or_else(|_| probe(&format!("file:{escaped}?mode=ro&immutable=1")))
+            .map_err(cannot)?;
+        if app != APPLICATION_ID {
+            return Err(StoreError::Foreign(format!(
+                "{} is not a chio receipt store (application_id {app:#x})",
+                path.display()
+            )));
+        }
+        if !(1..=USER_VERSION).contains(&version) {
+            return Err(StoreError::Foreign(format!(
+                "{} has receipt store schema {version}; this chio reads schema {USER_VERSION}",
+                path.display()
+            )));
+        }
+        Ok(Store { conn })
+    }
+
     /// Make the store ready for appends signed by `key`, or refuse: a store is bound to the kernel
     /// key that first wrote to it (recorded in `store_meta`; a store from before the binding is
     /// bound to the signer of its first receipt), and its tail — the last receipt's signature,

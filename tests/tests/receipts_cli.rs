@@ -299,3 +299,56 @@ fn a_checkpoint_catches_deleted_newest_receipts() {
     assert_eq!(v.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&v.stderr).contains("were deleted"), "{}", String::from_utf8_lossy(&v.stderr));
 }
+
+/// Reading commands never write: `receipt list` and `verify-chain` work on a store on a
+/// read-only file system, and `image list` / `inspect` create no state directory.
+#[test]
+fn read_only_commands_write_nothing() {
+    if !privileged("receipts_read_only") {
+        return;
+    }
+    let dir = Scratch::new("receipts-ro");
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let store_dir = dir.join("store");
+    std::fs::create_dir(&store_dir).unwrap();
+    let db = store_dir.join("r.db");
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let seed = keydir.join("signing.seed");
+    let run = chio(&[
+        "cage",
+        "run",
+        "--rootfs",
+        s(rootfs),
+        "--receipt-db",
+        s(&db),
+        "--kernel-key",
+        s(&seed),
+        "--",
+        "/probe",
+        "euid",
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    let before: Vec<_> = std::fs::read_dir(&store_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let script = r#"set -e
+mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"
+"$2" receipt list --receipt-db "$1/r.db" >/dev/null
+"$2" receipt verify-chain --receipt-db "$1/r.db" --trusted-kernel-pubkey "$3"
+"#;
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+        .arg(&store_dir)
+        .arg(chio_bin(&PathBuf::from(PROBE)))
+        .arg(keydir.join("public.key"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("chain intact"));
+    let after: Vec<_> = std::fs::read_dir(&store_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(before.len(), after.len(), "{before:?} -> {after:?}");
+    // No image store is made by looking at one.
+    let state = dir.join("no-state");
+    assert!(chio(&["image", "list", "--state-dir", s(&state)]).status.success());
+    assert_eq!(chio(&["image", "inspect", "x", "--state-dir", s(&state)]).status.code(), Some(1));
+    assert!(!state.exists(), "a reading command created {}", state.display());
+}

@@ -86,6 +86,17 @@ impl ImageStore {
         Ok(ImageStore { dir: dir.to_path_buf() })
     }
 
+    /// Open an existing store without creating or changing anything (for the read-only
+    /// commands); a missing directory is a store with no image.
+    pub fn open_existing(dir: &Path) -> io::Result<ImageStore> {
+        match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(ImageStore { dir: dir.to_path_buf() }),
+            Ok(_) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a directory", dir.display()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ImageStore { dir: dir.to_path_buf() }),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Path of an image's root filesystem.
     pub fn rootfs(&self, rec: &ImageRecord) -> PathBuf {
         self.dir.join("rootfs").join(hex_of(&rec.chain_id))
@@ -327,7 +338,11 @@ impl ImageStore {
     /// Every imported image.
     pub fn list(&self) -> io::Result<Vec<ImageRecord>> {
         let mut out = Vec::new();
-        for e in fs::read_dir(self.dir.join("images"))? {
+        let entries = match fs::read_dir(self.dir.join("images")) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            r => r?,
+        };
+        for e in entries {
             let p = e?.path();
             if p.extension().is_some_and(|x| x == "json") {
                 let rec: ImageRecord = serde_json::from_slice(&fs::read(&p)?)
