@@ -273,6 +273,9 @@ pub fn run(a: &RunArgs) -> Result<i32> {
         );
     }
     let (plan, _held_image) = plan_from(a)?;
+    if let Some(ws) = &plan.workspace {
+        warn_unwritable(ws, plan.uid, plan.gid);
+    }
     // The record file is created before anything runs, like the receipt store: a path that
     // cannot be written refuses the launch instead of losing the command's exit status after it.
     let record_file = match &a.record {
@@ -324,6 +327,29 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     }
     report(a, &rec, record_file)?;
     Ok(if unrecorded { 125 } else { rec.exit_status() })
+}
+
+/// Say before the run when the command's uid and gid cannot write the workspace (the cage has
+/// no capability to override file permissions): it would otherwise fail inside with EACCES.
+fn warn_unwritable(ws: &Path, uid: u32, gid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::symlink_metadata(ws) else { return };
+    let mode = m.mode();
+    let writable = (m.uid() == uid && mode & 0o200 != 0)
+        || (m.uid() != uid && m.gid() == gid && mode & 0o020 != 0)
+        || (m.uid() != uid && m.gid() != gid && mode & 0o002 != 0);
+    if !writable {
+        eprintln!(
+            "chio: note: the workspace {} (owner {}:{}, mode {:o}) is not writable by uid {uid} gid {gid} in the cage; \
+             run with --uid {} --gid {}, or chown it",
+            ws.display(),
+            m.uid(),
+            m.gid(),
+            mode & 0o7777,
+            m.uid(),
+            m.gid()
+        );
+    }
 }
 
 fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {

@@ -156,3 +156,22 @@ fn without_root_the_message_says_root_is_needed() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A workspace the command's uid cannot write is named before the run, with the flags that
+/// would fit it; a writable one gets no note.
+#[test]
+fn an_unwritable_workspace_is_named_before_the_run() {
+    if !privileged("ws_note") {
+        return;
+    }
+    let ws = Scratch::new("ws-note");
+    let run = cage(&chio(), &["--workspace", ws.0.to_str().unwrap()], &["/bin/true"]);
+    assert!(
+        run.stderr.contains("is not writable by uid 65534 gid 65534") && run.stderr.contains("--uid 0 --gid 0"),
+        "{}",
+        run.stderr
+    );
+    ws.give_to_nobody();
+    let run = cage(&chio(), &["--workspace", ws.0.to_str().unwrap()], &["/bin/true"]);
+    assert!(!run.stderr.contains("not writable"), "{}", run.stderr);
+}
