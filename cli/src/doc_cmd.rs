@@ -33,7 +33,7 @@ pub enum ManifestCommand {
         #[arg(long = "in", value_name = "FILE")]
         input: PathBuf,
         /// Publisher public key: 64 hex digits or a file.
-        #[arg(long = "public-key", value_name = "HEX|FILE")]
+        #[arg(long = "trusted-key", visible_alias = "public-key", value_name = "HEX|FILE")]
         public_key: String,
     },
 }
@@ -49,7 +49,7 @@ pub enum PolicyCommand {
         #[arg(long = "in", value_name = "FILE")]
         input: PathBuf,
         /// Operator public key: 64 hex digits or a file.
-        #[arg(long, value_name = "HEX|FILE")]
+        #[arg(long = "trusted-key", visible_alias = "signer", value_name = "HEX|FILE")]
         signer: String,
     },
     /// Check a signed manifest against a signed policy: admitted, or every violation named.
@@ -58,7 +58,7 @@ pub enum PolicyCommand {
         #[arg(long, value_name = "FILE")]
         policy: PathBuf,
         /// Operator public key: 64 hex digits or a file.
-        #[arg(long, value_name = "HEX|FILE")]
+        #[arg(long = "trusted-key", visible_alias = "signer", value_name = "HEX|FILE")]
         signer: String,
         /// Signed manifest (verified under the publisher key the policy names).
         #[arg(long, value_name = "FILE")]

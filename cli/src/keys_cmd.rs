@@ -61,8 +61,9 @@ fn generate(dir: &Path) -> Result<i32> {
 
 fn show(file: &Path) -> Result<i32> {
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let is_seed = file.file_name().is_some_and(|n| n == SEED_FILE)
-        || text.trim().len() == 64 && keys::public_key(text.trim()).is_err();
+    // Told apart by what the file is, never guessed from its mode or from the key failing as a
+    // public key: a seed carries the seed header (or, from before it, a `.seed` name).
+    let is_seed = text.starts_with(keys::SEED_HEADER) || file.extension().is_some_and(|e| e == "seed");
     if is_seed {
         let key = keys::read_seed(file)?;
         println!("{}", keys::hex(key.verifying_key().as_bytes()));

@@ -26,7 +26,7 @@ pub enum ReceiptCommand {
         #[arg(long, value_name = "FILE")]
         input: PathBuf,
         /// The kernel's public key: 64 hex digits, or a file holding them.
-        #[arg(long = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
+        #[arg(long = "trusted-key", visible_alias = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
         key: String,
     },
     /// List receipts as JSON lines, oldest first; prints the next page's cursor on stderr.
@@ -63,7 +63,7 @@ pub enum ReceiptCommand {
         db: PathBuf,
         /// The kernel's public key (64 hex digits, or a file): also check every signature.
         /// Without it only ids, links and sequence numbers are checked.
-        #[arg(long = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
+        #[arg(long = "trusted-key", visible_alias = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
         key: Option<String>,
         /// First sequence number.
         #[arg(long)]

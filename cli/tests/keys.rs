@@ -50,3 +50,23 @@ fn a_weak_public_key_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("weak"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Seed and public-key files are told apart by what they are: a public-key file holding a weak
+/// key says so whatever its mode, and a renamed seed is still a seed (its header says so).
+#[test]
+fn seeds_and_public_keys_are_told_apart_by_what_they_are() {
+    let d = dir("kinds");
+    assert!(Command::new(CHIO).args(["keys", "generate", "--out"]).arg(&d).output().unwrap().status.success());
+    let zero = d.join("zero.key");
+    std::fs::write(&zero, format!("{}\n", "0".repeat(64))).unwrap();
+    std::fs::set_permissions(&zero, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = Command::new(CHIO).args(["keys", "show"]).arg(&zero).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("weak"), "{}", String::from_utf8_lossy(&out.stderr));
+    let renamed = d.join("backup-of-my-key");
+    std::fs::copy(d.join("signing.seed"), &renamed).unwrap();
+    let public = std::fs::read_to_string(d.join("public.key")).unwrap();
+    let out = Command::new(CHIO).args(["keys", "show"]).arg(&renamed).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), public.trim(), "a renamed seed shows its public key");
+    let _ = std::fs::remove_dir_all(&d);
+}

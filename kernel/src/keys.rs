@@ -75,7 +75,11 @@ pub fn generate() -> Result<SigningKey, KeyError> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
-/// Write the seed (hex) to `path`, created 0600 and never overwriting an existing file.
+/// First line of a seed file: says what the file is (a secret), so no tool mistakes it for a
+/// public key or the other way round.
+pub const SEED_HEADER: &str = "# chio ed25519 signing seed: SECRET, keep it 0600";
+
+/// Write the seed (the header, then hex) to `path`, created 0600 and never overwriting.
 pub fn write_seed(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -83,7 +87,8 @@ pub fn write_seed(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
         .mode(0o600)
         .open(path)
         .map_err(|e| KeyError::Io(format!("creating {}: {e}", path.display())))?;
-    writeln!(f, "{}", hex(&key.to_bytes())).map_err(|e| KeyError::Io(format!("writing {}: {e}", path.display())))?;
+    writeln!(f, "{SEED_HEADER}\n{}", hex(&key.to_bytes()))
+        .map_err(|e| KeyError::Io(format!("writing {}: {e}", path.display())))?;
     f.sync_all().map_err(|e| KeyError::Io(format!("syncing {}: {e}", path.display())))
 }
 
@@ -98,7 +103,9 @@ pub fn read_seed(path: &Path) -> Result<SigningKey, KeyError> {
         )));
     }
     let text = fs::read_to_string(path).map_err(|e| KeyError::Io(format!("{}: {e}", path.display())))?;
-    let seed = unhex::<32>(text.trim(), &format!("the seed in {}", path.display()))?;
+    // Seeds from before the header are the bare hex line.
+    let body = text.strip_prefix(SEED_HEADER).unwrap_or(&text);
+    let seed = unhex::<32>(body.trim(), &format!("the seed in {}", path.display()))?;
     Ok(SigningKey::from_bytes(&seed))
 }
 

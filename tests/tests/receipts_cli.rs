@@ -333,7 +333,7 @@ fn read_only_commands_write_nothing() {
     let script = r#"set -e
 mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"
 "$2" receipt list --receipt-db "$1/r.db" >/dev/null
-"$2" receipt verify-chain --receipt-db "$1/r.db" --trusted-kernel-pubkey "$3"
+"$2" receipt verify-chain --receipt-db "$1/r.db" --trusted-key "$3"
 "#;
     let out = Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
