@@ -53,6 +53,7 @@ fn new_record(plan: &CagePlan) -> LaunchRecord {
         state: State::BootstrapFailed,
         mode: plan.mode,
         not_confined: Vec::new(),
+        annotations: plan.annotations.clone(),
         failure: None,
         argv: plan.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
         target: None,

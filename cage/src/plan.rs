@@ -310,6 +310,9 @@ pub struct CagePlan {
     pub landlock_abi_cap: Option<u32>,
     /// Test-only: make one exec-stop fact false (builds with the `test-hooks` feature only).
     pub test_hook: Option<TestHook>,
+    /// Where parts of the plan came from (an image's entrypoint, cmd, user, ...), copied into
+    /// the launch record as they are.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl CagePlan {
@@ -339,6 +342,7 @@ impl CagePlan {
             inject_failure: None,
             landlock_abi_cap: None,
             test_hook: None,
+            annotations: Default::default(),
         }
     }
 

@@ -244,6 +244,9 @@ pub struct LaunchRecord {
     pub mode: Mode,
     /// Shadow mode: each confinement fact that did not hold.
     pub not_confined: Vec<String>,
+    /// Where parts of the plan came from (`image.entrypoint`, `image.cmd`, `image.user`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
     /// Why the launch failed, when it did.
     pub failure: Option<Failure>,
     /// argv as given.

@@ -64,12 +64,15 @@ pub struct RunArgs {
     /// skipped (applied before --env).
     #[arg(long = "env-file", value_name = "FILE")]
     env_file: Vec<PathBuf>,
-    /// uid of the target.
-    #[arg(long, default_value_t = 65534)]
-    uid: u32,
-    /// gid of the target.
-    #[arg(long, default_value_t = 65534)]
-    gid: u32,
+    /// uid of the target (default: the image's User, else 65534).
+    #[arg(long)]
+    uid: Option<u32>,
+    /// gid of the target (default: the image's User's group, else 65534).
+    #[arg(long)]
+    gid: Option<u32>,
+    /// With --image: replace the image's Entrypoint ("" clears it).
+    #[arg(long, value_name = "CMD", requires = "image")]
+    entrypoint: Option<String>,
     /// Network namespace contents.
     #[arg(long, value_enum, default_value_t = NetArg::None)]
     net: NetArg,
@@ -113,8 +116,9 @@ pub struct RunArgs {
     /// The kernel's signing seed for the receipts (needs --receipt-db).
     #[arg(long = "kernel-key", value_name = "SEED", requires = "receipt_db")]
     kernel_key: Option<PathBuf>,
-    /// Command and arguments.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    /// Command and arguments. With --image they replace the image's Cmd (after its
+    /// Entrypoint), as `docker run` does; without one the image's Entrypoint and Cmd run.
+    #[arg(last = true, required_unless_present = "image", value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
@@ -153,7 +157,7 @@ pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
         plan.root = RootSpec::Directory(std::path::absolute(r).with_context(|| format!("rootfs {}", r.display()))?);
     }
     if let Some(image) = &a.image {
-        held = Some(apply_image(&mut plan, image, &a.state_dir)?);
+        held = Some(apply_image(&mut plan, image, a)?);
     }
     if let Some(w) = &a.workspace {
         plan.workspace = Some(std::path::absolute(w).with_context(|| format!("workspace {}", w.display()))?);
@@ -184,8 +188,8 @@ pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
     for kv in &a.env {
         apply_env(&mut plan.env, kv).context("--env")?;
     }
-    plan.uid = a.uid;
-    plan.gid = a.gid;
+    plan.uid = a.uid.unwrap_or(plan.uid);
+    plan.gid = a.gid.unwrap_or(plan.gid);
     let l = &mut plan.limits;
     l.memory_bytes = optional(&a.memory, parse_size).context("--memory")?;
     l.pids = optional(&a.pids, |s| s.parse::<u64>().map_err(|_| format!("{s:?} is not a number"))).context("--pids")?;
@@ -200,8 +204,8 @@ pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
 
 /// Root filesystem, environment and working directory from an imported image (flags given
 /// later override them).
-fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Result<std::fs::File> {
-    let (store, rec) = crate::image_cmd::find(state, image)?;
+fn apply_image(plan: &mut CagePlan, image: &str, a: &RunArgs) -> Result<std::fs::File> {
+    let (store, rec) = crate::image_cmd::find(&a.state_dir, image)?;
     // Held for the whole launch: `image rm` refuses an image in use.
     let held = store.hold(&rec).with_context(|| format!("image {image}"))?;
     plan.root = RootSpec::Directory(store.rootfs(&rec));
@@ -213,7 +217,83 @@ fn apply_image(plan: &mut CagePlan, image: &str, state: &Option<PathBuf>) -> Res
     if let Some(wd) = rec.config["WorkingDir"].as_str().filter(|w| w.starts_with('/')) {
         plan.cwd = Path::new(wd).components().collect();
     }
+    // docker run: Entrypoint (or --entrypoint) then the command, or the image's Cmd.
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect()
+    };
+    let entrypoint = match &a.entrypoint {
+        Some(e) if e.is_empty() => Vec::new(),
+        Some(e) => vec![e.clone()],
+        None => strings(&rec.config["Entrypoint"]),
+    };
+    let cmd: Vec<OsString> = if a.command.is_empty() {
+        strings(&rec.config["Cmd"]).into_iter().map(OsString::from).collect()
+    } else {
+        a.command.clone()
+    };
+    plan.argv = entrypoint.iter().map(OsString::from).chain(cmd).collect();
+    if plan.argv.is_empty() {
+        bail!("image {image} has no Entrypoint or Cmd: give a command after --");
+    }
+    plan.annotations.insert("image.id".into(), rec.image_id.clone());
+    for (key, field) in [("image.entrypoint", "Entrypoint"), ("image.cmd", "Cmd"), ("image.user", "User")] {
+        if !rec.config[field].is_null() {
+            plan.annotations.insert(key.into(), rec.config[field].to_string());
+        }
+    }
+    if let Some(user) = rec.config["User"].as_str().filter(|u| !u.is_empty()) {
+        let (uid, gid) =
+            image_user(&store.rootfs(&rec), user).with_context(|| format!("image {image}: User {user:?}"))?;
+        plan.uid = uid;
+        plan.gid = gid;
+    }
     Ok(held)
+}
+
+/// An image's `User` (`name`, `uid`, `name:group`, `uid:gid`) as numeric ids, names looked up
+/// in the image's own /etc/passwd and /etc/group (read inside its root, never through a link
+/// out of it). A user without a group gets its passwd group, or a gid equal to its uid.
+fn image_user(rootfs: &Path, user: &str) -> Result<(u32, u32)> {
+    let read = |p: &str| -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        let root = chio_cage::path::open_host(rootfs, libc::O_DIRECTORY);
+        if let Ok(fd) =
+            root.and_then(|r| chio_cage::path::resolve_in(std::os::fd::AsFd::as_fd(&r), Path::new(p), libc::O_RDONLY))
+        {
+            let _ = std::fs::File::from(fd).take(1 << 20).read_to_string(&mut s);
+        }
+        s
+    };
+    let lookup = |file: &str, name: &str, field: usize| -> Option<u32> {
+        read(file).lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&name)).then(|| f.get(field)?.parse().ok()).flatten()
+        })
+    };
+    let (u, g) = user.split_once(':').map_or((user, None), |(u, g)| (u, Some(g)));
+    let uid = match u.parse::<u32>() {
+        Ok(n) => n,
+        Err(_) => {
+            lookup("/etc/passwd", u, 2).with_context(|| format!("user {u:?} is not in the image's /etc/passwd"))?
+        }
+    };
+    let gid = match g {
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                lookup("/etc/group", g, 2).with_context(|| format!("group {g:?} is not in the image's /etc/group"))?
+            }
+        },
+        None => read("/etc/passwd")
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.get(2).and_then(|x| x.parse::<u32>().ok()) == Some(uid)).then(|| f.get(3)?.parse().ok()).flatten()
+            })
+            .unwrap_or(uid),
+    };
+    Ok((uid, gid))
 }
 
 /// `KEY=VALUE` sets it; `KEY` alone passes chio's own value through (refused when unset).

@@ -23,6 +23,10 @@ fn chio(args: &[&str]) -> Output {
 
 /// An OCI layout with one gzip layer holding `rootfs`.
 fn oci_layout(rootfs: &Path, out: &Path) {
+    oci_layout_with(rootfs, out, serde_json::json!({"Env": ["GREETING=from-image"], "WorkingDir": "/etc"}), "probe:1");
+}
+
+fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Value, name: &str) {
     let mut b = tar::Builder::new(Vec::new());
     b.follow_symlinks(false);
     b.append_dir_all(".", rootfs).unwrap();
@@ -32,7 +36,7 @@ fn oci_layout(rootfs: &Path, out: &Path) {
     let blob = gz.finish().unwrap();
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["GREETING=from-image"], "WorkingDir": "/etc"},
+        "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
     }))
     .unwrap();
@@ -49,7 +53,7 @@ fn oci_layout(rootfs: &Path, out: &Path) {
         std::fs::write(blobs.join(hex(d)), d).unwrap();
     }
     let mut md = desc("application/vnd.oci.image.manifest.v1+json", &manifest);
-    md["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": "probe:1"});
+    md["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": name});
     std::fs::write(
         out.join("index.json"),
         serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [md]})).unwrap(),
@@ -121,4 +125,62 @@ fn import_run_verify_and_remove() {
     let missing = chio(&["cage", "run", "--state-dir", s, "--image", "probe:1", "--", "/probe"]);
     assert_eq!(missing.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no image named"));
+}
+
+/// `--image` without a command runs the image's Entrypoint and Cmd as its User, like
+/// `docker run`; a command replaces Cmd, `--entrypoint` the entrypoint, `--uid` the user; the
+/// record names where they came from.
+#[test]
+fn image_entrypoint_cmd_and_user() {
+    if !privileged("image_entrypoint") {
+        return;
+    }
+    let dir = Scratch::new("image-entry");
+    let rootfs = dir.join("rootfs");
+    build_rootfs(&rootfs, Path::new(PROBE));
+    std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0::/:/probe\nbuilder:x:1234:4321::/:/probe\n").unwrap();
+    let layout = dir.join("layout");
+    let config = serde_json::json!({"Entrypoint": ["/probe"], "Cmd": ["euid"], "User": "builder"});
+    oci_layout_with(&rootfs, &layout, config, "entry:1");
+    let state = dir.join("state");
+    let s = state.to_str().unwrap();
+    assert!(chio(&["image", "import", layout.to_str().unwrap(), "--state-dir", s]).status.success());
+    let run = parse(chio(&["cage", "run", "--json", "--state-dir", s, "--image", "entry:1"]));
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(run.stdout.starts_with("REFUSED: euid is 1234"), "{}", run.stdout);
+    assert_eq!(run.record["argv"], serde_json::json!(["/probe", "euid"]));
+    assert_eq!(run.record["observed"]["gids"][0], 4321, "the user's passwd group");
+    assert_eq!(run.record["annotations"]["image.user"], "\"builder\"");
+    // A command replaces Cmd after the entrypoint; --uid/--gid replace the user.
+    let run = parse(chio(&[
+        "cage",
+        "run",
+        "--json",
+        "--state-dir",
+        s,
+        "--image",
+        "entry:1",
+        "--uid",
+        "2000",
+        "--gid",
+        "2000",
+        "--",
+        "euid",
+    ]));
+    assert!(run.stdout.starts_with("REFUSED: euid is 2000"), "{}", run.stdout);
+    // --entrypoint replaces the entrypoint.
+    let run = parse(chio(&[
+        "cage",
+        "run",
+        "--json",
+        "--state-dir",
+        s,
+        "--image",
+        "entry:1",
+        "--entrypoint",
+        "/probe-suid",
+        "--",
+        "euid",
+    ]));
+    assert_eq!(run.record["argv"], serde_json::json!(["/probe-suid", "euid"]));
 }
