@@ -173,9 +173,14 @@ fn import(
     if !path.exists() {
         bail!("{} does not exist", path.display());
     }
-    let store = open(state)?;
     let sel =
         Selection { reference: reference.clone(), platform: platform.clone().unwrap_or_else(Selection::host_platform) };
+    let parts: Vec<&str> = sel.platform.split('/').collect();
+    let word = |w: &&str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !(2..=3).contains(&parts.len()) || !parts.iter().all(word) {
+        bail!("--platform {:?} is not OS/ARCH[/VARIANT] (e.g. linux/amd64, linux/arm64/v8)", sel.platform);
+    }
+    let store = open(state)?;
     let mut shown = ImportProgress::new(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let result = store.import(path, &sel, name, budgets, &mut |p| shown.event(p));
     shown.clear();

@@ -499,3 +499,36 @@ fn names_accumulate_move_and_are_normalized() {
         assert_eq!(chio_supervisor::image::store::normalize_reference(given), normal);
     }
 }
+
+/// What is not an image is named as such (never raw bytes of it on the terminal); a truncated
+/// archive is called truncated; a gzip- or zstd-compressed `docker save` imports as itself.
+#[test]
+fn wrong_inputs_are_named_and_compressed_archives_import() {
+    let img = image();
+    let e = env("inputs");
+    for (name, bytes) in [
+        ("text.txt", b"hello world\n".to_vec()),
+        ("random.bin", (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect()),
+    ] {
+        let p = e.base.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let err = e.import(&p).unwrap_err().to_string();
+        assert!(err.contains("is not an image"), "{name}: {err}");
+        assert!(err.chars().all(|c| !c.is_control()), "{name}: {err:?}");
+    }
+    let archive = legacy(&e.base.join("legacy"), &img);
+    let bytes = std::fs::read(&archive).unwrap();
+    let cut = e.base.join("truncated.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = e.import(&cut).unwrap_err().to_string();
+    assert!(err.contains("ends early") || err.contains("damaged"), "{err}");
+    e.empty();
+    let plain = e.import(&archive).unwrap();
+    for (name, packed) in [("save.tar.gz", gzip(&bytes)), ("save.tar.zst", zstd(&bytes))] {
+        let p = e.base.join(name);
+        std::fs::write(&p, packed).unwrap();
+        let r = e.import(&p).unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert_eq!(r.image_id, plain.image_id, "{name}");
+    }
+    assert_eq!(std::fs::read_dir(e.base.join("state/tmp")).unwrap().count(), 0, "the decompressed copy is removed");
+}

@@ -184,3 +184,27 @@ fn image_entrypoint_cmd_and_user() {
     ]));
     assert_eq!(run.record["argv"], serde_json::json!(["/probe-suid", "euid"]));
 }
+
+/// Import refusals that name the problem: a state directory that is a file, a bad --platform.
+#[test]
+fn import_refusals_name_the_problem() {
+    if !privileged("import_refusals") {
+        return;
+    }
+    let dir = Scratch::new("import-refusals");
+    let file = dir.join("state-file");
+    std::fs::write(&file, "").unwrap();
+    let out = chio(&["image", "import", "/etc/hostname", "--state-dir", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not a directory"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = dir.join("state");
+    let out =
+        chio(&["image", "import", "/etc/hostname", "--platform", "bogus", "--state-dir", state.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("OS/ARCH"));
+    assert!(!state.exists(), "a refused import creates no store");
+}

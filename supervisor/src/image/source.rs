@@ -47,16 +47,67 @@ fn normalize(name: &str) -> Option<String> {
     Some(out.join("/"))
 }
 
+/// How the file at `path` is compressed, from its magic bytes (`docker load` takes a gzip- or
+/// zstd-compressed `docker save` too).
+pub fn compression(path: &Path) -> io::Result<Option<&'static str>> {
+    if path.is_dir() {
+        return Ok(None);
+    }
+    let mut head = [0u8; 4];
+    let n = File::open(path)?.read(&mut head)?;
+    Ok(match &head[..n] {
+        [0x1f, 0x8b, ..] => Some("gzip"),
+        [0x28, 0xb5, 0x2f, 0xfd] => Some("zstd"),
+        _ => None,
+    })
+}
+
+/// True when `block` is a tar header (its checksum holds).
+fn is_tar_header(block: &[u8; 512]) -> bool {
+    let field = &block[148..156];
+    let text: String = field.iter().take_while(|b| **b != 0 && **b != b' ').map(|b| *b as char).collect();
+    let Ok(want) = u32::from_str_radix(text.trim(), 8) else { return false };
+    let sum: u32 =
+        block.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
+    sum == want
+}
+
+/// A message about an archive that never carries raw bytes of it to the terminal.
+fn printable(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() || c == '\u{fffd}' { '?' } else { c }).collect()
+}
+
 impl Source {
     /// Open `path`: a directory is an OCI layout; anything else is read as a tar archive.
     pub fn open(path: &Path) -> io::Result<Source> {
         if path.is_dir() {
             return Ok(Source::Dir(path.to_path_buf()));
         }
+        let not_an_image = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is not an image: neither a tar archive (docker save, oci-archive) nor an OCI layout directory",
+                    path.display()
+                ),
+            )
+        };
+        let mut first = [0u8; 512];
+        if File::open(path)?.read_exact(&mut first).is_err() || !is_tar_header(&first) {
+            return Err(not_an_image());
+        }
         let mut archive = tar::Archive::new(File::open(path)?);
         let mut members = HashMap::new();
-        for entry in archive.entries_with_seek()? {
-            let entry = entry?;
+        let broken = |e: io::Error| {
+            let why = if e.kind() == io::ErrorKind::UnexpectedEof || e.to_string().contains("entire block") {
+                "it ends early (a truncated download or copy?)".to_string()
+            } else {
+                printable(&e.to_string())
+            };
+            io::Error::new(io::ErrorKind::InvalidData, format!("{} is a damaged tar archive: {why}", path.display()))
+        };
+        for entry in archive.entries_with_seek().map_err(broken)? {
+            let entry = entry.map_err(broken)?;
             let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
             let Some(name) = normalize(&name) else { continue };
             let kind = entry.header().entry_type();
@@ -69,6 +120,12 @@ impl Source {
             if kind.is_file() || link.is_some() {
                 members.insert(name, Member { offset: entry.raw_file_position(), size: entry.size(), link });
             }
+        }
+        // Indexing seeks over member data: a member that would end past the file's end means
+        // the archive was cut short.
+        let len = std::fs::metadata(path)?.len();
+        if members.values().any(|m| m.offset + m.size > len) {
+            return Err(broken(io::ErrorKind::UnexpectedEof.into()));
         }
         Ok(Source::Tar { file: path.to_path_buf(), members })
     }

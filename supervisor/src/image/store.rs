@@ -79,6 +79,12 @@ pub fn chain_id(diff_ids: &[String]) -> Option<String> {
 impl ImageStore {
     /// Open (creating) the store at `dir`, mode 0700.
     pub fn open(dir: &Path) -> io::Result<ImageStore> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the state directory {} is not a directory", dir.display()),
+            ));
+        }
         for sub in ["", "images", "rootfs", "tmp"] {
             fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.join(sub))?;
         }
@@ -121,7 +127,13 @@ impl ImageStore {
         progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<ImageRecord, ImportError> {
         let _lock = self.lock()?;
-        let src = Source::open(path)?;
+        // A compressed `docker save` (docker load takes one) is decompressed once into the
+        // store's tmp/, bounded like a layer, and read from there.
+        let inflated = match crate::image::source::compression(path)? {
+            Some(kind) => Some(self.inflate(path, kind, budgets.max_bytes)?),
+            None => None,
+        };
+        let src = Source::open(inflated.as_ref().map_or(path, |t| t.0.as_path()))?;
         let res = import::resolve(&src, sel)?;
         let sizes: io::Result<Vec<u64>> = res.layers.iter().map(|l| src.size(&l.name)).collect();
         progress(Progress::Start {
@@ -380,6 +392,28 @@ impl ImageStore {
         Ok(tree_digest(&self.rootfs(rec))? == rec.tree_sha256)
     }
 
+    /// Decompress `path` into tmp/, at most `max` bytes.
+    fn inflate(&self, path: &Path, kind: &str, max: u64) -> Result<TempFile, ImportError> {
+        let out = TempFile(self.dir.join("tmp").join(format!("archive-{}.tar", std::process::id())));
+        let input = io::BufReader::new(fs::File::open(path)?);
+        let mut reader: Box<dyn io::Read> = match kind {
+            "gzip" => Box::new(flate2::read::MultiGzDecoder::new(input)),
+            _ => Box::new(zstd::stream::read::Decoder::new(input)?),
+        };
+        let mut file =
+            std::os::unix::fs::OpenOptionsExt::mode(fs::OpenOptions::new().write(true).create_new(true), 0o600)
+                .open(&out.0)?;
+        let n = io::copy(&mut io::Read::take(&mut reader, max + 1), &mut file)
+            .map_err(|e| ImportError::Invalid(format!("{} ({kind}) does not decompress: {e}", path.display())))?;
+        if n > max {
+            return Err(ImportError::Invalid(format!(
+                "{} decompresses to more than {max} bytes (--max-bytes)",
+                path.display()
+            )));
+        }
+        Ok(out)
+    }
+
     /// Hold an image's root filesystem for a launch: a shared lock on its directory, released
     /// when the returned file is closed (by every process of the launch that inherited it). An
     /// image being removed cannot be held.
@@ -432,6 +466,15 @@ pub fn normalize_reference(r: &str) -> String {
         (false, false) => format!("docker.io/library/{name}"),
     };
     format!("{full}{suffix}")
+}
+
+/// A file removed when dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
 }
 
 /// The processes holding a lock on `f`'s inode, from /proc/locks: "pid N (command)".
