@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use chio_cage::{Bind, CagePlan, LaunchRecord, Mode, NetMode, RootSpec, Sinks, Stage, State};
 use clap::{Args, ValueEnum};
 
-use crate::units::{parse_cpus, parse_duration_ms, parse_size};
+use crate::units::{arg, parse_cpus, parse_duration_ms, parse_size};
 
 /// Enforcement mode on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -48,10 +48,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
     /// Extra read-only bind, SRC:DST.
-    #[arg(long = "ro-bind", value_name = "SRC:DST")]
+    #[arg(long = "ro-bind", value_name = "SRC:DST", value_parser = arg::bind)]
     ro_bind: Vec<String>,
     /// Extra read-write bind, SRC:DST.
-    #[arg(long = "bind", value_name = "SRC:DST")]
+    #[arg(long = "bind", value_name = "SRC:DST", value_parser = arg::bind)]
     bind: Vec<String>,
     /// Working directory inside the cage.
     #[arg(long)]
@@ -65,10 +65,10 @@ pub struct RunArgs {
     #[arg(long = "env-file", value_name = "FILE")]
     env_file: Vec<PathBuf>,
     /// uid of the target (default: the image's User, else 65534).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     uid: Option<u32>,
     /// gid of the target (default: the image's User's group, else 65534).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     gid: Option<u32>,
     /// With --image: replace the image's Entrypoint ("" clears it).
     #[arg(long, value_name = "CMD", requires = "image")]
@@ -77,22 +77,22 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = NetArg::None)]
     net: NetArg,
     /// Memory ceiling (e.g. 512M); "none" for no ceiling.
-    #[arg(long, default_value = "512M")]
+    #[arg(long, default_value = "512M", allow_hyphen_values = true, value_parser = arg::size_or_none)]
     memory: String,
     /// Maximum tasks in the cage; "none" for no ceiling.
-    #[arg(long, default_value = "64")]
+    #[arg(long, default_value = "64", allow_hyphen_values = true, value_parser = arg::count_or_none)]
     pids: String,
     /// CPU bandwidth (e.g. 1, 0.5); "none" for no ceiling.
-    #[arg(long, default_value = "1")]
+    #[arg(long, default_value = "1", allow_hyphen_values = true, value_parser = arg::cpus_or_none)]
     cpus: String,
     /// Wall-clock deadline (e.g. 30s, 5m).
-    #[arg(long, default_value = "300s")]
+    #[arg(long, default_value = "300s", allow_hyphen_values = true, value_parser = arg::duration)]
     timeout: String,
     /// Bytes of stdout and of stderr passed through (each); the rest is counted and dropped.
-    #[arg(long = "output-limit", default_value = "512K")]
+    #[arg(long = "output-limit", default_value = "512K", allow_hyphen_values = true, value_parser = arg::size)]
     output_limit: String,
     /// Size of the /tmp tmpfs.
-    #[arg(long = "tmp-size", default_value = "16M")]
+    #[arg(long = "tmp-size", default_value = "16M", allow_hyphen_values = true, value_parser = arg::size)]
     tmp_size: String,
     /// Required SHA-256 of the target executable (lowercase hex).
     #[arg(long = "expect-sha256", value_name = "HEX")]

@@ -39,7 +39,7 @@ pub enum ImageCommand {
         #[arg(long = "max-entries", default_value_t = Budgets::default().max_entries)]
         max_entries: u64,
         /// Most bytes of file content across all layers (e.g. 64G).
-        #[arg(long = "max-bytes", default_value = "64G")]
+        #[arg(long = "max-bytes", default_value = "64G", allow_hyphen_values = true, value_parser = crate::units::arg::size)]
         max_bytes: String,
         /// Create FIFOs found in layers (skipped by default).
         #[arg(long = "allow-fifos")]

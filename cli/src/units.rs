@@ -48,6 +48,50 @@ pub fn parse_cpus(s: &str) -> Result<u64, String> {
     Ok((v * 1000.0).round() as u64)
 }
 
+/// clap value checkers: a malformed value is a usage error (exit 2) with a message about the
+/// value, like every other flag clap parses; the value itself is kept as given.
+pub mod arg {
+    fn none_or(s: &str, check: impl Fn(&str) -> Result<u64, String>) -> Result<String, String> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(s.to_string());
+        }
+        check(s).map(|_| s.to_string())
+    }
+
+    /// A size ("512M").
+    pub fn size(s: &str) -> Result<String, String> {
+        super::parse_size(s).map(|_| s.to_string())
+    }
+
+    /// A size, or "none".
+    pub fn size_or_none(s: &str) -> Result<String, String> {
+        none_or(s, super::parse_size)
+    }
+
+    /// A count, or "none".
+    pub fn count_or_none(s: &str) -> Result<String, String> {
+        none_or(s, |s| s.parse::<u64>().map_err(|_| format!("{s:?} is not a whole number")))
+    }
+
+    /// A CPU amount, or "none".
+    pub fn cpus_or_none(s: &str) -> Result<String, String> {
+        none_or(s, super::parse_cpus)
+    }
+
+    /// A duration.
+    pub fn duration(s: &str) -> Result<String, String> {
+        super::parse_duration_ms(s).map(|_| s.to_string())
+    }
+
+    /// A bind, SRC:DST with an absolute DST.
+    pub fn bind(s: &str) -> Result<String, String> {
+        match s.split_once(':') {
+            Some((src, dst)) if !src.is_empty() && dst.starts_with('/') => Ok(s.to_string()),
+            _ => Err(format!("{s:?} is not SRC:DST (a host path, a colon, an absolute path in the cage)")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

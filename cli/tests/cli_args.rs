@@ -5,12 +5,24 @@ use std::process::Command;
 
 const CHIO: &str = env!("CARGO_BIN_EXE_chio");
 
+/// A malformed value is a usage error (2, as clap's own are), naming the flag and the value —
+/// negative numbers included (never clap's "use -- -1" tip, which would run `-1` as the command).
 #[test]
-fn bad_size_is_refused_with_its_flag() {
-    let out = Command::new(CHIO).args(["cage", "run", "--memory", "lots", "--", "/bin/true"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--memory") && err.contains("lots"), "{err}");
+fn malformed_values_are_usage_errors_naming_flag_and_value() {
+    for (args, flag, value) in [
+        (vec!["cage", "run", "--memory", "lots", "--", "/bin/true"], "--memory", "lots"),
+        (vec!["cage", "run", "--memory", "-1", "--", "/bin/true"], "--memory", "-1"),
+        (vec!["cage", "run", "--pids", "-5", "--", "/bin/true"], "--pids", "-5"),
+        (vec!["cage", "run", "--uid", "-1", "--", "/bin/true"], "--uid", "-1"),
+        (vec!["cage", "run", "--bind", "/tmp", "--", "/bin/true"], "--bind", "/tmp"),
+        (vec!["cage", "run", "--timeout", "soon", "--", "/bin/true"], "--timeout", "soon"),
+        (vec!["image", "import", "/etc/hostname", "--max-bytes", "banana"], "--max-bytes", "banana"),
+    ] {
+        let out = Command::new(CHIO).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(value) && !err.contains("-- -"), "{args:?}: {err}");
+    }
 }
 
 /// `--env KEY` passes chio's own value through: a KEY chio does not have is refused.
