@@ -26,8 +26,14 @@ pub struct SignArgs {
 #[derive(Debug, Subcommand)]
 pub enum ManifestCommand {
     /// Sign a manifest body (chio.tool-manifest.v1) with the publisher's seed.
+    #[command(
+        after_help = "Example:\n  chio manifest sign --key publisher/signing.seed --in manifest.json --out manifest.signed.json"
+    )]
     Sign(SignArgs),
     /// Verify a signed manifest under the pinned publisher key; prints its body digest.
+    #[command(
+        after_help = "Example:\n  chio manifest verify --in manifest.signed.json --trusted-key publisher/public.key"
+    )]
     Verify {
         /// Signed manifest.
         #[arg(long = "in", value_name = "FILE")]
@@ -42,8 +48,12 @@ pub enum ManifestCommand {
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
     /// Sign a cage launch policy body (chio.cage-launch-policy.v1) with the operator's seed.
+    #[command(
+        after_help = "Example:\n  chio policy sign --key operator/signing.seed --in policy.json --out policy.signed.json"
+    )]
     Sign(SignArgs),
     /// Verify a signed policy under the pinned operator key.
+    #[command(after_help = "Example:\n  chio policy verify --in policy.signed.json --trusted-key operator/public.key")]
     Verify {
         /// Signed policy.
         #[arg(long = "in", value_name = "FILE")]
@@ -53,6 +63,9 @@ pub enum PolicyCommand {
         signer: String,
     },
     /// Check a signed manifest against a signed policy: admitted, or every violation named.
+    #[command(
+        after_help = "Example:\n  chio policy admit --policy policy.signed.json --trusted-key operator/public.key --manifest manifest.signed.json"
+    )]
     Admit {
         /// Signed policy.
         #[arg(long, value_name = "FILE")]

@@ -17,6 +17,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/chio";
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
     /// Import a docker save archive, an oci-archive or an OCI layout directory.
+    #[command(after_help = "Example:\n  chio image import app.tar --name app:1")]
     Import {
         /// The archive or layout directory.
         path: PathBuf,
@@ -46,12 +47,14 @@ pub enum ImageCommand {
         allow_fifos: bool,
     },
     /// List imported images.
+    #[command(after_help = "Example:\n  chio image list")]
     List {
         /// State directory.
         #[arg(long = "state-dir")]
         state_dir: Option<PathBuf>,
     },
     /// Print an image's record (JSON).
+    #[command(after_help = "Example:\n  chio image inspect app:1")]
     Inspect {
         /// Reference, image ID or ID prefix (12+ hex digits).
         image: String,
@@ -60,6 +63,7 @@ pub enum ImageCommand {
         state_dir: Option<PathBuf>,
     },
     /// Check an image's extracted tree against the digest recorded at import.
+    #[command(after_help = "Example:\n  chio image verify app:1")]
     Verify {
         /// Reference, image ID or ID prefix.
         image: String,
@@ -68,6 +72,7 @@ pub enum ImageCommand {
         state_dir: Option<PathBuf>,
     },
     /// Remove an image (and its root filesystem when no other image uses it).
+    #[command(after_help = "Example:\n  chio image rm app:1")]
     Rm {
         /// Reference, image ID or ID prefix.
         image: String,

@@ -16,12 +16,14 @@ pub const PUBLIC_FILE: &str = "public.key";
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
     /// Create DIR/signing.seed (mode 0600) and DIR/public.key; never overwrites.
+    #[command(after_help = "Example:\n  chio keys generate --out /etc/chio/kernel-key")]
     Generate {
         /// Directory to write into (created 0700 if missing).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
     /// Print the public key of a seed file (`*.seed`), or check and print a public key file.
+    #[command(after_help = "Example:\n  chio keys show /etc/chio/kernel-key/public.key")]
     Show {
         /// A `*.seed` file, or a public key file.
         file: PathBuf,

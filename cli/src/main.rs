@@ -14,7 +14,12 @@ use clap::{Args, FromArgMatches, Parser, Subcommand};
 
 /// chio: a Linux-native sandbox supervisor with verified launches.
 #[derive(Debug, Parser)]
-#[command(name = "chio", version, about)]
+#[command(
+    name = "chio",
+    version,
+    about = "chio: runs commands in cages it builds from kernel primitives, observes each exec, and signs what happened",
+    after_help = "Examples:\n  chio cage run -- /bin/sh -c id\n  chio image import app.tar && chio cage run --image app -- python3 -m unittest\n  chio keys generate --out /etc/chio/kernel-key\n  chio receipt verify-chain --receipt-db /var/lib/chio/receipts.db --trusted-key /etc/chio/kernel-key/public.key"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,10 +60,11 @@ enum Command {
 }
 
 const RUN_ABOUT: &str = "Run a command in a cage and report how it was confined and how it ended";
+const RUN_EXAMPLE: &str = "Examples:\n  chio cage run --json -- /bin/sh -c 'id'\n  chio cage run --workspace ./repo --net loopback --timeout 60s -- python3 -m unittest\n  chio cage run --image app:1";
 
 #[derive(Debug, Subcommand)]
 enum CageCommand {
-    #[command(about = RUN_ABOUT)]
+    #[command(about = RUN_ABOUT, after_help = RUN_EXAMPLE)]
     Run(Box<cage_cmd::RunArgs>),
 }
 
@@ -68,7 +74,10 @@ enum CageCommand {
 fn parse() -> Cli {
     let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "cage") && args.get(2).is_some_and(|a| a == "run") {
-        let cmd = cage_cmd::RunArgs::augment_args(clap::Command::new("run")).bin_name("chio cage run").about(RUN_ABOUT);
+        let cmd = cage_cmd::RunArgs::augment_args(clap::Command::new("run"))
+            .bin_name("chio cage run")
+            .about(RUN_ABOUT)
+            .after_help(RUN_EXAMPLE);
         let matches = cmd.get_matches_from(&args[2..]);
         let run = cage_cmd::RunArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         return Cli { command: Command::Cage { command: CageCommand::Run(Box::new(run)) } };

@@ -21,6 +21,9 @@ const MAX_RECORDS: usize = 100_000;
 #[derive(Debug, Subcommand)]
 pub enum ReceiptCommand {
     /// Verify exported receipts offline (.json: one receipt; .ndjson: one per line, in chain order).
+    #[command(
+        after_help = "Example:\n  chio receipt verify --input export.ndjson --trusted-key kernel-key/public.key"
+    )]
     Verify {
         /// The export.
         #[arg(long, value_name = "FILE")]
@@ -30,6 +33,9 @@ pub enum ReceiptCommand {
         key: String,
     },
     /// List receipts as JSON lines, oldest first; prints the next page's cursor on stderr.
+    #[command(
+        after_help = "Example:\n  chio receipt list --receipt-db /var/lib/chio/receipts.db --kind launch_terminal --limit 50"
+    )]
     List {
         /// The receipt store.
         #[arg(long = "receipt-db", value_name = "DB")]
@@ -57,6 +63,9 @@ pub enum ReceiptCommand {
         cursor: Option<u64>,
     },
     /// Verify the whole store (or a range): signatures, ids, links and sequence.
+    #[command(
+        after_help = "Example:\n  chio receipt verify-chain --receipt-db /var/lib/chio/receipts.db --trusted-key kernel-key/public.key"
+    )]
     VerifyChain {
         /// The receipt store.
         #[arg(long = "receipt-db", value_name = "DB")]
@@ -78,6 +87,9 @@ pub enum ReceiptCommand {
     },
     /// Write a signed checkpoint of the store's head (seq and id of its last receipt) to keep
     /// elsewhere; `verify-chain --checkpoint` checks the store against it.
+    #[command(
+        after_help = "Example:\n  chio receipt checkpoint --receipt-db /var/lib/chio/receipts.db --kernel-key kernel-key/signing.seed --out head.json"
+    )]
     Checkpoint {
         /// The receipt store.
         #[arg(long = "receipt-db", value_name = "DB")]

@@ -45,3 +45,37 @@ fn a_command_is_required() {
     let out = Command::new(CHIO).args(["cage", "run"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `chio --help` describes today's commands, and every subcommand's help shows an example.
+#[test]
+fn every_help_has_an_example() {
+    let top = Command::new(CHIO).arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    assert!(!top.contains("(later)"), "{top}");
+    for cmd in ["cage", "image", "manifest", "policy", "receipt", "keys"] {
+        assert!(top.contains(cmd), "{cmd} in {top}");
+    }
+    for sub in [
+        "cage run",
+        "image import",
+        "image list",
+        "image inspect",
+        "image verify",
+        "image rm",
+        "manifest sign",
+        "manifest verify",
+        "policy sign",
+        "policy verify",
+        "policy admit",
+        "receipt verify",
+        "receipt list",
+        "receipt verify-chain",
+        "receipt checkpoint",
+        "keys generate",
+        "keys show",
+    ] {
+        let out = Command::new(CHIO).args(sub.split(' ')).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Example") && help.contains(&format!("chio {sub}")), "{sub}: {help}");
+    }
+}
