@@ -188,8 +188,48 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 }
 
-/// Parse JSON, refusing duplicate keys, lone surrogates and non-finite numbers.
+/// The first integer token (no fraction, no exponent) outside the 64-bit range that a double
+/// cannot hold exactly, if any: it would otherwise be parsed as a double and silently rounded.
+fn oversized_integer(bytes: &[u8]) -> Option<String> {
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                // Skip the string, escapes included.
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+                    i += 1;
+                }
+                let tok = std::str::from_utf8(&bytes[start..i]).unwrap_or("");
+                let integer = !tok.contains(['.', 'e', 'E']);
+                // Beyond i64/u64 a number is a double: fine when the double prints back as
+                // exactly these digits (RFC 8785 writes doubles below 1e21 without exponent),
+                // refused when it was rounded.
+                let exact = |t: &str| t.parse::<f64>().ok().and_then(|f| format_f64(f).ok()).is_some_and(|c| c == t);
+                if integer && tok.parse::<i64>().is_err() && tok.parse::<u64>().is_err() && !exact(tok) {
+                    return Some(tok.to_string());
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Parse JSON, refusing duplicate keys, lone surrogates, non-finite numbers and integers
+/// beyond the 64-bit range (which would be rounded).
 pub fn parse_strict(bytes: &[u8]) -> Result<Value, CanonError> {
+    if let Some(tok) = oversized_integer(bytes) {
+        return Err(CanonError::Parse(format!("integer {tok} is beyond the 64-bit range and would be rounded")));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let Strict(v) = Strict::deserialize(&mut de).map_err(|e| CanonError::Parse(e.to_string()))?;
     de.end().map_err(|e| CanonError::Parse(e.to_string()))?;
@@ -286,6 +326,10 @@ mod tests {
         assert!(parse_strict(br#""\ud800""#).is_err(), "lone high surrogate");
         assert!(parse_strict(br#""\udc00x""#).is_err(), "lone low surrogate");
         assert!(parse_strict(br#"{"a":1} x"#).is_err(), "trailing data");
+        for big in [&b"-9223372036854775809"[..], b"18446744073709551616", br#"{"a":[1,99999999999999999999]}"#] {
+            assert!(matches!(parse_strict(big), Err(CanonError::Parse(m)) if m.contains("64-bit")), "{big:?}");
+        }
+        assert!(parse_strict(br#"{"s":"-99999999999999999999","n":-9223372036854775808,"f":1e300}"#).is_ok());
         assert!(matches!(to_canonical(&serde_json::json!(9007199254740993u64)), Err(CanonError::Number(_))));
         assert!(matches!(to_canonical(&serde_json::json!(1u64 << 60)), Err(CanonError::Number(_))));
         assert_eq!(to_canonical(&serde_json::json!(158810220146246880u64)).unwrap(), "158810220146246880");
