@@ -315,17 +315,21 @@ mod tests {
         for (bits, want) in vectors {
             assert_eq!(format_f64(f64::from_bits(bits)).unwrap(), want, "bits {bits:#018x}");
         }
-        assert!(format_f64(f64::NAN).is_err());
-        assert!(format_f64(f64::INFINITY).is_err());
+        assert!(matches!(format_f64(f64::NAN), Err(CanonError::Number(_))));
+        assert!(matches!(format_f64(f64::INFINITY), Err(CanonError::Number(_))));
     }
 
     #[test]
     fn strict_parser_refusals() {
         assert!(matches!(parse_strict(br#"{"a":1,"a":2}"#), Err(CanonError::Parse(e)) if e.contains("duplicate")));
         assert!(matches!(parse_strict(br#"{"x":{"a":1,"a":1}}"#), Err(CanonError::Parse(_))));
-        assert!(parse_strict(br#""\ud800""#).is_err(), "lone high surrogate");
-        assert!(parse_strict(br#""\udc00x""#).is_err(), "lone low surrogate");
-        assert!(parse_strict(br#"{"a":1} x"#).is_err(), "trailing data");
+        for (bad, what) in [
+            (&br#""\ud800""#[..], "lone high surrogate"),
+            (br#""\udc00x""#, "lone low surrogate"),
+            (br#"{"a":1} x"#, "trailing data"),
+        ] {
+            assert!(matches!(parse_strict(bad), Err(CanonError::Parse(_))), "{what}");
+        }
         for big in [&b"-9223372036854775809"[..], b"18446744073709551616", br#"{"a":[1,99999999999999999999]}"#] {
             assert!(matches!(parse_strict(big), Err(CanonError::Parse(m)) if m.contains("64-bit")), "{big:?}");
         }

@@ -238,8 +238,10 @@ mod tests {
             assert_eq!(s.op_complete("k", "r").is_ok(), state == OpState::Dispatched, "complete from {state:?}");
         }
         let mut s = store();
-        assert!(s.op_dispatch("never").is_err());
-        assert!(s.op_complete("never", "r").is_err());
+        let never_begun =
+            |r: Result<(), StoreError>| matches!(r, Err(StoreError::Invalid(m)) if m.contains("never begun"));
+        assert!(never_begun(s.op_dispatch("never")));
+        assert!(never_begun(s.op_complete("never", "r")));
     }
 
     #[test]
@@ -263,7 +265,8 @@ mod tests {
         reach(&mut s, "k", OpState::OutcomeUnknown);
         for _ in 0..3 {
             assert_eq!(s.op_begin("k", "req").unwrap(), Begin::OutcomeUnknown);
-            assert!(s.op_dispatch("k").is_err());
+            let r = s.op_dispatch("k");
+            assert!(matches!(&r, Err(StoreError::Invalid(m)) if m.contains("is outcome_unknown")), "{r:?}");
             s.op_recover().unwrap();
         }
     }
