@@ -173,11 +173,18 @@ impl Prepared {
         p.add_special(plan)?;
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
-            p.note_source("/workspace", ws, fd.as_fd(), true)?;
-            let tree = clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+            let ro = plan.workspace_read_only;
+            p.note_source("/workspace", ws, fd.as_fd(), !ro)?;
+            let tree =
+                clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if ro { MOUNT_ATTR_RDONLY } else { 0 })?;
             sys::mkdirat(p.skeleton.as_fd(), c"workspace", 0o755)?;
-            p.push(Parent::Root, c"workspace".into(), tree, format!("/workspace rw bind of {}", ws.display()));
-            p.access.read_write_exec.push(c"/workspace".into());
+            let kind = if ro { "ro" } else { "rw" };
+            p.push(Parent::Root, c"workspace".into(), tree, format!("/workspace {kind} bind of {}", ws.display()));
+            if ro {
+                p.access.read_exec.push(c"/workspace".into());
+            } else {
+                p.access.read_write_exec.push(c"/workspace".into());
+            }
         }
         for b in &plan.binds {
             p.add_bind(b)?;

@@ -275,8 +275,10 @@ pub struct CagePlan {
     pub mode: Mode,
     /// Root filesystem source.
     pub root: RootSpec,
-    /// Host directory bound read-write at `/workspace`.
+    /// Host directory bound at `/workspace` (read-write unless `workspace_read_only`).
     pub workspace: Option<PathBuf>,
+    /// Bind the workspace read-only (a policy that admits reads of it, writes only below).
+    pub workspace_read_only: bool,
     /// Extra binds.
     pub binds: Vec<Bind>,
     /// argv; `argv[0]` names the target (a path inside the cage, or a name looked up in PATH).
@@ -322,6 +324,7 @@ impl CagePlan {
             mode: Mode::Enforced,
             root: RootSpec::HostSystem,
             workspace: None,
+            workspace_read_only: false,
             binds: Vec::new(),
             argv,
             env: vec![

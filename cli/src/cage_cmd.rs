@@ -43,10 +43,10 @@ pub struct RunArgs {
     image: Option<String>,
     /// State directory holding imported images (default $CHIO_STATE_DIR or /var/lib/chio).
     #[arg(long = "state-dir", value_name = "DIR")]
-    state_dir: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
     /// Host directory mounted read-write at /workspace (and the default working directory).
     #[arg(long, value_name = "DIR")]
-    workspace: Option<PathBuf>,
+    pub workspace: Option<PathBuf>,
     /// Extra read-only bind, SRC:DST.
     #[arg(long = "ro-bind", value_name = "SRC:DST", value_parser = arg::bind)]
     ro_bind: Vec<String>,
@@ -112,14 +112,33 @@ pub struct RunArgs {
     interactive: bool,
     /// Append this launch's enforcement and terminal receipts to this store (needs --kernel-key).
     #[arg(long = "receipt-db", value_name = "DB", requires = "kernel_key")]
-    receipt_db: Option<PathBuf>,
+    pub receipt_db: Option<PathBuf>,
     /// The kernel's signing seed for the receipts (needs --receipt-db).
     #[arg(long = "kernel-key", value_name = "SEED", requires = "receipt_db")]
-    kernel_key: Option<PathBuf>,
+    pub kernel_key: Option<PathBuf>,
+    /// Launch under an operator-signed cage launch policy (admission as `chio policy admit`):
+    /// the command must be the admitted argv, and the launch gets exactly the admitted plan.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires_all = ["policy_signer", "manifest"],
+        conflicts_with_all = ["rootfs", "image", "uid", "gid", "memory", "pids", "cpus", "timeout", "output_limit",
+            "tmp_size", "mode", "expect_sha256", "env", "env_file", "bind", "ro_bind", "net", "entrypoint", "cwd"]
+    )]
+    pub policy: Option<PathBuf>,
+    /// The operator's public key the policy must be signed by (64 hex digits or a file).
+    #[arg(long = "policy-signer", value_name = "HEX|FILE", requires = "policy")]
+    pub policy_signer: Option<String>,
+    /// The publisher-signed tool manifest the policy admits.
+    #[arg(long, value_name = "FILE", requires = "policy")]
+    pub manifest: Option<PathBuf>,
+    /// Let a policy run as uid/gid 0 or on the host's / (recorded in the launch's receipts).
+    #[arg(long = "allow-root-policy", requires = "policy")]
+    pub allow_root_policy: bool,
     /// Command and arguments. With --image they replace the image's Cmd (after its
     /// Entrypoint), as `docker run` does; without one the image's Entrypoint and Cmd run.
     #[arg(last = true, required_unless_present = "image", value_name = "COMMAND")]
-    command: Vec<OsString>,
+    pub command: Vec<OsString>,
 }
 
 fn split_bind(spec: &str, writable: bool) -> Result<Bind> {
@@ -320,7 +339,7 @@ fn set_env(env: &mut Vec<(OsString, OsString)>, k: &str, v: &str) {
 
 /// Operator settings and test-only switches from the environment. The test switches can only
 /// make a launch fail or claim less host support; they never weaken a cage.
-fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
+pub fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
     if let Some(d) = std::env::var_os("CHIO_STAGING_DIR") {
         plan.staging_dir = PathBuf::from(d);
     }
@@ -352,7 +371,13 @@ pub fn run(a: &RunArgs) -> Result<i32> {
              (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"
         );
     }
-    let (plan, _held_image) = plan_from(a)?;
+    let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {
+        (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
+            Ok(planned) => planned,
+            Err(code) => return Ok(code),
+        },
+        _ => plan_from(a)?,
+    };
     if let Some(ws) = &plan.workspace {
         warn_unwritable(ws, plan.uid, plan.gid);
     }

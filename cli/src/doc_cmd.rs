@@ -85,7 +85,8 @@ pub enum PolicyCommand {
     },
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
+/// The bytes of a document file.
+pub fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
@@ -141,23 +142,36 @@ pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
                 eprintln!("refused: {v}");
             }
             if let (Some(db), Some(seed)) = (receipt_db, kernel_key) {
-                let key = keys::read_seed(seed)?;
-                let mut store = chio_kernel::store::Store::open(db, true)?;
-                store.bind_key(&key)?;
-                let draft = chio_kernel::receipt::Draft {
-                    kind: Some(chio_kernel::receipt::Kind::Denial),
-                    tool_server: Some(m.server_id.clone()),
-                    outcome: "denied".into(),
-                    detail: Some(serde_json::json!({
-                        "policy_id": p.policy_id, "manifest_sha256": digest, "violations": violations,
-                    })),
-                    ..Default::default()
-                };
-                let r = store.append(&key, draft)?;
-                eprintln!("chio: denial receipt {}", r.receipt.id);
+                record_denial(db, seed, &m.server_id, &p.policy_id, &digest, &violations)?;
             }
             eprintln!("chio: {} refused by policy {}: {} violation(s)", m.server_id, p.policy_id, violations.len());
             Ok(1)
         }
     }
+}
+
+/// Append a signed `denial` receipt naming every violation; prints its id.
+pub fn record_denial(
+    db: &Path,
+    seed: &Path,
+    server_id: &str,
+    policy_id: &str,
+    manifest_sha256: &str,
+    violations: &[String],
+) -> Result<()> {
+    let key = keys::read_seed(seed)?;
+    let mut store = chio_kernel::store::Store::open(db, true)?;
+    store.bind_key(&key)?;
+    let draft = chio_kernel::receipt::Draft {
+        kind: Some(chio_kernel::receipt::Kind::Denial),
+        tool_server: Some(server_id.to_string()),
+        outcome: "denied".into(),
+        detail: Some(serde_json::json!({
+            "policy_id": policy_id, "manifest_sha256": manifest_sha256, "violations": violations,
+        })),
+        ..Default::default()
+    };
+    let r = store.append(&key, draft)?;
+    eprintln!("chio: denial receipt {}", r.receipt.id);
+    Ok(())
 }

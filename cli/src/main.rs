@@ -4,6 +4,7 @@ mod cage_cmd;
 mod doc_cmd;
 mod image_cmd;
 mod keys_cmd;
+mod policy_launch;
 mod progress;
 mod receipt_cmd;
 mod units;

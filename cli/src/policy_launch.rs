@@ -1,0 +1,131 @@
+//! `chio cage run --policy`: a launch under an operator-signed cage launch policy. Admission is
+//! `policy admit`'s; the command must be exactly the admitted argv, and the plan is exactly the
+//! admitted one — every flag that could widen it conflicts with `--policy` (clap refuses them).
+//! A refusal is written as a signed `denial` receipt when a store is given.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use chio_cage::{Bind, CagePlan, Mode, RootSpec};
+use chio_kernel::documents::{self, AdmittedPlan, PolicyMode, Rootfs};
+
+use crate::cage_cmd::RunArgs;
+
+/// The plan a policy admits (and the image it holds), or the exit status of a refusal.
+pub type Planned = std::result::Result<(CagePlan, Option<std::fs::File>), i32>;
+
+/// Admit the launch `a` asks for under its policy, or refuse it.
+pub fn plan(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path) -> Result<Planned> {
+    let p = documents::verify_policy(&crate::doc_cmd::read(policy)?, &crate::receipt_cmd::pinned_key(signer)?)
+        .with_context(|| format!("{}", policy.display()))?;
+    let (m, digest) = documents::verify_manifest(&crate::doc_cmd::read(manifest)?, &p.manifest.publisher_key)
+        .with_context(|| format!("{}", manifest.display()))?;
+    let refuse = |violations: Vec<String>| -> Result<Planned> {
+        for v in &violations {
+            eprintln!("refused: {v}");
+        }
+        if let (Some(db), Some(seed)) = (&a.receipt_db, &a.kernel_key) {
+            crate::doc_cmd::record_denial(db, seed, &m.server_id, &p.policy_id, &digest, &violations)?;
+        }
+        eprintln!("chio: launch refused by policy {}: {} violation(s)", p.policy_id, violations.len());
+        Ok(Err(125))
+    };
+    let admitted = match documents::admit(&m, &digest, &p) {
+        documents::Admission::Admitted(plan) => plan,
+        documents::Admission::Refused(v) => return refuse(v),
+    };
+    let v = launch_violations(a, &admitted, p.receipts.required);
+    if !v.is_empty() {
+        return refuse(v);
+    }
+    let (mut plan, held) = build(a, &admitted)?;
+    plan.annotations.insert("policy.id".into(), p.policy_id.clone());
+    plan.annotations.insert("policy.manifest_sha256".into(), digest.clone());
+    plan.annotations.insert("policy.server_id".into(), m.server_id.clone());
+    if a.allow_root_policy {
+        plan.annotations.insert("policy.allow_root".into(), "true".into());
+    }
+    if !admitted.network.is_empty() {
+        plan.annotations.insert(
+            "policy.network".into(),
+            "admitted destinations are not provided: the cage has no route out".into(),
+        );
+    }
+    Ok(Ok((plan, held)))
+}
+
+/// What the policy admits but this launch may not do, or what the operator must allow.
+fn launch_violations(a: &RunArgs, admitted: &AdmittedPlan, receipts_required: bool) -> Vec<String> {
+    let mut v = Vec::new();
+    let command: Vec<String> = a.command.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+    if command != admitted.argv {
+        v.push(format!("the command {command:?} is not the admitted argv {:?}", admitted.argv));
+    }
+    if admitted.mode == PolicyMode::Disabled {
+        v.push("the policy's mode is disabled: chio never runs a command outside a cage".into());
+    }
+    if receipts_required && a.receipt_db.is_none() {
+        v.push("the policy requires receipts: give --receipt-db and --kernel-key".into());
+    }
+    let root_host = matches!(&admitted.rootfs, Rootfs::Directory(d) if Path::new(d).components().count() <= 1);
+    if (admitted.identity.uid == 0 || admitted.identity.gid == 0 || root_host) && !a.allow_root_policy {
+        v.push("the policy runs as uid/gid 0 or on the host's / as root filesystem: pass --allow-root-policy (the receipt records it)".into());
+    }
+    for path in admitted.read_paths.iter().chain(&admitted.write_paths) {
+        if path != "/workspace" && !path.starts_with("/workspace/") {
+            v.push(format!("{path}: only paths under /workspace can be provided (from --workspace)"));
+        }
+    }
+    if let Some(ws) = &a.workspace {
+        for w in admitted.write_paths.iter().filter_map(|w| w.strip_prefix("/workspace/")) {
+            if !ws.join(w).exists() {
+                v.push(format!("write path /workspace/{w} does not exist in the workspace {}", ws.display()));
+            }
+        }
+    }
+    v
+}
+
+/// The cage plan of an admitted launch: nothing the policy did not admit.
+fn build(a: &RunArgs, admitted: &AdmittedPlan) -> Result<(CagePlan, Option<std::fs::File>)> {
+    let mut plan = CagePlan::new(admitted.argv.iter().map(OsString::from).collect());
+    plan.mode = if admitted.mode == PolicyMode::Shadow { Mode::Shadow } else { Mode::Enforced };
+    plan.expect_sha256 = Some(admitted.target_sha256.clone());
+    let mut held = None;
+    plan.root = match &admitted.rootfs {
+        Rootfs::Directory(d) => RootSpec::Directory(PathBuf::from(d)),
+        Rootfs::ImageId(id) => {
+            let (store, rec) = crate::image_cmd::find(&a.state_dir, id)?;
+            held = Some(store.hold(&rec).with_context(|| format!("image {id}"))?);
+            RootSpec::Directory(store.rootfs(&rec))
+        }
+    };
+    plan.uid = admitted.identity.uid;
+    plan.gid = admitted.identity.gid;
+    let c = &admitted.ceilings;
+    let l = &mut plan.limits;
+    (l.memory_bytes, l.swap_bytes, l.pids, l.cpu_millis) =
+        (Some(c.memory_bytes), c.swap_bytes, Some(c.pids), Some(c.cpu_millis));
+    (l.wall_ms, l.output_bytes, l.tmp_bytes) = (c.wall_ms, c.output_bytes, c.tmp_bytes);
+    // Only the variables the manifest asked for (and the policy admitted), with chio's values.
+    for name in &admitted.env {
+        if let Some(v) = std::env::var_os(name) {
+            plan.env.retain(|(k, _)| k != name.as_str());
+            plan.env.push((name.into(), v));
+        }
+    }
+    if let Some(ws) = &a.workspace {
+        let ws = std::path::absolute(ws).with_context(|| format!("workspace {}", ws.display()))?;
+        // Read-only, unless the whole workspace is admitted for writing; each admitted write
+        // path below it is bound writable on its own.
+        plan.workspace_read_only = !admitted.write_paths.iter().any(|w| w.trim_end_matches('/') == "/workspace");
+        for w in admitted.write_paths.iter().filter_map(|w| w.strip_prefix("/workspace/")) {
+            plan.binds.push(Bind { source: ws.join(w), dest: PathBuf::from("/workspace").join(w), writable: true });
+        }
+        plan.workspace = Some(ws);
+        plan.cwd = PathBuf::from("/workspace");
+    }
+    crate::cage_cmd::apply_environment_overrides(&mut plan)?;
+    Ok((plan, held))
+}
