@@ -91,7 +91,18 @@ pub fn state_dir(flag: &Option<PathBuf>) -> PathBuf {
 
 fn open(flag: &Option<PathBuf>) -> Result<ImageStore> {
     let dir = state_dir(flag);
-    ImageStore::open(&dir).with_context(|| format!("image store {}", dir.display()))
+    ImageStore::open(&dir).map_err(|e| denied_hint(e, &dir)).with_context(|| format!("image store {}", dir.display()))
+}
+
+/// A permission error on the store says who may use it.
+fn denied_hint(e: std::io::Error, dir: &Path) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        return anyhow::anyhow!(
+            "{e}: the image store {} belongs to root (run chio as root, or give --state-dir a directory of yours)",
+            dir.display()
+        );
+    }
+    e.into()
 }
 
 /// The store for a command that only reads it: nothing is created (a missing store has no

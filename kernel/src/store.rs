@@ -436,11 +436,24 @@ impl Store {
         )?;
         let mut rows = stmt.query(params![from, to.unwrap_or(i64::MAX as u64)])?;
         while let Some(r) = rows.next()? {
-            let (row_seq, row_id): (u64, String) = (r.get(0)?, r.get(1)?);
-            let columns: (String, Option<String>, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
-            let envelope: String = r.get(6)?;
-            let issued_at_ms: i64 = r.get(7)?;
+            // A row whose bytes were damaged is reported by its seq and id (as far as they can
+            // be read), not as a conversion error that ends the verification.
+            let row_seq: u64 = r.get::<_, i64>(0).map_or(0, |v| v as u64);
+            let row_id: String = r.get(1).unwrap_or_else(|_| "(unreadable id)".into());
+            let read = (|| -> rusqlite::Result<_> {
+                let columns: (String, Option<String>, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
+                Ok((columns, r.get::<_, String>(6)?, r.get::<_, i64>(7)?))
+            })();
             report.checked += 1;
+            let (columns, envelope, issued_at_ms) = match read {
+                Ok(v) => v,
+                Err(e) => {
+                    report.problems.push((row_seq, row_id.clone(), format!("the row is corrupt: {e}")));
+                    seq = row_seq;
+                    prev = row_id;
+                    continue;
+                }
+            };
             let mut problem = |why: String| report.problems.push((row_seq, row_id.clone(), why));
             if row_seq != seq + 1 {
                 problem(format!("sequence jumps from {seq} to {row_seq}: receipts are missing"));
@@ -781,6 +794,27 @@ mod tests {
         // Another key's checkpoint is refused.
         let other = keys::hex(keys::generate().unwrap().verifying_key().as_bytes());
         assert!(matches!(s.check_checkpoint(&cp, &other), Err(StoreError::Refused(_))));
+    }
+
+    #[test]
+    fn a_corrupt_row_is_reported_by_seq_and_id() {
+        let (s, pk, path) = filled("corrupt-row", 3);
+        let (id, env): (String, String) = s
+            .connection()
+            .query_row("SELECT id, envelope FROM receipts WHERE seq = 2", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        s.connection().execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+        drop(s);
+        // One byte of the file changed inside row 2's envelope: no longer UTF-8 text.
+        let sig = serde_json::from_str::<serde_json::Value>(&env).unwrap()["signature"].as_str().unwrap().to_string();
+        let mut bytes = std::fs::read(&*path).unwrap();
+        let at = bytes.windows(sig.len()).position(|w| w == sig.as_bytes()).unwrap();
+        bytes[at] = 0xff;
+        std::fs::write(&*path, bytes).unwrap();
+        let s = Store::open(&path, false).unwrap();
+        let r = s.verify_chain(Some(&pk), None, None).unwrap();
+        assert_eq!(r.checked, 3, "the verification goes on past the corrupt row: {r:?}");
+        assert!(r.problems.iter().any(|(seq, pid, why)| *seq == 2 && *pid == id && why.contains("corrupt")), "{r:?}");
     }
 
     #[test]

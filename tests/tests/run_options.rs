@@ -155,6 +155,16 @@ fn without_root_the_message_says_root_is_needed() {
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"), "{}", String::from_utf8_lossy(&out.stderr));
+    // The image store too says whose it is, instead of a bare "Permission denied".
+    let out = Command::new(PROBE)
+        .args(["as-user", "65534"])
+        .arg(chio())
+        .args(["image", "import", "/etc/hostname", "--state-dir", "/var/lib/chio-test-not-yours/state"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("belongs to root"), "{err}");
 }
 
 /// A workspace the command's uid cannot write is named before the run, with the flags that
