@@ -58,7 +58,7 @@ pub struct RunArgs {
     cwd: Option<PathBuf>,
     /// Environment variable KEY=VALUE, or KEY to pass chio's own value through (the environment
     /// starts with only PATH, HOME, TMPDIR).
-    #[arg(long, value_name = "KEY[=VALUE]")]
+    #[arg(long, value_name = "KEY[=VALUE]", value_parser = arg::env)]
     env: Vec<String>,
     /// Environment variables from a file: KEY=VALUE or KEY lines; blank lines and # comments
     /// skipped (applied before --env).

@@ -83,6 +83,16 @@ pub mod arg {
         super::parse_duration_ms(s).map(|_| s.to_string())
     }
 
+    /// An environment entry: KEY=VALUE, or KEY that chio's own environment has.
+    pub fn env(s: &str) -> Result<String, String> {
+        match s.split_once('=') {
+            Some(("", _)) => Err(format!("{s:?} has no variable name")),
+            Some(_) => Ok(s.to_string()),
+            None if std::env::var_os(s).is_some() => Ok(s.to_string()),
+            None => Err(format!("{s:?} passes chio's own value through, but it is not set (give {s}=VALUE)")),
+        }
+    }
+
     /// A bind, SRC:DST with an absolute DST.
     pub fn bind(s: &str) -> Result<String, String> {
         match s.split_once(':') {

@@ -33,10 +33,10 @@ fn bad_env_is_refused() {
         .env_remove("NOEQUALS")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not set"));
     let out = Command::new(CHIO).args(["cage", "run", "--env", "=v", "--", "/bin/true"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no variable name"));
 }
 

@@ -137,7 +137,7 @@ fn env_pass_through_and_env_file() {
         .env_remove("CHIO_TEST_SURELY_UNSET")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not set"));
 }
 
