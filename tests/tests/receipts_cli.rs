@@ -352,3 +352,68 @@ mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"
     assert_eq!(chio(&["image", "inspect", "x", "--state-dir", s(&state)]).status.code(), Some(1));
     assert!(!state.exists(), "a reading command created {}", state.display());
 }
+
+/// Evidence that cannot be recorded means no launch: when the enforcement receipt cannot be
+/// written at the exec stop (here: chio's file-size limit reached in the store's WAL), the target
+/// is killed before it runs one instruction (`evidence_not_recorded`).
+#[test]
+fn a_receipt_that_cannot_be_written_at_the_exec_stop_kills_the_target() {
+    if !privileged("receipts_evidence") {
+        return;
+    }
+    let dir = Scratch::new("receipts-evidence");
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let (db, seed) = (dir.join("r.db"), keydir.join("signing.seed"));
+    let ws = Scratch::new("receipts-evidence-ws");
+    ws.give_to_nobody();
+    let launch = |file: &str| {
+        vec![
+            "cage",
+            "run",
+            "--json",
+            "--workspace",
+            s(&ws.0),
+            "--receipt-db",
+            s(&db),
+            "--kernel-key",
+            s(&seed),
+            "--",
+            "/bin/sh",
+            "-c",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([format!("echo ran > /workspace/{file}")])
+        .collect::<Vec<_>>()
+    };
+    // A connection held open keeps the WAL growing across launches (no checkpoint at close).
+    let run =
+        |v: Vec<String>| Command::new(chio_bin(&PathBuf::from(PROBE))).args(v).stdin(Stdio::null()).output().unwrap();
+    assert!(run(launch("first")).status.success());
+    let held = chio_kernel::store::Store::open(&db, false).unwrap();
+    for i in 0..3 {
+        assert!(run(launch(&format!("warm{i}"))).status.success());
+    }
+    let wal = std::fs::metadata(format!("{}-wal", db.display())).unwrap().len();
+    // Room for the WAL as it is plus less than one more receipt.
+    let blocks = (wal + 1024) / 512 + 1;
+    let cmd = launch("ran");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("trap '' XFSZ; ulimit -S -f {blocks}; exec \"$@\""))
+        .arg("sh")
+        .arg(chio_bin(&PathBuf::from(PROBE)))
+        .args(&cmd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    drop(held);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    let record: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+    assert_eq!(record["failure"]["code"], "evidence_not_recorded", "{stderr}");
+    assert_eq!(record["failure"]["stage"], "observe");
+    assert!(!ws.join("ran").exists(), "the target ran although its evidence was not recorded");
+    assert!(ws.join("warm2").exists(), "control: the same launch with room for its receipts runs");
+}
