@@ -20,7 +20,7 @@ if [ "${1:-}" = "--e2e" ]; then
     # `--test-package chio-tests` alone every mutant would meet the stale-binary guard and count as
     # caught; per-target `--test` filters make cargo refuse packages without those targets).
     cargo mutants -f cage/src/identity.rs -f cage/src/landlock.rs -f cage/src/mounts.rs \
-        --test-workspace=true -o target/mutants -j 1
+        --test-workspace=true --timeout 300 -o target/mutants -j 1
 else
     cargo mutants -f cage/src/observe.rs -f cage/src/seccomp.rs -o target/mutants -j 2
 fi
