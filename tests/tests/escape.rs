@@ -622,24 +622,7 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains("cage-root"), "a cage mount leaked into the host namespace");
     // Control: a plain parent killed the same way leaves its child running.
-    let ctag = format!("{tag}-control");
-    let mut sh = Command::new("/bin/sh")
-        .arg("-c")
-        .arg("\"$0\" sleeper \"$1\" & wait")
-        .arg(&e.probe)
-        .arg(&ctag)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    BufReader::new(sh.stdout.take().unwrap()).lines().next();
-    sh.kill().unwrap();
-    sh.wait().unwrap();
-    let survivors = processes_tagged(&ctag);
-    assert!(!survivors.is_empty(), "control: an uncaged child survives its killed parent");
-    for p in survivors {
-        // SAFETY: killing the control's own leftover.
-        unsafe { libc::kill(p as i32, libc::SIGKILL) };
-    }
+    uncaged_child_survives_its_killed_parent(&e, &format!("{tag}-control"));
 }
 
 /// `chio cage run` of the probe's sleeper tagged `tag`, returned once the sleeper runs.
@@ -701,19 +684,24 @@ fn init_dies_with_the_supervisor_even_without_the_janitor() {
     }
     assert_eq!(left, Vec::<u32>::new(), "cage processes outlived the supervisor and its janitor");
     // Control: a child of a killed parent, without a parent-death signal, lives on.
-    let ctag = format!("{tag}-control");
+    uncaged_child_survives_its_killed_parent(&e, &format!("{tag}-control"));
+}
+
+/// The control of the supervisor-kill tests: without a cage, the probe's sleeper outlives its
+/// SIGKILLed parent (the leftover is then killed).
+fn uncaged_child_survives_its_killed_parent(e: &Suite, tag: &str) {
     let mut sh = Command::new("/bin/sh")
         .arg("-c")
         .arg("\"$0\" sleeper \"$1\" & wait")
         .arg(&e.probe)
-        .arg(&ctag)
+        .arg(tag)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     BufReader::new(sh.stdout.take().unwrap()).lines().next();
     sh.kill().unwrap();
     sh.wait().unwrap();
-    let survivors = processes_tagged(&ctag);
+    let survivors = processes_tagged(tag);
     assert!(!survivors.is_empty(), "control: an uncaged child survives its killed parent");
     for p in survivors {
         // SAFETY: killing the control's own leftover.

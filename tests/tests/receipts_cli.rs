@@ -18,29 +18,39 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A fresh kernel key in `dir/key` and the store path next to it: (db, seed, public key file).
+fn keyed_store(dir: &Scratch) -> (PathBuf, PathBuf, PathBuf) {
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    (dir.join("r.db"), keydir.join("signing.seed"), keydir.join("public.key"))
+}
+
+/// `/probe euid` on the shared rootfs with receipts (exit 1: it reports euid 65534).
+fn probe_euid(db: &Path, seed: &Path) -> Output {
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    chio(&[
+        "cage",
+        "run",
+        "--rootfs",
+        s(rootfs),
+        "--receipt-db",
+        s(db),
+        "--kernel-key",
+        s(seed),
+        "--",
+        "/probe",
+        "euid",
+    ])
+}
+
 #[test]
 fn launch_receipts_verify_offline_and_tampering_is_named() {
     if !privileged("receipts_cli") {
         return;
     }
     let dir = Scratch::new("receipts");
-    let keydir = dir.join("key");
-    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
-    let (db, seed, public) = (dir.join("r.db"), keydir.join("signing.seed"), keydir.join("public.key"));
-    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
-    let run = chio(&[
-        "cage",
-        "run",
-        "--rootfs",
-        s(rootfs),
-        "--receipt-db",
-        s(&db),
-        "--kernel-key",
-        s(&seed),
-        "--",
-        "/probe",
-        "euid",
-    ]);
+    let (db, seed, public) = keyed_store(&dir);
+    let run = probe_euid(&db, &seed);
     assert_eq!(run.status.code(), Some(1), "{}", String::from_utf8_lossy(&run.stderr));
     let ok = chio(&["receipt", "verify-chain", "--receipt-db", s(&db), "--trusted-kernel-pubkey", s(&public)]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
@@ -248,24 +258,9 @@ fn a_checkpoint_catches_deleted_newest_receipts() {
         return;
     }
     let dir = Scratch::new("receipts-checkpoint");
-    let keydir = dir.join("key");
-    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
-    let (db, seed, public) = (dir.join("r.db"), keydir.join("signing.seed"), keydir.join("public.key"));
-    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
+    let (db, seed, public) = keyed_store(&dir);
     for _ in 0..2 {
-        let run = chio(&[
-            "cage",
-            "run",
-            "--rootfs",
-            s(rootfs),
-            "--receipt-db",
-            s(&db),
-            "--kernel-key",
-            s(&seed),
-            "--",
-            "/probe",
-            "euid",
-        ]);
+        let run = probe_euid(&db, &seed);
         assert_eq!(run.status.code(), Some(1), "{}", String::from_utf8_lossy(&run.stderr));
     }
     let cp = dir.join("head.json");
@@ -313,21 +308,8 @@ fn read_only_commands_write_nothing() {
     let store_dir = dir.join("store");
     std::fs::create_dir(&store_dir).unwrap();
     let db = store_dir.join("r.db");
-    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
     let seed = keydir.join("signing.seed");
-    let run = chio(&[
-        "cage",
-        "run",
-        "--rootfs",
-        s(rootfs),
-        "--receipt-db",
-        s(&db),
-        "--kernel-key",
-        s(&seed),
-        "--",
-        "/probe",
-        "euid",
-    ]);
+    let run = probe_euid(&db, &seed);
     assert_eq!(run.status.code(), Some(1));
     let before: Vec<_> = std::fs::read_dir(&store_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     let script = r#"set -e
