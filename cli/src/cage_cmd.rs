@@ -7,7 +7,8 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use chio_cage::{Bind, CagePlan, LaunchRecord, Mode, NetMode, RootSpec, Sinks, Stage, State};
+use chio_cage::{Bind, CagePlan, LaunchRecord, Mode, NetMode, Sinks, State};
+use chio_supervisor::launch_plan::{self, ImageChoice, PlanOptions};
 use clap::{Args, ValueEnum};
 
 use crate::units::{arg, parse_cpus, parse_duration_ms, parse_size};
@@ -148,8 +149,7 @@ fn split_bind(spec: &str, writable: bool) -> Result<Bind> {
     if src.is_empty() || !dst.starts_with('/') {
         bail!("bind {spec:?} needs a source and an absolute destination");
     }
-    let source = std::path::absolute(src).with_context(|| format!("bind source {src}"))?;
-    Ok(Bind { source, dest: PathBuf::from(dst), writable })
+    Ok(Bind { source: PathBuf::from(src), dest: PathBuf::from(dst), writable })
 }
 
 fn optional<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Option<T>> {
@@ -159,207 +159,50 @@ fn optional<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Opt
     parse(s).map(Some).map_err(anyhow::Error::msg)
 }
 
-/// Turn flags into a plan (no I/O beyond canonicalizing operator paths).
-pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
-    let mut plan = CagePlan::new(a.command.clone());
-    let mut held = None;
-    plan.mode = match a.mode {
+/// Turn flags into launch options (the supervisor builds the plan from them).
+fn options_from(a: &RunArgs) -> Result<PlanOptions> {
+    let mut o = PlanOptions::new(a.command.clone());
+    o.mode = match a.mode {
         ModeArg::Enforced => Mode::Enforced,
         ModeArg::Shadow => Mode::Shadow,
     };
-    plan.net = match a.net {
+    o.net = match a.net {
         NetArg::None => NetMode::None,
         NetArg::Loopback => NetMode::Loopback,
     };
-    if let Some(r) = &a.rootfs {
-        // Not canonicalized here: the cage opens it (and reports a missing rootfs in the record).
-        plan.root = RootSpec::Directory(std::path::absolute(r).with_context(|| format!("rootfs {}", r.display()))?);
-    }
-    if let Some(image) = &a.image {
-        held = Some(apply_image(&mut plan, image, a)?);
-    }
-    if let Some(w) = &a.workspace {
-        plan.workspace = Some(std::path::absolute(w).with_context(|| format!("workspace {}", w.display()))?);
-        plan.cwd = PathBuf::from("/workspace");
-    } else {
-        set_env(&mut plan.env, "HOME", "/tmp");
-    }
-    if let Some(c) = &a.cwd {
-        // Rebuilt from its components: "/tmp/" and "/tmp/./" become "/tmp" ('..' is kept and refused).
-        plan.cwd = c.components().collect();
-    }
+    o.rootfs = a.rootfs.clone();
+    o.image = a.image.as_ref().map(|reference| ImageChoice {
+        store_dir: crate::image_cmd::state_dir(&a.state_dir),
+        reference: reference.clone(),
+        entrypoint: a.entrypoint.clone(),
+    });
+    o.workspace = a.workspace.clone();
+    o.cwd = a.cwd.clone();
     for b in &a.ro_bind {
-        plan.binds.push(split_bind(b, false)?);
+        o.binds.push(split_bind(b, false)?);
     }
     for b in &a.bind {
-        plan.binds.push(split_bind(b, true)?);
+        o.binds.push(split_bind(b, true)?);
     }
-    for file in &a.env_file {
-        let text = std::fs::read_to_string(file).with_context(|| format!("--env-file {}", file.display()))?;
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            apply_env(&mut plan.env, line).with_context(|| format!("--env-file {}:{}", file.display(), n + 1))?;
-        }
-    }
-    for kv in &a.env {
-        apply_env(&mut plan.env, kv).context("--env")?;
-    }
-    plan.uid = a.uid.unwrap_or(plan.uid);
-    plan.gid = a.gid.unwrap_or(plan.gid);
-    let l = &mut plan.limits;
+    o.env_files = a.env_file.clone();
+    o.env = a.env.clone();
+    o.uid = a.uid;
+    o.gid = a.gid;
+    let l = &mut o.limits;
     l.memory_bytes = optional(&a.memory, parse_size).context("--memory")?;
     l.pids = optional(&a.pids, |s| s.parse::<u64>().map_err(|_| format!("{s:?} is not a number"))).context("--pids")?;
     l.cpu_millis = optional(&a.cpus, parse_cpus).context("--cpus")?;
     l.wall_ms = parse_duration_ms(&a.timeout).map_err(anyhow::Error::msg).context("--timeout")?;
     l.output_bytes = parse_size(&a.output_limit).map_err(anyhow::Error::msg).context("--output-limit")?;
     l.tmp_bytes = parse_size(&a.tmp_size).map_err(anyhow::Error::msg).context("--tmp-size")?;
-    plan.expect_sha256 = a.expect_sha256.clone();
-    apply_environment_overrides(&mut plan)?;
-    Ok((plan, held))
+    o.expect_sha256 = a.expect_sha256.clone();
+    Ok(o)
 }
 
-/// Root filesystem, environment and working directory from an imported image (flags given
-/// later override them).
-fn apply_image(plan: &mut CagePlan, image: &str, a: &RunArgs) -> Result<std::fs::File> {
-    let (store, rec) = crate::image_cmd::find(&a.state_dir, image)?;
-    // Held for the whole launch: `image rm` refuses an image in use.
-    let held = store.hold(&rec).with_context(|| format!("image {image}"))?;
-    plan.root = RootSpec::Directory(store.rootfs(&rec));
-    for kv in rec.config["Env"].as_array().into_iter().flatten().filter_map(|v| v.as_str()) {
-        if let Some((k, v)) = kv.split_once('=') {
-            set_env(&mut plan.env, k, v);
-        }
-    }
-    if let Some(wd) = rec.config["WorkingDir"].as_str().filter(|w| w.starts_with('/')) {
-        plan.cwd = Path::new(wd).components().collect();
-    }
-    // docker run: Entrypoint (or --entrypoint) then the command, or the image's Cmd.
-    let strings = |v: &serde_json::Value| -> Vec<String> {
-        v.as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect()
-    };
-    let entrypoint = match &a.entrypoint {
-        Some(e) if e.is_empty() => Vec::new(),
-        Some(e) => vec![e.clone()],
-        None => strings(&rec.config["Entrypoint"]),
-    };
-    let cmd: Vec<OsString> = if a.command.is_empty() {
-        strings(&rec.config["Cmd"]).into_iter().map(OsString::from).collect()
-    } else {
-        a.command.clone()
-    };
-    plan.argv = entrypoint.iter().map(OsString::from).chain(cmd).collect();
-    if plan.argv.is_empty() {
-        bail!("image {image} has no Entrypoint or Cmd: give a command after --");
-    }
-    plan.annotations.insert("image.id".into(), rec.image_id.clone());
-    for (key, field) in [("image.entrypoint", "Entrypoint"), ("image.cmd", "Cmd"), ("image.user", "User")] {
-        if !rec.config[field].is_null() {
-            plan.annotations.insert(key.into(), rec.config[field].to_string());
-        }
-    }
-    if let Some(user) = rec.config["User"].as_str().filter(|u| !u.is_empty()) {
-        let (uid, gid) =
-            image_user(&store.rootfs(&rec), user).with_context(|| format!("image {image}: User {user:?}"))?;
-        plan.uid = uid;
-        plan.gid = gid;
-    }
-    Ok(held)
-}
-
-/// An image's `User` (`name`, `uid`, `name:group`, `uid:gid`) as numeric ids, names looked up
-/// in the image's own /etc/passwd and /etc/group (read inside its root, never through a link
-/// out of it). A user without a group gets its passwd group, or a gid equal to its uid.
-fn image_user(rootfs: &Path, user: &str) -> Result<(u32, u32)> {
-    let read = |p: &str| -> String {
-        use std::io::Read;
-        let mut s = String::new();
-        let root = chio_cage::path::open_host(rootfs, libc::O_DIRECTORY);
-        if let Ok(fd) =
-            root.and_then(|r| chio_cage::path::resolve_in(std::os::fd::AsFd::as_fd(&r), Path::new(p), libc::O_RDONLY))
-        {
-            let _ = std::fs::File::from(fd).take(1 << 20).read_to_string(&mut s);
-        }
-        s
-    };
-    let lookup = |file: &str, name: &str, field: usize| -> Option<u32> {
-        read(file).lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.first() == Some(&name)).then(|| f.get(field)?.parse().ok()).flatten()
-        })
-    };
-    let (u, g) = user.split_once(':').map_or((user, None), |(u, g)| (u, Some(g)));
-    let uid = match u.parse::<u32>() {
-        Ok(n) => n,
-        Err(_) => {
-            lookup("/etc/passwd", u, 2).with_context(|| format!("user {u:?} is not in the image's /etc/passwd"))?
-        }
-    };
-    let gid = match g {
-        Some(g) => match g.parse::<u32>() {
-            Ok(n) => n,
-            Err(_) => {
-                lookup("/etc/group", g, 2).with_context(|| format!("group {g:?} is not in the image's /etc/group"))?
-            }
-        },
-        None => read("/etc/passwd")
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split(':').collect();
-                (f.get(2).and_then(|x| x.parse::<u32>().ok()) == Some(uid)).then(|| f.get(3)?.parse().ok()).flatten()
-            })
-            .unwrap_or(uid),
-    };
-    Ok((uid, gid))
-}
-
-/// `KEY=VALUE` sets it; `KEY` alone passes chio's own value through (refused when unset).
-fn apply_env(env: &mut Vec<(OsString, OsString)>, spec: &str) -> Result<()> {
-    let (k, v) = match spec.split_once('=') {
-        Some((k, v)) => (k, v.to_string()),
-        None => {
-            let v = std::env::var(spec)
-                .with_context(|| format!("{spec:?} passes chio's own value through, but it is not set"))?;
-            (spec, v)
-        }
-    };
-    if k.is_empty() || k.contains('\0') {
-        bail!("{spec:?} has no variable name");
-    }
-    set_env(env, k, &v);
-    Ok(())
-}
-
-fn set_env(env: &mut Vec<(OsString, OsString)>, k: &str, v: &str) {
-    env.retain(|(key, _)| key != k);
-    env.push((k.into(), v.into()));
-}
-
-/// Operator settings and test-only switches from the environment. The test switches can only
-/// make a launch fail or claim less host support; they never weaken a cage.
-pub fn apply_environment_overrides(plan: &mut CagePlan) -> Result<()> {
-    if let Some(d) = std::env::var_os("CHIO_STAGING_DIR") {
-        plan.staging_dir = PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("CHIO_CGROUP_V2_ROOT") {
-        plan.cgroup_v2_root = Some(PathBuf::from(d));
-    }
-    if let Ok(s) = std::env::var("CHIO_TEST_FAIL_STAGE") {
-        let stage = Stage::parse(&s).with_context(|| format!("CHIO_TEST_FAIL_STAGE={s} names no stage"))?;
-        if stage == Stage::Supervise {
-            bail!("CHIO_TEST_FAIL_STAGE=supervise: only setup stages can be made to fail");
-        }
-        plan.inject_failure = Some(stage);
-    }
-    if let Ok(s) = std::env::var("CHIO_TEST_HOOK") {
-        plan.test_hook = Some(chio_cage::TestHook::parse(&s).map_err(anyhow::Error::msg)?);
-    }
-    if let Ok(s) = std::env::var("CHIO_TEST_LANDLOCK_ABI") {
-        plan.landlock_abi_cap = Some(s.parse().with_context(|| format!("CHIO_TEST_LANDLOCK_ABI={s} is not a number"))?);
-    }
-    Ok(())
+/// Turn flags into a plan, and the hold on its image.
+pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
+    let planned = launch_plan::build(&options_from(a)?)?;
+    Ok((planned.plan, planned.image_hold))
 }
 
 /// Run the command; returns the process exit status.

@@ -126,6 +126,6 @@ fn build(a: &RunArgs, admitted: &AdmittedPlan) -> Result<(CagePlan, Option<std::
         plan.workspace = Some(ws);
         plan.cwd = PathBuf::from("/workspace");
     }
-    crate::cage_cmd::apply_environment_overrides(&mut plan)?;
+    chio_supervisor::launch_plan::apply_environment_overrides(&mut plan)?;
     Ok((plan, held))
 }

@@ -3,3 +3,4 @@
 //! the content-addressed image store behind `chio image` and `chio cage run --image`.
 
 pub mod image;
+pub mod launch_plan;
