@@ -7,6 +7,7 @@ mod keys_cmd;
 mod policy_launch;
 mod progress;
 mod receipt_cmd;
+mod repository_cmd;
 mod units;
 
 use std::ffi::OsString;
@@ -53,6 +54,12 @@ enum Command {
         #[command(subcommand)]
         command: receipt_cmd::ReceiptCommand,
     },
+    /// The repository execution leg: a workspace from one commit, each command in a cage,
+    /// signed transitions, export and verify-export.
+    Repository {
+        #[command(subcommand)]
+        command: repository_cmd::RepositoryCommand,
+    },
     /// Ed25519 keys for signing and pinning.
     Keys {
         #[command(subcommand)]
@@ -97,6 +104,7 @@ fn main() {
         Command::Manifest { command } => (doc_cmd::manifest(command), 1),
         Command::Image { command } => (image_cmd::run(command), 1),
         Command::Policy { command } => (doc_cmd::policy(command), 1),
+        Command::Repository { command } => (repository_cmd::run(command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),

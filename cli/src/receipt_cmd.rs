@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use chio_cage::{LaunchRecord, State};
+use chio_cage::LaunchRecord;
 use chio_kernel::canonical;
 use chio_kernel::keys;
-use chio_kernel::receipt::{self, Draft, Kind, Reference, Verified};
+use chio_kernel::receipt::{self, Verified};
 use chio_kernel::store::{Appended, Filter, Store};
 use chio_kernel::time;
 use clap::Subcommand;
@@ -296,51 +296,15 @@ impl LaunchReceipts {
         Ok(LaunchReceipts { store, key })
     }
 
-    /// Append the enforcement receipt for `rec` (the record as it stands: at the exec stop, or
-    /// the failure). Durable when this returns.
+    /// Append the enforcement receipt for `rec`. Durable when this returns.
     pub fn enforcement(&mut self, rec: &LaunchRecord) -> Result<Appended> {
-        let record = serde_json::to_value(rec)?;
-        let state = serde_json::to_value(rec.state)?.as_str().unwrap_or("unknown").to_string();
-        let draft = Draft {
-            kind: Some(Kind::LaunchEnforcement),
-            outcome: state,
-            launch_record: Some(record),
-            ..Draft::default()
-        };
-        Ok(self.store.append(&self.key, draft)?)
+        Ok(chio_supervisor::receipts::enforcement(&mut self.store, &self.key, rec)?)
     }
 
-    /// After the launch: the enforcement receipt if the exec stop never came (a failed launch),
-    /// and, when the target ran, the terminal receipt referencing the enforcement receipt.
+    /// After the launch: the enforcement receipt if the exec stop never came, and the terminal
+    /// receipt when the target ran. Returns their ids.
     pub fn finish(&mut self, rec: &LaunchRecord, enforced: Option<Appended>) -> Result<Vec<String>> {
-        let enforcement = match enforced {
-            Some(e) => e,
-            None => self.enforcement(rec)?,
-        };
-        let mut ids = vec![enforcement.receipt.id.clone()];
-        let ran = matches!(rec.state, State::FullyEnforced | State::NotConfined);
-        if let (true, Some(o)) = (ran, &rec.outcome) {
-            let outcome = match (o.exit_code, o.signal) {
-                (Some(c), _) => format!("exit:{c}"),
-                (_, Some(s)) => format!("signal:{s}"),
-                _ => "unknown".into(),
-            };
-            let env_canon = canonical::to_canonical(&serde_json::to_value(&enforcement.envelope)?)?;
-            let terminal = self.store.append(
-                &self.key,
-                Draft {
-                    kind: Some(Kind::LaunchTerminal),
-                    outcome,
-                    launch: Some(Reference {
-                        receipt_id: enforcement.receipt.id,
-                        receipt_sha256: receipt::sha256_hex(env_canon.as_bytes()),
-                    }),
-                    detail: Some(serde_json::to_value(o)?),
-                    ..Draft::default()
-                },
-            )?;
-            ids.push(terminal.receipt.id);
-        }
-        Ok(ids)
+        let (e, t) = chio_supervisor::receipts::finish(&mut self.store, &self.key, rec, enforced)?;
+        Ok(std::iter::once(e.receipt.id).chain(t.map(|t| t.receipt.id)).collect())
     }
 }

@@ -165,6 +165,13 @@ impl Store {
         Ok((unknown, abandoned))
     }
 
+    /// How many operations are in each state (by state name).
+    pub fn op_counts(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+        let mut q = self.connection().prepare("SELECT state, COUNT(*) FROM operations GROUP BY state")?;
+        let rows = q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        rows.map(|r| r.map(|(s, n)| (s, n as u64)).map_err(StoreError::from)).collect()
+    }
+
     /// Current state of `key`.
     pub fn op_state(&mut self, key: &str) -> Result<Option<OpState>, StoreError> {
         let tx = self.connection_mut().transaction()?;
@@ -182,6 +189,16 @@ mod tests {
     /// here, and nothing is left in /tmp.
     fn store() -> Store {
         Store::open(std::path::Path::new(":memory:"), true).unwrap()
+    }
+
+    #[test]
+    fn counts_by_state() {
+        let mut s = store();
+        reach(&mut s, "a", OpState::Completed);
+        reach(&mut s, "b", OpState::Dispatched);
+        reach(&mut s, "c", OpState::Dispatched);
+        let c = s.op_counts().unwrap();
+        assert_eq!((c["completed"], c["dispatched"], c.len()), (1, 2, 2));
     }
 
     /// Drive a fresh key into `state`.

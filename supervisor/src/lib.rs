@@ -4,3 +4,5 @@
 
 pub mod image;
 pub mod launch_plan;
+pub mod receipts;
+pub mod repository;

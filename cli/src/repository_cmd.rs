@@ -1,0 +1,275 @@
+//! `chio repository`: the repository execution leg (init, execute, status, export,
+//! verify-export). The engine is `chio_supervisor::repository`; this is flags and output.
+//! Exit codes: 0 ok (execute: the command's status), 1 failure, 2 bad input, 3 refused by a
+//! check, 4 operation-key conflict, 5 evidence that does not verify.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use chio_supervisor::repository::execute::{self, ExecRequest, Transition};
+use chio_supervisor::repository::workspace::{self, InitRequest, RepoError};
+use chio_supervisor::repository::{export, status};
+use clap::Subcommand;
+
+/// `chio repository` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RepositoryCommand {
+    /// Create a workspace from the committed tree of literal paths at one revision.
+    #[command(
+        after_help = "Example:\n  chio repository init --state ./ws --repository ./calc --revision main \\\n      --source-path package --kernel-key kernel.seed"
+    )]
+    Init {
+        /// The workspace's state directory (created; must be missing or empty).
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// The source repository (a checkout or a bare repository); only read.
+        #[arg(long, value_name = "PATH")]
+        repository: PathBuf,
+        /// A branch, tag or commit id.
+        #[arg(long, value_name = "REV")]
+        revision: String,
+        /// A literal path of the commit to import (repeat for more, 1 to 64, none inside another).
+        #[arg(long = "source-path", value_name = "P", required = true)]
+        source_path: Vec<String>,
+        /// An imported image to run commands on (default: the host's /usr, /bin, /lib*, read-only).
+        #[arg(long, value_name = "REF|ID")]
+        image: Option<String>,
+        /// The image store (default $CHIO_STATE_DIR or /var/lib/chio).
+        #[arg(long = "image-store", value_name = "DIR")]
+        image_store: Option<PathBuf>,
+        /// The kernel's signing seed (signs every receipt of the workspace).
+        #[arg(long = "kernel-key", value_name = "SEED")]
+        kernel_key: PathBuf,
+        /// Server id recorded in the configuration and the receipts.
+        #[arg(long = "server-id", value_name = "ID")]
+        server_id: Option<String>,
+        /// Print the workspace status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one command (`bash -c`) in a cage over the workspace and commit the checked change.
+    #[command(
+        after_help = "Example:\n  chio repository execute --state ./ws --operation-key step-1 --deadline 60 -- python3 -m unittest"
+    )]
+    Execute {
+        /// The workspace's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// Idempotency key: the same key and command return the first result without running again.
+        #[arg(long = "operation-key", value_name = "KEY")]
+        operation_key: String,
+        /// Wall-clock deadline in seconds (1 to 300).
+        #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+        deadline: u64,
+        /// Print the whole result as JSON on stdout instead of the output.
+        #[arg(long)]
+        json: bool,
+        /// The command, run by `/bin/bash --noprofile --norc -c` (several words are joined by spaces).
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Workspace state, snapshots and operations.
+    Status {
+        /// The workspace's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the patch, the receipts and the archives a recipient verifies.
+    Export {
+        /// The workspace's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// The bundle directory to create (must not exist).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Verify an exported bundle against a checkout, scope and key chosen by the recipient.
+    #[command(name = "verify-export")]
+    VerifyExport {
+        /// The bundle directory.
+        #[arg(long, value_name = "DIR")]
+        bundle: PathBuf,
+        /// The recipient's own checkout of the source repository.
+        #[arg(long, value_name = "CHECKOUT")]
+        repository: PathBuf,
+        /// The revision the recipient expects the baseline from.
+        #[arg(long, value_name = "REV")]
+        revision: String,
+        /// The scope the recipient expects (repeat).
+        #[arg(long = "source-path", value_name = "P", required = true)]
+        source_path: Vec<String>,
+        /// The kernel public key the receipts must be signed by (64 hex digits or a file).
+        #[arg(long = "kernel-key", value_name = "PUBKEY")]
+        kernel_key: String,
+        /// The server id the workspace must name.
+        #[arg(long = "server-id", value_name = "ID")]
+        server_id: Option<String>,
+    },
+}
+
+/// Run a repository subcommand.
+pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
+    match dispatch(cmd) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("chio: {e}");
+            Ok(e.exit_code())
+        }
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| RepoError::Failed(e.to_string()))?;
+    println!("{s}");
+    Ok(())
+}
+
+fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
+    match cmd {
+        RepositoryCommand::Init {
+            state,
+            repository,
+            revision,
+            source_path,
+            image,
+            image_store,
+            kernel_key,
+            server_id,
+            json,
+        } => {
+            let req = InitRequest {
+                state: state.clone(),
+                repository: repository.clone(),
+                revision: revision.clone(),
+                source_paths: source_path.clone(),
+                image: image.as_ref().map(|i| (crate::image_cmd::state_dir(image_store), i.clone())),
+                kernel_key: kernel_key.clone(),
+                server_id: server_id.clone(),
+            };
+            let ws = workspace::init(&req)?;
+            let s = status::status(&ws)?;
+            if *json {
+                print_json(&s)?;
+            } else {
+                println!(
+                    "workspace {} at {}: commit {}, {} source path(s), baseline {}",
+                    s.workspace_id,
+                    state.display(),
+                    s.source_commit,
+                    s.source_paths.len(),
+                    s.baseline
+                );
+            }
+            Ok(0)
+        }
+        RepositoryCommand::Execute { state, operation_key, deadline, json, command } => {
+            require_root("execute")?;
+            let ws = workspace::open(state)?;
+            let req =
+                ExecRequest { operation_key: operation_key.clone(), command: command.join(" "), deadline_s: *deadline };
+            let r = execute::execute(&ws, &req)?;
+            if *json {
+                print_json(&r)?;
+            } else {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(r.output.as_bytes());
+                let _ = out.flush();
+                let replay = if r.replayed { " (retained result, not run again)" } else { "" };
+                match r.transition {
+                    Transition::Committed => eprintln!(
+                        "chio: exit {}{replay}; snapshot {}; receipt {}",
+                        r.exit_status,
+                        r.after.as_deref().unwrap_or("-"),
+                        r.receipt_id
+                    ),
+                    Transition::Refused => eprintln!(
+                        "chio: refused{replay}: {}; the workspace was put back to {} and stopped",
+                        r.reason.as_deref().unwrap_or("-"),
+                        r.before
+                    ),
+                    Transition::LaunchFailed => {
+                        eprintln!(
+                            "chio: the cage did not start the command{replay}: {}",
+                            r.reason.as_deref().unwrap_or("-")
+                        )
+                    }
+                }
+                if r.output_dropped > 0 {
+                    eprintln!("chio: {} more bytes of output were dropped", r.output_dropped);
+                }
+            }
+            Ok(match r.transition {
+                Transition::Refused => 3,
+                _ => r.exit_status,
+            })
+        }
+        RepositoryCommand::Status { state, json } => {
+            let s = status::status(&workspace::open(state)?)?;
+            if *json {
+                print_json(&s)?;
+            } else {
+                println!("workspace {} ({})", s.workspace_id, s.state);
+                if let Some(r) = &s.stopped_reason {
+                    println!("  stopped: {r}");
+                }
+                println!("  source   {} {:?}", s.source_commit, s.source_paths);
+                println!("  baseline {}", s.baseline);
+                println!("  head     {} ({} snapshots, {} receipts)", s.head, s.snapshots, s.receipts);
+                let ops: Vec<String> = s.operations.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                println!("  operations: {}", if ops.is_empty() { "none".into() } else { ops.join(", ") });
+            }
+            Ok(0)
+        }
+        RepositoryCommand::Export { state, out } => {
+            let ws = workspace::open(state)?;
+            let report = export::export(&ws, out)?;
+            println!(
+                "exported {} transition(s), {} receipt(s) to {}; final {}",
+                report.transitions,
+                report.receipts,
+                out.display(),
+                report.final_digest
+            );
+            Ok(0)
+        }
+        RepositoryCommand::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {
+            let key = crate::receipt_cmd::pinned_key(kernel_key)
+                .map_err(|e| RepoError::Usage(format!("--kernel-key: {e:#}")))?;
+            let req = export::VerifyRequest {
+                bundle: bundle.clone(),
+                repository: repository.clone(),
+                revision: revision.clone(),
+                source_paths: source_path.clone(),
+                kernel_key: key,
+                server_id: server_id.clone(),
+            };
+            let report = export::verify_export(&req);
+            print_json(&report)?;
+            match &report.error {
+                None => Ok(0),
+                Some(e) => {
+                    eprintln!("chio: verification failed: {e}");
+                    Ok(5)
+                }
+            }
+        }
+    }
+}
+
+fn require_root(what: &str) -> Result<(), RepoError> {
+    if !nix_is_root() {
+        return Err(RepoError::Usage(format!(
+            "chio repository {what} needs root: it builds a cage for the command (the command itself runs as uid 65534)"
+        )));
+    }
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -1,0 +1,346 @@
+//! `execute`: one command of a session, from journal intent to signed transition.
+//!
+//! intent committed → dispatched → cage (`/bin/bash --noprofile --norc -c CMD` over the
+//! workspace) → the cage torn down, every process of the command gone → the workspace walked →
+//! scope and shape checked → snapshot committed → `tool_call` receipt → head moved → result
+//! retained. A refused walk commits nothing: the workspace is put back and stopped.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::AsFd;
+
+use chio_cage::{LaunchRecord, Sinks, State};
+use chio_kernel::journal::Begin;
+use chio_kernel::receipt::{Draft, Kind};
+use chio_kernel::store::{Appended, Store};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::git_source::{in_scope, is_parent_of_scope};
+use super::snapshot::{self, Index, Node};
+use super::workspace::{write_snapshot, RepoError, Workspace};
+use crate::launch_plan::{self, ImageChoice, PlanOptions};
+use crate::receipts;
+
+/// Bytes of combined output a result carries; the rest is counted.
+pub const OUTPUT_LIMIT: u64 = 512 << 10;
+/// Longest deadline a command may ask for, in seconds.
+pub const MAX_DEADLINE_S: u64 = 300;
+
+/// One command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Idempotency key: the same key and request return the retained result.
+    pub operation_key: String,
+    /// The shell command (`bash -c`).
+    pub command: String,
+    /// Wall-clock deadline, 1–300 seconds.
+    pub deadline_s: u64,
+}
+
+/// What became of a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transition {
+    /// A new snapshot was committed (possibly equal to the previous one).
+    Committed,
+    /// The workspace change was refused: nothing committed, the workspace put back and stopped.
+    Refused,
+    /// The cage did not start the command; the workspace is untouched.
+    LaunchFailed,
+}
+
+/// The result of `execute` (retained by the journal and returned again on a replay).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The operation key.
+    pub operation_key: String,
+    /// What became of the workspace.
+    pub transition: Transition,
+    /// The command's exit status (128+N for signal N; 125–127 for a launch that failed).
+    pub exit_status: i32,
+    /// Combined stdout and stderr, at most [`OUTPUT_LIMIT`] bytes (lossy UTF-8).
+    pub output: String,
+    /// Bytes the command wrote in all.
+    pub output_bytes: u64,
+    /// Bytes not returned.
+    pub output_dropped: u64,
+    /// SHA-256 of the returned output bytes.
+    pub output_sha256: String,
+    /// The deadline killed the command.
+    pub deadline_hit: bool,
+    /// Ceilings hit (`wall_time`, `memory`, `pids`, `output`, `cpu`).
+    pub limits_hit: Vec<String>,
+    /// Snapshot before the command.
+    pub before: String,
+    /// Snapshot after it (when committed).
+    pub after: Option<String>,
+    /// Why the change was refused, or why the launch failed.
+    pub reason: Option<String>,
+    /// The `tool_call` receipt.
+    pub receipt_id: String,
+    /// The launch's `launch_enforcement` receipt.
+    pub launch_receipt_id: String,
+    /// True when this result was retained from an earlier call with the same key.
+    #[serde(default)]
+    pub replayed: bool,
+}
+
+fn failed(e: impl std::fmt::Display) -> RepoError {
+    RepoError::Failed(e.to_string())
+}
+
+/// The request's digest as the journal keeps it.
+fn request_digest(r: &ExecRequest) -> Result<String, RepoError> {
+    let v = serde_json::to_value(r).map_err(failed)?;
+    let canon = chio_kernel::canonical::to_canonical(&v).map_err(|e| failed(format!("{e:?}")))?;
+    Ok(snapshot::hex_sha256(canon.as_bytes()))
+}
+
+/// Run one command in the workspace (see the module docs).
+pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoError> {
+    if req.operation_key.is_empty() || req.operation_key.len() > 256 || req.operation_key.chars().any(char::is_control)
+    {
+        return Err(RepoError::Usage("the operation key must be 1–256 printable characters".into()));
+    }
+    if !(1..=MAX_DEADLINE_S).contains(&req.deadline_s) {
+        return Err(RepoError::Usage(format!("deadline {} s: give 1 to {MAX_DEADLINE_S} seconds", req.deadline_s)));
+    }
+    let key = ws.kernel_key()?;
+    let mut store = ws.store(&key)?;
+    match store.op_begin(&req.operation_key, &request_digest(req)?)? {
+        Begin::Proceed => {}
+        Begin::Retained(r) => return replay(&r),
+        Begin::Conflict { .. } => {
+            return Err(RepoError::Conflict(format!(
+                "operation key {:?} was used for a different command or deadline",
+                req.operation_key
+            )))
+        }
+        Begin::InProgress => {
+            return Err(RepoError::Conflict(format!(
+                "operation key {:?} is in progress or was interrupted; run `chio repository recover`",
+                req.operation_key
+            )))
+        }
+        Begin::OutcomeUnknown => {
+            return Err(RepoError::Conflict(format!(
+                "operation key {:?} was dispatched before a crash and its outcome is unknown; it is never run again",
+                req.operation_key
+            )))
+        }
+    }
+    if let Some(reason) = ws.stopped() {
+        // The intent stays recorded; nothing ran.
+        let msg = format!("the workspace is stopped: {reason}");
+        store.op_complete(&req.operation_key, &json!({ "refused": msg }).to_string())?;
+        return Err(RepoError::Refused(msg));
+    }
+    let before = ws.head()?;
+    store.op_dispatch(&req.operation_key)?;
+    let (rec, launch_receipt, output) = run_cage(ws, req, &mut store, &key)?;
+    let mut result = ExecResult {
+        operation_key: req.operation_key.clone(),
+        transition: Transition::LaunchFailed,
+        exit_status: rec.exit_status(),
+        output: String::from_utf8_lossy(&output.kept).into_owned(),
+        output_bytes: output.total,
+        output_dropped: output.total - output.kept.len() as u64,
+        output_sha256: snapshot::hex_sha256(&output.kept),
+        deadline_hit: false,
+        limits_hit: Vec::new(),
+        before: before.clone(),
+        after: None,
+        reason: None,
+        receipt_id: String::new(),
+        launch_receipt_id: launch_receipt.receipt.id.clone(),
+        replayed: false,
+    };
+    if let Some(o) = &rec.outcome {
+        result.limits_hit = o.limit_hit.clone();
+        result.deadline_hit = o.limit_hit.iter().any(|l| l == "wall_time");
+    }
+    if rec.state != State::FullyEnforced {
+        result.reason = Some(match &rec.failure {
+            Some(f) => format!("{}: {}: {}", f.stage.name(), f.code, f.detail),
+            None => format!("the launch ended {:?}", rec.state),
+        });
+    } else {
+        // The launch has returned: the cage's init and with it every process of the command
+        // is gone, so nothing can change the workspace while it is read.
+        match take_snapshot(ws, &before) {
+            Ok(after) => {
+                result.transition = Transition::Committed;
+                result.after = Some(after);
+            }
+            Err(RepoError::Refused(reason)) => {
+                ws.restore(&before)?;
+                ws.stop(&reason)?;
+                result.transition = Transition::Refused;
+                result.reason = Some(reason);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let receipt = store.append(&key, tool_call_draft(ws, req, &result, &launch_receipt)?)?;
+    result.receipt_id = receipt.receipt.id;
+    if let Some(after) = &result.after {
+        ws.set_head(after)?;
+    }
+    store.op_complete(&req.operation_key, &serde_json::to_string(&result).map_err(failed)?)?;
+    Ok(result)
+}
+
+/// A retained result: the same answer as the first call (a refusal stays a refusal).
+fn replay(retained: &str) -> Result<ExecResult, RepoError> {
+    if let Ok(mut result) = serde_json::from_str::<ExecResult>(retained) {
+        result.replayed = true;
+        return Ok(result);
+    }
+    let v: serde_json::Value = serde_json::from_str(retained).map_err(failed)?;
+    Err(RepoError::Refused(v["refused"].as_str().unwrap_or("refused earlier").to_string()))
+}
+
+/// Output captured from a launch.
+struct Captured {
+    kept: Vec<u8>,
+    total: u64,
+}
+
+/// Launch the command's cage; the enforcement receipt is durable at the exec stop.
+fn run_cage(
+    ws: &Workspace,
+    req: &ExecRequest,
+    store: &mut Store,
+    key: &chio_kernel::keys::SigningKey,
+) -> Result<(LaunchRecord, Appended, Captured), RepoError> {
+    let argv: Vec<OsString> =
+        ["/bin/bash", "--noprofile", "--norc", "-c", req.command.as_str()].iter().map(OsString::from).collect();
+    let mut o = PlanOptions::new(argv);
+    o.workspace = Some(ws.live());
+    o.uid = Some(ws.config.uid);
+    o.gid = Some(ws.config.gid);
+    o.limits = ws.config.limits.clone();
+    o.limits.wall_ms = req.deadline_s * 1000;
+    o.limits.output_bytes = OUTPUT_LIMIT;
+    if let Some(id) = &ws.config.image_id {
+        let store_dir = ws.settings.image_store.clone().ok_or_else(|| failed("settings.json names no image store"))?;
+        o.image = Some(ImageChoice { store_dir, reference: id.clone(), entrypoint: Some(String::new()) });
+    }
+    let mut planned = launch_plan::build(&o).map_err(|e| RepoError::Failed(e.to_string()))?;
+    planned.plan.annotations.insert("repository.operation_key".into(), req.operation_key.clone());
+    planned.plan.annotations.insert("repository.workspace".into(), ws.config_digest.clone());
+    let out = File::from(memfd_create(c"chio-output", MFdFlags::MFD_CLOEXEC).map_err(failed)?);
+    let mut sinks = Sinks::new(out.as_fd(), out.as_fd());
+    let mut enforced: Option<Appended> = None;
+    let mut on_enforced = |r: &LaunchRecord| -> Result<(), String> {
+        enforced =
+            Some(receipts::enforcement(store, key, r).map_err(|e| format!("recording the enforcement receipt: {e}"))?);
+        Ok(())
+    };
+    sinks.on_enforced = Some(&mut on_enforced);
+    let rec = chio_cage::launch(&planned.plan, &mut sinks);
+    let (launch_receipt, _terminal) = receipts::finish(store, key, &rec, enforced)?;
+    Ok((rec, launch_receipt, read_output(out)?))
+}
+
+fn read_output(mut f: File) -> Result<Captured, RepoError> {
+    let total = f.seek(SeekFrom::End(0))?;
+    f.seek(SeekFrom::Start(0))?;
+    let mut kept = Vec::new();
+    f.take(OUTPUT_LIMIT).read_to_end(&mut kept)?;
+    Ok(Captured { kept, total })
+}
+
+/// Walk the workspace, check the change against the scope, commit the snapshot.
+fn take_snapshot(ws: &Workspace, before: &str) -> Result<String, RepoError> {
+    let index = snapshot::walk(&ws.live(), &ws.objects, &ws.config.ceilings, &[".git"])?;
+    let previous = ws.snapshot(before)?;
+    check_scope(&ws.config.source_paths, &previous, &index)?;
+    write_snapshot(&ws.dir, &index)
+}
+
+/// Every added, removed or changed entry must be inside a source path (directories above one
+/// excepted).
+pub fn check_scope(paths: &[String], before: &Index, after: &Index) -> Result<(), RepoError> {
+    let changed = before
+        .iter()
+        .filter(|(p, n)| after.get(*p) != Some(n))
+        .chain(after.iter().filter(|(p, _)| !before.contains_key(*p)));
+    for (path, node) in changed {
+        let parent_dir = *node == Node::Dir && is_parent_of_scope(paths, path);
+        if !in_scope(paths, path) && !parent_dir {
+            return Err(RepoError::Refused(format!("{path:?} changed, and it is outside the source paths {paths:?}")));
+        }
+    }
+    Ok(())
+}
+
+fn tool_call_draft(ws: &Workspace, req: &ExecRequest, r: &ExecResult, launch: &Appended) -> Result<Draft, RepoError> {
+    let outcome = match r.transition {
+        Transition::Committed => format!("exit:{}", r.exit_status),
+        Transition::Refused => "refused".to_string(),
+        Transition::LaunchFailed => "launch_failed".to_string(),
+    };
+    Ok(Draft {
+        kind: Some(Kind::ToolCall),
+        tool_server: ws.config.server_id.clone(),
+        outcome,
+        launch: Some(receipts::reference(launch)?),
+        detail: Some(json!({
+            "schema": "chio.repository.execute.v1",
+            "workspace": ws.config_digest,
+            "operation_key": req.operation_key,
+            "command": req.command,
+            "deadline_s": req.deadline_s,
+            "transition": r.transition,
+            "exit_status": r.exit_status,
+            "output_sha256": r.output_sha256,
+            "output_bytes": r.output_bytes,
+            "output_dropped": r.output_dropped,
+            "limits_hit": r.limits_hit,
+            "before": r.before,
+            "after": r.after,
+            "reason": r.reason,
+        })),
+        ..Draft::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(c: char) -> Node {
+        Node::File { sha256: c.to_string().repeat(64), size: 1, executable: false }
+    }
+
+    #[test]
+    fn scope_allows_changes_inside_and_parent_directories_only() {
+        let paths = vec!["pkg/src".to_string()];
+        let mut before = Index::new();
+        before.insert("pkg".into(), Node::Dir);
+        before.insert("pkg/src".into(), Node::Dir);
+        before.insert("pkg/src/a.py".into(), file('a'));
+        let mut after = before.clone();
+        after.insert("pkg/src/a.py".into(), file('b'));
+        after.insert("pkg/src/new.py".into(), file('c'));
+        check_scope(&paths, &before, &after).unwrap();
+        let mut out = after.clone();
+        out.insert("pkg/README".into(), file('d'));
+        assert!(matches!(check_scope(&paths, &before, &out), Err(RepoError::Refused(_))));
+        let mut out = after.clone();
+        out.insert("top.txt".into(), file('d'));
+        assert!(matches!(check_scope(&paths, &before, &out), Err(RepoError::Refused(_))));
+        // Removing the scope's parent directory (with everything in it) is a change of scope
+        // entries and of a parent directory only.
+        check_scope(&paths, &before, &Index::new()).unwrap();
+        // A parent directory replaced by a file is not a directory change.
+        let mut out = Index::new();
+        out.insert("pkg".into(), file('e'));
+        assert!(check_scope(&paths, &before, &out).is_err());
+    }
+}

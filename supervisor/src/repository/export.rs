@@ -1,0 +1,352 @@
+//! `export` and `verify-export`.
+//!
+//! A bundle is a directory: `workspace.json` (the configuration every receipt binds),
+//! `kernel.pub`, `receipts.ndjson` (the original signed receipts, in chain order),
+//! `transitions.json` (the ordered snapshot digests, each with its receipt id), `baseline.tar`,
+//! `final.tar` and `changes.patch`. The recipient verifies it against a commit, a scope and a
+//! key it chose itself: the bundle is evidence, never authority.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use chio_kernel::receipt::{self, Kind, Verified, GENESIS};
+use chio_kernel::store::{Filter, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::archive;
+use super::execute::check_scope;
+use super::git_source;
+use super::patch::Trees;
+use super::snapshot::{self, Ceilings, Index, Objects};
+use super::workspace::{Config, RepoError, Workspace};
+
+/// One committed transition of the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransitionEntry {
+    /// The `tool_call` receipt that signed it.
+    pub receipt_id: String,
+    /// The operation key.
+    pub operation_key: String,
+    /// Snapshot before.
+    pub before: String,
+    /// Snapshot after.
+    pub after: String,
+}
+
+/// `transitions.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Transitions {
+    /// The baseline snapshot.
+    pub baseline: String,
+    /// Committed transitions in order.
+    pub transitions: Vec<TransitionEntry>,
+    /// The final snapshot (the last `after`, or the baseline).
+    pub final_snapshot: String,
+}
+
+/// What `export` wrote.
+#[derive(Debug, Clone)]
+pub struct ExportReport {
+    /// Committed transitions.
+    pub transitions: usize,
+    /// Receipts.
+    pub receipts: usize,
+    /// The final snapshot.
+    pub final_digest: String,
+}
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
+    let mut rnd = [0u8; 8];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut rnd)?;
+    let dir = parent.join(format!("chio-{what}-{}", chio_kernel::keys::hex(&rnd)));
+    fs::create_dir(&dir)?;
+    Ok(Scratch(dir))
+}
+
+fn mismatch(m: impl Into<String>) -> RepoError {
+    RepoError::Mismatch(m.into())
+}
+
+/// Verify receipts (envelope JSON, one per line) under `key` as one chain from the genesis.
+fn verify_receipts(lines: &[String], key: &str) -> Result<Vec<Verified>, RepoError> {
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, l) in lines.iter().enumerate() {
+        out.push(
+            receipt::verify(l.as_bytes(), key)
+                .map_err(|e| mismatch(format!("receipt {} does not verify under the pinned key: {e}", i + 1)))?,
+        );
+    }
+    if let Some((id, why)) = receipt::chain_breaks(&out, GENESIS.to_string(), 0).into_iter().next() {
+        return Err(mismatch(format!("the receipt chain is broken at {id}: {why}")));
+    }
+    Ok(out)
+}
+
+/// The committed transitions the receipts attest, checked: every `tool_call` binds this
+/// configuration and references a FullyEnforced launch receipt of the same chain, and the
+/// committed ones follow each other from the baseline.
+fn transitions_of(receipts: &[Verified], config_digest: &str, baseline: &str) -> Result<Transitions, RepoError> {
+    let fully = serde_json::to_value(chio_cage::State::FullyEnforced).ok().and_then(|v| v.as_str().map(str::to_string));
+    let mut launches = std::collections::HashMap::new();
+    let mut list = Vec::new();
+    let mut head = baseline.to_string();
+    for r in receipts {
+        match r.body.kind {
+            Kind::LaunchEnforcement => {
+                launches.insert(r.id.clone(), r);
+            }
+            Kind::ToolCall => {
+                let d = r.body.detail.as_ref().ok_or_else(|| mismatch(format!("tool_call {} has no detail", r.id)))?;
+                if d["workspace"].as_str() != Some(config_digest) {
+                    return Err(mismatch(format!("tool_call {} binds another workspace configuration", r.id)));
+                }
+                let launch = r.body.launch.as_ref().and_then(|l| launches.get(&l.receipt_id).map(|e| (l, e)));
+                let Some((_, enforcement)) = launch else {
+                    return Err(mismatch(format!("tool_call {} references no launch receipt of this chain", r.id)));
+                };
+                if d["transition"] != "committed" {
+                    continue;
+                }
+                if Some(&enforcement.body.outcome) != fully.as_ref() {
+                    return Err(mismatch(format!(
+                        "tool_call {} committed a change from a launch that was not FullyEnforced",
+                        r.id
+                    )));
+                }
+                let (before, after) = (d["before"].as_str().unwrap_or(""), d["after"].as_str().unwrap_or(""));
+                if before != head {
+                    return Err(mismatch(format!(
+                        "tool_call {} starts from {before}, but the previous snapshot is {head} (a transition is missing or reordered)",
+                        r.id
+                    )));
+                }
+                head = after.to_string();
+                list.push(TransitionEntry {
+                    receipt_id: r.id.clone(),
+                    operation_key: d["operation_key"].as_str().unwrap_or("").to_string(),
+                    before: before.to_string(),
+                    after: after.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(Transitions { baseline: baseline.to_string(), transitions: list, final_snapshot: head })
+}
+
+/// Every receipt of the workspace's store, in chain order, as stored.
+fn stored_receipts(store: &Store) -> Result<Vec<String>, RepoError> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let rows = store.list(&Filter { after_seq: Some(after), limit: 1000, ..Filter::default() })?;
+        let Some(last) = rows.last() else { break };
+        after = last.seq;
+        out.extend(rows.into_iter().map(|r| r.envelope));
+    }
+    Ok(out)
+}
+
+/// Write the bundle for `ws` to `out` (created; it must not exist). Missing or altered evidence
+/// refuses the export.
+pub fn export(ws: &Workspace, out: &Path) -> Result<ExportReport, RepoError> {
+    let key = &ws.config.kernel_public_key;
+    let store = Store::open_read_only(&ws.dir.join("receipts.db"))?;
+    let lines = stored_receipts(&store)?;
+    let receipts = verify_receipts(&lines, key)?;
+    let t = transitions_of(&receipts, &ws.config_digest, &ws.config.baseline)?;
+    let head = ws.head()?;
+    if t.final_snapshot != head {
+        return Err(mismatch(format!(
+            "the receipts end at {} but the workspace head is {head}; run `chio repository recover`",
+            t.final_snapshot
+        )));
+    }
+    let baseline = ws.snapshot(&ws.config.baseline)?;
+    let last = ws.snapshot(&t.final_snapshot)?;
+    fs::create_dir(out).map_err(|e| {
+        RepoError::Usage(format!("--out {}: {e} (give a directory that does not exist)", out.display()))
+    })?;
+    let written = write_bundle(ws, out, &lines, &t, &baseline, &last);
+    if written.is_err() {
+        let _ = fs::remove_dir_all(out);
+    }
+    written?;
+    Ok(ExportReport { transitions: t.transitions.len(), receipts: lines.len(), final_digest: t.final_snapshot })
+}
+
+fn write_bundle(
+    ws: &Workspace,
+    out: &Path,
+    lines: &[String],
+    t: &Transitions,
+    baseline: &Index,
+    last: &Index,
+) -> Result<(), RepoError> {
+    fs::write(out.join("workspace.json"), ws.config.canonical()?)?;
+    fs::write(out.join("kernel.pub"), format!("{}\n", ws.config.kernel_public_key))?;
+    fs::write(out.join("receipts.ndjson"), lines.iter().map(|l| format!("{l}\n")).collect::<String>())?;
+    let tj = serde_json::to_vec_pretty(t).map_err(|e| RepoError::Failed(e.to_string()))?;
+    fs::write(out.join("transitions.json"), tj)?;
+    archive::write(baseline, &ws.objects, &out.join("baseline.tar"))?;
+    archive::write(last, &ws.objects, &out.join("final.tar"))?;
+    let tmp = scratch(&ws.dir.join("tmp"), "export")?;
+    let trees = Trees::create(&tmp.0.join("trees.git"))?;
+    let a = trees.import(baseline, |sha| ws.objects.get(sha))?;
+    let b = trees.import(last, |sha| ws.objects.get(sha))?;
+    fs::write(out.join("changes.patch"), trees.diff(&a, &b)?)?;
+    for f in [
+        "workspace.json",
+        "kernel.pub",
+        "receipts.ndjson",
+        "transitions.json",
+        "baseline.tar",
+        "final.tar",
+        "changes.patch",
+    ] {
+        fs::File::open(out.join(f))?.sync_all()?;
+    }
+    fs::File::open(out)?.sync_all()?;
+    Ok(())
+}
+
+/// What the recipient pins.
+#[derive(Debug, Clone)]
+pub struct VerifyRequest {
+    /// The bundle directory.
+    pub bundle: PathBuf,
+    /// The recipient's checkout.
+    pub repository: PathBuf,
+    /// The revision the baseline must come from.
+    pub revision: String,
+    /// The scope.
+    pub source_paths: Vec<String>,
+    /// The kernel public key (hex).
+    pub kernel_key: String,
+    /// The server id the workspace must name.
+    pub server_id: Option<String>,
+}
+
+/// The verification report (printed as JSON).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    /// Committed transitions verified from the baseline to the final archive.
+    pub verified_transitions: usize,
+    /// Receipts verified under the pinned key, as one chain.
+    pub verified_receipts: usize,
+    /// The scope checked.
+    pub source_paths: Vec<String>,
+    /// The recipient's own baseline equals the bundle's.
+    pub baseline_matches: bool,
+    /// The final archive is the last transition's snapshot.
+    pub final_matches: bool,
+    /// The patch turns the baseline into the final archive, inside the scope.
+    pub patch_matches: bool,
+    /// The first mismatch, when there is one.
+    pub error: Option<String>,
+}
+
+/// Verify a bundle; the report names the first mismatch.
+pub fn verify_export(r: &VerifyRequest) -> VerifyReport {
+    let mut report = VerifyReport { source_paths: r.source_paths.clone(), ..VerifyReport::default() };
+    if let Err(e) = verify_into(r, &mut report) {
+        report.error = Some(e.to_string());
+    }
+    report
+}
+
+fn read_bundle(r: &VerifyRequest, name: &str) -> Result<Vec<u8>, RepoError> {
+    fs::read(r.bundle.join(name)).map_err(|e| mismatch(format!("the bundle's {name}: {e}")))
+}
+
+fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoError> {
+    let config = Config::parse(&read_bundle(r, "workspace.json")?)?;
+    if config.kernel_public_key != r.kernel_key {
+        return Err(mismatch(format!(
+            "the workspace was signed by kernel key {}, not the pinned key",
+            config.kernel_public_key
+        )));
+    }
+    let mut want = r.source_paths.clone();
+    let mut have = config.source_paths.clone();
+    want.sort();
+    have.sort();
+    if want != have {
+        return Err(mismatch(format!("the bundle's scope is {:?}, not {:?}", config.source_paths, r.source_paths)));
+    }
+    if r.server_id.is_some() && r.server_id != config.server_id {
+        return Err(mismatch(format!("the bundle is for server {:?}, not {:?}", config.server_id, r.server_id)));
+    }
+    let config_digest = config.digest()?;
+    let ceilings = Ceilings { max_entries: u64::MAX, max_file_bytes: u64::MAX, max_total_bytes: u64::MAX };
+    let tmp = scratch(&std::env::temp_dir(), "verify")?;
+    let objects = Objects::open(&tmp.0.join("objects"))?;
+    // The recipient's own baseline, from its own checkout.
+    let import_dir = tmp.0.join("import");
+    fs::create_dir(&import_dir)?;
+    let (commit, own) =
+        git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &config.ceilings, &import_dir)
+            .map_err(|e| mismatch(format!("recomputing the baseline from {}: {e}", r.repository.display())))?;
+    if commit != config.source_commit {
+        return Err(mismatch(format!(
+            "the bundle is from commit {}, not {commit} ({})",
+            config.source_commit, r.revision
+        )));
+    }
+    let bundled_baseline = archive::read(&r.bundle.join("baseline.tar"), &objects, &ceilings)?;
+    report.baseline_matches =
+        snapshot::digest(&own) == config.baseline && snapshot::digest(&bundled_baseline) == config.baseline;
+    if !report.baseline_matches {
+        return Err(mismatch("the bundle's baseline is not the recipient's baseline"));
+    }
+    // Receipts and transitions.
+    let text =
+        String::from_utf8(read_bundle(r, "receipts.ndjson")?).map_err(|_| mismatch("receipts.ndjson is not UTF-8"))?;
+    let lines: Vec<String> = text.lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
+    let receipts = verify_receipts(&lines, &r.kernel_key)?;
+    report.verified_receipts = receipts.len();
+    let derived = transitions_of(&receipts, &config_digest, &config.baseline)?;
+    let stated: Transitions = serde_json::from_slice(&read_bundle(r, "transitions.json")?)
+        .map_err(|e| mismatch(format!("transitions.json: {e}")))?;
+    if stated != derived {
+        return Err(mismatch(
+            "transitions.json is not the transitions the receipts attest (edited, dropped or reordered)",
+        ));
+    }
+    report.verified_transitions = derived.transitions.len();
+    let last = archive::read(&r.bundle.join("final.tar"), &objects, &ceilings)?;
+    report.final_matches = snapshot::digest(&last) == derived.final_snapshot;
+    if !report.final_matches {
+        return Err(mismatch("final.tar is not the snapshot the last transition committed"));
+    }
+    // The patch: inside the scope, and exactly the baseline-to-final difference.
+    check_scope(&r.source_paths, &own, &last)
+        .map_err(|e| mismatch(format!("the final snapshot leaves the scope: {e}")))?;
+    let trees = Trees::create(&tmp.0.join("trees.git"))?;
+    let base = trees.import(&own, |sha| objects.get(sha))?;
+    let fin = trees.import(&last, |sha| objects.get(sha))?;
+    let applied =
+        trees.apply(&base, &r.bundle.join("changes.patch")).map_err(|e| mismatch(format!("changes.patch: {e}")))?;
+    report.patch_matches = applied == fin;
+    if !report.patch_matches {
+        return Err(mismatch("changes.patch does not turn the baseline into the final snapshot"));
+    }
+    Ok(())
+}
+
+/// The parsed `detail` of a `tool_call` receipt, for callers that list transitions.
+pub fn detail(r: &Verified) -> Option<&Value> {
+    r.body.detail.as_ref()
+}

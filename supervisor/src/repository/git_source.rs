@@ -1,0 +1,395 @@
+//! The baseline of a workspace: exactly the committed tree of the selected literal paths, read
+//! from the source repository's object store. git never runs with the source's configuration:
+//! objects are read through a fresh, empty repository whose only link to the source is an
+//! `alternates` entry, and refs are read as files here — so no filter, hook, fsmonitor, replace
+//! ref or promisor remote of the (hostile) source can run, and the source is never written.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::snapshot::{self, Ceilings, Index, Node, Objects, SnapshotError};
+
+/// Most source paths one workspace may select.
+pub const MAX_SOURCE_PATHS: usize = 64;
+
+/// Why the baseline could not be imported.
+#[derive(Debug)]
+pub enum SourceError {
+    /// The request or the tree is refused (named reason).
+    Refused(String),
+    /// git or the file system failed.
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceError::Refused(r) => f.write_str(r),
+            SourceError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+impl From<std::io::Error> for SourceError {
+    fn from(e: std::io::Error) -> Self {
+        SourceError::Io(e)
+    }
+}
+
+impl From<SnapshotError> for SourceError {
+    fn from(e: SnapshotError) -> Self {
+        match e {
+            SnapshotError::Refused(r) => SourceError::Refused(r),
+            SnapshotError::Io(e) => SourceError::Io(e),
+        }
+    }
+}
+
+fn refused(msg: impl Into<String>) -> SourceError {
+    SourceError::Refused(msg.into())
+}
+
+/// Check the selected paths: 1–64 canonical relative paths, no `.git`, none inside another.
+/// They are literal: pathspec magic (`:(glob)`), `*` and `?` are plain characters.
+pub fn check_source_paths(paths: &[String]) -> Result<(), SourceError> {
+    if paths.is_empty() || paths.len() > MAX_SOURCE_PATHS {
+        return Err(refused(format!("{} source paths: give 1 to {MAX_SOURCE_PATHS}", paths.len())));
+    }
+    for p in paths {
+        snapshot::check_path(p).map_err(|e| refused(format!("source path {e}")))?;
+    }
+    for (i, p) in paths.iter().enumerate() {
+        for q in &paths[i + 1..] {
+            if p == q || q.starts_with(&format!("{p}/")) || p.starts_with(&format!("{q}/")) {
+                return Err(refused(format!("source paths {p:?} and {q:?} overlap")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when `path` is one of the source paths or inside one.
+pub fn in_scope(paths: &[String], path: &str) -> bool {
+    paths.iter().any(|p| path == p || path.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('/')))
+}
+
+/// True when `path` is a directory above a source path.
+pub fn is_parent_of_scope(paths: &[String], path: &str) -> bool {
+    paths.iter().any(|p| p.strip_prefix(path).is_some_and(|r| r.starts_with('/')))
+}
+
+/// A git command that reads nothing of the caller's or the host's configuration.
+pub(crate) fn git(git_dir: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .env("LC_ALL", "C")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_ATTR_NOSYSTEM", "1")
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
+        .env("GIT_NO_LAZY_FETCH", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_LITERAL_PATHSPECS", "1")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["-c", "core.hooksPath=/dev/null", "-c", "protocol.allow=never", "-c", "core.fsmonitor=false"])
+        .stdin(Stdio::null());
+    c
+}
+
+pub(crate) fn run(mut c: Command, what: &str) -> Result<Vec<u8>, SourceError> {
+    let out = c.stderr(Stdio::piped()).stdout(Stdio::piped()).output()?;
+    if !out.status.success() {
+        return Err(refused(format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(out.stdout)
+}
+
+/// Where a source repository keeps its objects and refs.
+struct SourceDirs {
+    /// Per-worktree files (HEAD).
+    git_dir: PathBuf,
+    /// Shared objects and refs.
+    common: PathBuf,
+}
+
+fn source_dirs(repo: &Path) -> Result<SourceDirs, SourceError> {
+    let repo = std::fs::canonicalize(repo).map_err(|e| refused(format!("repository {}: {e}", repo.display())))?;
+    let dot = repo.join(".git");
+    let git_dir = if dot.is_dir() {
+        dot
+    } else if dot.is_file() {
+        // A linked worktree: `.git` is a file naming the real git directory.
+        let text = std::fs::read_to_string(&dot)?;
+        let target = text
+            .strip_prefix("gitdir: ")
+            .map(str::trim)
+            .ok_or_else(|| refused(format!("{}: not a gitdir file", dot.display())))?;
+        repo.join(target)
+    } else if repo.join("objects").is_dir() && repo.join("HEAD").is_file() {
+        repo.clone()
+    } else {
+        return Err(refused(format!("{} is not a git repository", repo.display())));
+    };
+    let common = match std::fs::read_to_string(git_dir.join("commondir")) {
+        Ok(c) => git_dir.join(c.trim()),
+        Err(_) => git_dir.clone(),
+    };
+    Ok(SourceDirs { git_dir, common })
+}
+
+/// A ref name safe to read as a file: git's own rules, roughly, and no way out of the directory.
+fn plausible_ref(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('/')
+        && !name.contains("..")
+        && !name.contains("//")
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
+}
+
+/// Read a ref as git's files backend stores it: loose file first, then packed-refs.
+fn read_ref(d: &SourceDirs, name: &str, depth: u32) -> Option<String> {
+    if depth > 5 || !plausible_ref(name) {
+        return None;
+    }
+    let base = if name.starts_with("refs/") { &d.common } else { &d.git_dir };
+    let value = match std::fs::read_to_string(base.join(name)) {
+        Ok(v) => v.trim().to_string(),
+        Err(_) => std::fs::read_to_string(d.common.join("packed-refs")).ok()?.lines().find_map(|l| {
+            let (oid, r) = l.split_once(' ')?;
+            (r == name && !l.starts_with('#') && !l.starts_with('^')).then(|| oid.to_string())
+        })?,
+    };
+    match value.strip_prefix("ref: ") {
+        Some(target) => read_ref(d, target.trim(), depth + 1),
+        None => Some(value),
+    }
+}
+
+/// The refs `rev` may name, in git's order (gitrevisions(7)).
+fn ref_candidates(rev: &str) -> Vec<String> {
+    let mut v = vec![rev.to_string()];
+    for p in ["refs/", "refs/tags/", "refs/heads/", "refs/remotes/"] {
+        v.push(format!("{p}{rev}"));
+    }
+    v.push(format!("refs/remotes/{rev}/HEAD"));
+    v
+}
+
+/// A fresh, empty bare repository in `scratch` reading the source's objects through
+/// `alternates`.
+fn fresh_reader(d: &SourceDirs, scratch: &Path) -> Result<PathBuf, SourceError> {
+    let dir = scratch.join("reader.git");
+    init_bare(&dir)?;
+    let objects = std::fs::canonicalize(d.common.join("objects"))?;
+    std::fs::create_dir_all(dir.join("objects/info"))?;
+    std::fs::write(dir.join("objects/info/alternates"), format!("{}\n", objects.display()))?;
+    Ok(dir)
+}
+
+/// A new, empty bare repository at `dir` (no templates, no configuration read).
+pub(crate) fn init_bare(dir: &Path) -> Result<(), SourceError> {
+    let mut init = Command::new("git");
+    init.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["init", "-q", "--bare", "--template="])
+        .arg(dir)
+        .stdin(Stdio::null());
+    run(init, "creating a scratch git repository")?;
+    Ok(())
+}
+
+/// The full commit id `rev` names in the source.
+fn resolve_commit(d: &SourceDirs, reader: &Path, rev: &str) -> Result<String, SourceError> {
+    if rev.is_empty() || rev.starts_with('-') || rev.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(refused(format!("revision {rev:?} is not a ref name or commit id")));
+    }
+    let oid = ref_candidates(rev).iter().find_map(|r| read_ref(d, r, 0)).unwrap_or_else(|| rev.to_string());
+    let mut c = git(reader);
+    c.args(["rev-parse", "--verify", "--quiet", "--end-of-options"]).arg(format!("{oid}^{{commit}}"));
+    let out = run(c, &format!("revision {rev:?}"))?;
+    let commit = String::from_utf8_lossy(&out).trim().to_string();
+    if commit.is_empty() {
+        return Err(refused(format!("revision {rev:?} names no commit in the repository")));
+    }
+    Ok(commit)
+}
+
+/// One `ls-tree` entry before its content is read.
+struct Listed {
+    path: String,
+    mode: String,
+    oid: String,
+    size: u64,
+}
+
+fn list_tree(reader: &Path, commit: &str, paths: &[String]) -> Result<Vec<Listed>, SourceError> {
+    let mut c = git(reader);
+    c.args(["ls-tree", "-r", "-t", "-z", "-l", "--full-tree", commit, "--"]).args(paths);
+    let out = run(c, "listing the commit's tree")?;
+    let mut v = Vec::new();
+    for rec in out.split(|&b| b == 0).filter(|r| !r.is_empty()) {
+        let rec = std::str::from_utf8(rec).map_err(|_| refused("the tree has a name that is not UTF-8"))?;
+        let (meta, path) = rec.split_once('\t').ok_or_else(|| refused("unexpected ls-tree output"))?;
+        let f: Vec<&str> = meta.split_whitespace().collect();
+        let [mode, _kind, oid, size] = f.as_slice() else { return Err(refused("unexpected ls-tree output")) };
+        v.push(Listed {
+            path: path.to_string(),
+            mode: mode.to_string(),
+            oid: oid.to_string(),
+            size: size.parse().unwrap_or(0),
+        });
+    }
+    Ok(v)
+}
+
+/// Read the listed blobs through one `cat-file --batch`.
+fn read_blobs(
+    reader: &Path,
+    oids: &[String],
+    mut each: impl FnMut(usize, Vec<u8>) -> Result<(), SourceError>,
+) -> Result<(), SourceError> {
+    if oids.is_empty() {
+        return Ok(());
+    }
+    let mut c = git(reader);
+    c.args(["cat-file", "--batch"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = c.spawn()?;
+    let mut stdin = child.stdin.take().ok_or_else(|| refused("git cat-file has no stdin"))?;
+    let requests: String = oids.iter().map(|o| format!("{o}\n")).collect();
+    let writer = std::thread::spawn(move || stdin.write_all(requests.as_bytes()));
+    let mut out = BufReader::new(child.stdout.take().ok_or_else(|| refused("git cat-file has no stdout"))?);
+    let mut result = Ok(());
+    for (i, oid) in oids.iter().enumerate() {
+        let mut header = String::new();
+        out.read_line(&mut header)?;
+        let f: Vec<&str> = header.split_whitespace().collect();
+        let size: u64 = match f.as_slice() {
+            [o, "blob", s] if o == oid => s.parse().map_err(|_| refused("unexpected cat-file output"))?,
+            _ => {
+                result = Err(refused(format!("object {oid} is missing or not a blob ({})", header.trim())));
+                break;
+            }
+        };
+        let mut bytes = Vec::with_capacity(size as usize);
+        (&mut out).take(size).read_to_end(&mut bytes)?;
+        let mut nl = [0u8; 1];
+        out.read_exact(&mut nl)?;
+        each(i, bytes)?;
+    }
+    drop(out);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = writer.join();
+    result
+}
+
+/// Import the committed tree of `paths` at `rev` into `objects`; returns the full commit id and
+/// the baseline index. Names, types and sizes are refused from the listing, before any content
+/// is read; links after.
+pub fn import(
+    repo: &Path,
+    rev: &str,
+    paths: &[String],
+    objects: &Objects,
+    c: &Ceilings,
+    scratch: &Path,
+) -> Result<(String, Index), SourceError> {
+    check_source_paths(paths)?;
+    let d = source_dirs(repo)?;
+    let reader = fresh_reader(&d, scratch)?;
+    let commit = resolve_commit(&d, &reader, rev)?;
+    let listed = list_tree(&reader, &commit, paths)?;
+    let mut index = Index::new();
+    let mut blobs: Vec<(String, String, bool)> = Vec::new();
+    let mut total = 0u64;
+    for e in &listed {
+        snapshot::check_path(&e.path)?;
+        let node = match e.mode.as_str() {
+            "040000" => Node::Dir,
+            "100644" | "100664" | "100755" | "120000" => {
+                if e.size > c.max_file_bytes {
+                    return Err(refused(format!(
+                        "{:?}: {} bytes, more than {} a file",
+                        e.path, e.size, c.max_file_bytes
+                    )));
+                }
+                total += e.size;
+                blobs.push((e.path.clone(), e.oid.clone(), e.mode == "120000"));
+                Node::File { sha256: String::new(), size: e.size, executable: e.mode == "100755" }
+            }
+            "160000" => return Err(refused(format!("{:?} is a submodule: submodules are refused", e.path))),
+            m => return Err(refused(format!("{:?}: git mode {m} is refused", e.path))),
+        };
+        if index.insert(e.path.clone(), node).is_some() {
+            return Err(refused(format!("{:?}: a duplicate entry in the tree", e.path)));
+        }
+        if index.len() as u64 > c.max_entries || total > c.max_total_bytes {
+            return Err(refused(format!(
+                "the selected tree exceeds {} entries or {} bytes",
+                c.max_entries, c.max_total_bytes
+            )));
+        }
+    }
+    for p in paths {
+        if !index.contains_key(p) {
+            return Err(refused(format!("source path {p:?} is not in commit {commit}")));
+        }
+    }
+    let oids: Vec<String> = blobs.iter().map(|b| b.1.clone()).collect();
+    read_blobs(&reader, &oids, |i, bytes| {
+        let (path, _, link) = &blobs[i];
+        let node = if *link {
+            let target = String::from_utf8(bytes)
+                .map_err(|_| refused(format!("{path:?}: a symlink target that is not UTF-8")))?;
+            Node::Symlink { target }
+        } else {
+            let Some(Node::File { size, executable, .. }) = index.get(path) else {
+                return Err(refused("index changed"));
+            };
+            if bytes.len() as u64 != *size {
+                return Err(refused(format!("{path:?}: the blob's size differs from the tree's")));
+            }
+            Node::File { sha256: objects.put(&bytes)?, size: *size, executable: *executable }
+        };
+        index.insert(path.clone(), node);
+        Ok(())
+    })?;
+    snapshot::check_index(&index, c)?;
+    Ok((commit, index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_paths_are_literal_canonical_and_disjoint() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        check_source_paths(&s(&["package", "docs/a.md", ":(glob)*"])).unwrap();
+        for bad in [&[][..], &["a", "a/b"], &["a", "a"], &["/a"], &["a/"], &["a/../b"], &[".git"], &["a/.git/x"]] {
+            assert!(check_source_paths(&s(bad)).is_err(), "{bad:?} accepted");
+        }
+        let many: Vec<String> = (0..65).map(|i| format!("p{i}")).collect();
+        assert!(check_source_paths(&many).is_err());
+        assert!(in_scope(&s(&["pkg"]), "pkg/a") && in_scope(&s(&["pkg"]), "pkg") && !in_scope(&s(&["pkg"]), "pkg2"));
+        assert!(is_parent_of_scope(&s(&["a/b/c"]), "a/b") && !is_parent_of_scope(&s(&["a/b"]), "a/b"));
+    }
+
+    #[test]
+    fn ref_names_cannot_leave_the_git_directory() {
+        for bad in ["../x", "refs/../../etc/passwd", "/etc/passwd", "a b", ""] {
+            assert!(!plausible_ref(bad), "{bad:?}");
+        }
+        assert!(plausible_ref("refs/heads/feature-1.2"));
+    }
+}

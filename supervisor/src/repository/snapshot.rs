@@ -1,0 +1,554 @@
+//! Snapshots of a workspace: an index (path → file, directory or symlink) whose canonical JSON's
+//! SHA-256 is the snapshot digest, over a content-addressed object store shared by all snapshots.
+//! The live workspace is read by walking it fd-relative without following any link, and a
+//! snapshot is materialized the same way. Names and shapes are checked the same way whether they
+//! come from git, from a walk or from an archive.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::dir::Dir;
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{fchmod, fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{fchownat, symlinkat, Gid, Uid};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Schema of a snapshot index.
+pub const SCHEMA: &str = "chio.repository.snapshot.v1";
+
+/// One entry of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Node {
+    /// A regular file.
+    File {
+        /// SHA-256 of the content (the object's name).
+        sha256: String,
+        /// Bytes.
+        size: u64,
+        /// Owner-executable (git's 100755).
+        executable: bool,
+    },
+    /// A directory.
+    Dir,
+    /// A symbolic link (its target stays inside the workspace).
+    Symlink {
+        /// The link's target, as written.
+        target: String,
+    },
+}
+
+/// A snapshot: every entry by its relative path (sorted).
+pub type Index = BTreeMap<String, Node>;
+
+/// Ceilings on a snapshot's shape (DESIGN §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ceilings {
+    /// Entries (files, directories, links).
+    pub max_entries: u64,
+    /// Bytes of one file.
+    pub max_file_bytes: u64,
+    /// Bytes of all files.
+    pub max_total_bytes: u64,
+}
+
+impl Default for Ceilings {
+    fn default() -> Self {
+        Ceilings { max_entries: 8192, max_file_bytes: 16 << 20, max_total_bytes: 64 << 20 }
+    }
+}
+
+/// Why a snapshot could not be taken or read.
+#[derive(Debug)]
+pub enum SnapshotError {
+    /// The tree has a shape the leg refuses (named path and reason).
+    Refused(String),
+    /// Reading or writing failed.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotError::Refused(r) => f.write_str(r),
+            SnapshotError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for SnapshotError {}
+
+impl From<io::Error> for SnapshotError {
+    fn from(e: io::Error) -> Self {
+        SnapshotError::Io(e)
+    }
+}
+
+impl From<nix::Error> for SnapshotError {
+    fn from(e: nix::Error) -> Self {
+        SnapshotError::Io(e.into())
+    }
+}
+
+fn refused(msg: impl Into<String>) -> SnapshotError {
+    SnapshotError::Refused(msg.into())
+}
+
+/// The digest of an index: `sha256:` of its canonical JSON.
+pub fn digest(index: &Index) -> String {
+    format!("sha256:{}", hex_sha256(&canonical_bytes(index)))
+}
+
+/// The canonical JSON of an index (what its digest covers, and how it is stored).
+pub fn canonical_bytes(index: &Index) -> Vec<u8> {
+    let doc = serde_json::json!({ "schema": SCHEMA, "entries": index });
+    // Keys are sorted and the values are strings, booleans and integers: serde_json's compact
+    // form of this document is its RFC 8785 form.
+    chio_kernel::canonical::to_canonical(&doc).map(String::into_bytes).unwrap_or_default()
+}
+
+/// Parse a stored index, checking its schema and every name.
+pub fn parse_index(bytes: &[u8]) -> Result<Index, SnapshotError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Doc {
+        schema: String,
+        entries: Index,
+    }
+    let doc: Doc = serde_json::from_slice(bytes).map_err(|e| refused(format!("not a snapshot index: {e}")))?;
+    if doc.schema != SCHEMA {
+        return Err(refused(format!("snapshot schema {:?} is not {SCHEMA}", doc.schema)));
+    }
+    check_index(
+        &doc.entries,
+        &Ceilings { max_entries: u64::MAX, max_file_bytes: u64::MAX, max_total_bytes: u64::MAX },
+    )?;
+    Ok(doc.entries)
+}
+
+/// Lowercase hex SHA-256.
+pub fn hex_sha256(bytes: &[u8]) -> String {
+    chio_kernel::keys::hex(&Sha256::digest(bytes))
+}
+
+/// A relative path the leg accepts: non-empty UTF-8 components, no `.`/`..`, no `.git` (any
+/// case), no control characters (a newline would forge lines of a patch), at most 4096 bytes.
+pub fn check_path(path: &str) -> Result<(), SnapshotError> {
+    let bad = |why: &str| Err(refused(format!("{path:?}: {why}")));
+    if path.is_empty() || path.len() > 4096 {
+        return bad("empty or longer than 4096 bytes");
+    }
+    if path.chars().any(char::is_control) {
+        return bad("a name with a control character (newline, tab, ...)");
+    }
+    for c in path.split('/') {
+        match c {
+            "" => return bad("an absolute name or an empty component"),
+            "." | ".." => return bad("a '.' or '..' component"),
+            c if c.eq_ignore_ascii_case(".git") => return bad("a .git component"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Check an index as a whole: names, parents that are directories, ceilings, and symlinks that
+/// resolve inside the tree (following the tree's own links, as the kernel would).
+pub fn check_index(index: &Index, c: &Ceilings) -> Result<(), SnapshotError> {
+    if index.len() as u64 > c.max_entries {
+        return Err(refused(format!("{} entries: more than {}", index.len(), c.max_entries)));
+    }
+    let mut total = 0u64;
+    for (path, node) in index {
+        check_path(path)?;
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            if index.get(parent) != Some(&Node::Dir) {
+                return Err(refused(format!("{path:?}: its parent is not a directory of the tree")));
+            }
+        }
+        match node {
+            Node::File { size, sha256, .. } => {
+                if *size > c.max_file_bytes {
+                    return Err(refused(format!("{path:?}: {size} bytes, more than {} a file", c.max_file_bytes)));
+                }
+                if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+                    return Err(refused(format!("{path:?}: {sha256:?} is not a SHA-256")));
+                }
+                total += size;
+                if total > c.max_total_bytes {
+                    return Err(refused(format!("more than {} bytes of content", c.max_total_bytes)));
+                }
+            }
+            Node::Symlink { target } => check_link(index, path, target)?,
+            Node::Dir => {}
+        }
+    }
+    Ok(())
+}
+
+fn check_link(index: &Index, path: &str, target: &str) -> Result<(), SnapshotError> {
+    if target.is_empty() || target.starts_with('/') || target.chars().any(char::is_control) {
+        return Err(refused(format!("{path:?}: a symlink to {target:?} (absolute, empty or with control characters)")));
+    }
+    if resolve(index, path).is_none() {
+        return Err(refused(format!("{path:?}: a symlink to {target:?} resolves outside the workspace")));
+    }
+    Ok(())
+}
+
+/// Resolve `path` inside the tree as the kernel would, following the tree's links: `None` when
+/// it leaves the root (or loops).
+fn resolve(index: &Index, path: &str) -> Option<Vec<String>> {
+    let mut todo: Vec<String> = path.split('/').rev().map(str::to_string).collect();
+    let mut at: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        match c.as_str() {
+            "" | "." => {}
+            ".." => {
+                at.pop()?;
+            }
+            _ => {
+                at.push(c);
+                if let Some(Node::Symlink { target }) = index.get(&at.join("/")) {
+                    hops += 1;
+                    if hops > 40 || target.starts_with('/') {
+                        return None;
+                    }
+                    at.pop();
+                    todo.extend(target.split('/').rev().map(str::to_string));
+                }
+            }
+        }
+    }
+    Some(at)
+}
+
+/// The content-addressed object store (`objects/ab/cdef…`, read-only files).
+#[derive(Debug, Clone)]
+pub struct Objects {
+    dir: PathBuf,
+}
+
+impl Objects {
+    /// The store in `dir` (created if missing).
+    pub fn open(dir: &Path) -> io::Result<Objects> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Objects { dir: dir.to_path_buf() })
+    }
+
+    /// Where the object `sha` lives.
+    pub fn path(&self, sha: &str) -> PathBuf {
+        self.dir.join(&sha[..2]).join(&sha[2..])
+    }
+
+    /// Store `bytes` (durably) unless present; returns its SHA-256.
+    pub fn put(&self, bytes: &[u8]) -> io::Result<String> {
+        let sha = hex_sha256(bytes);
+        let dest = self.path(&sha);
+        if dest.exists() {
+            return Ok(sha);
+        }
+        let fan = self.dir.join(&sha[..2]);
+        std::fs::create_dir_all(&fan)?;
+        // Written under a temporary name and renamed: a crash leaves no half object under its
+        // real name (the temporary ones are swept by recovery).
+        let tmp = fan.join(format!(".tmp-{}-{}", std::process::id(), &sha[2..]));
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o444).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &dest)?;
+        File::open(&fan)?.sync_all()?;
+        Ok(sha)
+    }
+
+    /// The content of `sha`, checked against its name.
+    pub fn get(&self, sha: &str) -> io::Result<Vec<u8>> {
+        let bytes = std::fs::read(self.path(sha))?;
+        if hex_sha256(&bytes) != sha {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("object {sha} is corrupt")));
+        }
+        Ok(bytes)
+    }
+}
+
+/// Open the host directory `path` for reading, never through a symlink.
+fn open_dir(path: &Path) -> Result<OwnedFd, SnapshotError> {
+    let at = chio_cage::path::open_host(path, libc::O_DIRECTORY)?;
+    // open_host gives an O_PATH fd, which cannot list a directory: reopen it for reading.
+    Ok(openat(&at, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?)
+}
+
+/// Walk the live workspace at `root` (fd-relative, no link followed), storing new file contents
+/// in `objects`. `skip_top` names top-level entries that are not part of a snapshot.
+pub fn walk(root: &Path, objects: &Objects, c: &Ceilings, skip_top: &[&str]) -> Result<Index, SnapshotError> {
+    let fd = open_dir(root)?;
+    let mut w = Walker { objects, c, index: Index::new(), total: 0 };
+    w.dir(fd, "", skip_top)?;
+    check_index(&w.index, c)?;
+    Ok(w.index)
+}
+
+struct Walker<'a> {
+    objects: &'a Objects,
+    c: &'a Ceilings,
+    index: Index,
+    total: u64,
+}
+
+impl Walker<'_> {
+    fn dir(&mut self, fd: OwnedFd, prefix: &str, skip: &[&str]) -> Result<(), SnapshotError> {
+        let mut names = Vec::new();
+        let mut dir = Dir::from_fd(fd)?;
+        for e in dir.iter() {
+            let name = e?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                names.push(name);
+            }
+        }
+        let dfd = dir.as_fd();
+        for name in names {
+            let name = String::from_utf8(name).map_err(|n| {
+                refused(format!("{prefix}{}: a name that is not UTF-8", String::from_utf8_lossy(n.as_bytes())))
+            })?;
+            if prefix.is_empty() && skip.contains(&name.as_str()) {
+                continue;
+            }
+            let path = format!("{prefix}{name}");
+            check_path(&path)?;
+            if self.index.len() as u64 >= self.c.max_entries {
+                return Err(refused(format!("more than {} entries", self.c.max_entries)));
+            }
+            let st = fstatat(dfd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)?;
+            let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+            let node = match kind {
+                SFlag::S_IFDIR => Node::Dir,
+                SFlag::S_IFREG => self.file(dfd, &name, &path, st)?,
+                SFlag::S_IFLNK => {
+                    let target = readlinkat(dfd, name.as_str())?;
+                    let target = target
+                        .to_str()
+                        .ok_or_else(|| refused(format!("{path:?}: a symlink whose target is not UTF-8")))?;
+                    Node::Symlink { target: target.to_string() }
+                }
+                _ => return Err(refused(format!("{path:?}: a FIFO, socket or device node"))),
+            };
+            let is_dir = node == Node::Dir;
+            self.index.insert(path.clone(), node);
+            if is_dir {
+                let sub = openat(
+                    dfd,
+                    name.as_str(),
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                self.dir(sub, &format!("{path}/"), &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn file(
+        &mut self,
+        dfd: BorrowedFd<'_>,
+        name: &str,
+        path: &str,
+        st: nix::sys::stat::FileStat,
+    ) -> Result<Node, SnapshotError> {
+        if st.st_nlink > 1 {
+            return Err(refused(format!("{path:?}: a hard link ({} names for one file)", st.st_nlink)));
+        }
+        let size = st.st_size as u64;
+        if size > self.c.max_file_bytes {
+            return Err(refused(format!("{path:?}: {size} bytes, more than {} a file", self.c.max_file_bytes)));
+        }
+        self.total += size;
+        if self.total > self.c.max_total_bytes {
+            return Err(refused(format!("more than {} bytes of content", self.c.max_total_bytes)));
+        }
+        let fd = openat(
+            dfd,
+            name,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        )?;
+        let mut bytes = Vec::with_capacity(size as usize);
+        // Nothing runs in the workspace any more; the bound is only against a size that changed.
+        File::from(fd).take(self.c.max_file_bytes + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 != size {
+            return Err(refused(format!("{path:?}: changed while it was read")));
+        }
+        let sha256 = self.objects.put(&bytes)?;
+        Ok(Node::File { sha256, size, executable: st.st_mode & 0o100 != 0 })
+    }
+}
+
+/// Create the tree of `index` under the empty directory `root` (fd-relative, no link followed),
+/// owned by `owner` (uid, gid) when given.
+pub fn materialize(
+    index: &Index,
+    objects: &Objects,
+    root: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<(), SnapshotError> {
+    let mut dirs: BTreeMap<String, OwnedFd> = BTreeMap::new();
+    dirs.insert(String::new(), open_dir(root)?);
+    let chown = |dfd: BorrowedFd<'_>, name: &str| -> Result<(), SnapshotError> {
+        if let Some((u, g)) = owner {
+            fchownat(dfd, name, Some(Uid::from_raw(u)), Some(Gid::from_raw(g)), AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        }
+        Ok(())
+    };
+    for (path, node) in index {
+        let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let dfd = dirs.get(parent).ok_or_else(|| refused(format!("{path:?}: parent missing")))?.as_fd();
+        match node {
+            Node::Dir => {
+                mkdirat(dfd, name, Mode::from_bits_truncate(0o755))?;
+                chown(dfd, name)?;
+                let sub = openat(
+                    dfd,
+                    name,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                dirs.insert(path.clone(), sub);
+            }
+            Node::File { sha256, executable, .. } => {
+                let bytes = objects.get(sha256)?;
+                let mode = if *executable { 0o755 } else { 0o644 };
+                let fd = openat(
+                    dfd,
+                    name,
+                    OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(mode),
+                )?;
+                // The umask must not narrow the mode the snapshot says.
+                fchmod(&fd, Mode::from_bits_truncate(mode))?;
+                File::from(fd).write_all(&bytes)?;
+                chown(dfd, name)?;
+            }
+            Node::Symlink { target } => {
+                symlinkat(OsStr::new(target), dfd, name)?;
+                chown(dfd, name)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(sha: &str) -> Node {
+        Node::File { sha256: sha.repeat(64), size: 1, executable: false }
+    }
+
+    #[test]
+    fn names_that_could_escape_or_forge_are_refused() {
+        for bad in ["", "/a", "a//b", "a/", "./a", "a/../b", "..", ".git", "a/.GIT/x", "a\nb", "a\tb"] {
+            assert!(matches!(check_path(bad), Err(SnapshotError::Refused(_))), "{bad:?} accepted");
+        }
+        for good in ["a", "a/b.txt", ".gitignore", "a/.github/x", "..a", "a.."] {
+            check_path(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn links_must_resolve_inside_following_the_trees_own_links() {
+        let mut ix = Index::new();
+        ix.insert("d".into(), Node::Dir);
+        ix.insert("d/up".into(), Node::Symlink { target: "..".into() });
+        ix.insert("d/f".into(), file("a"));
+        check_index(&ix, &Ceilings::default()).unwrap();
+        // Lexically "d/up/.." is "d", but d/up is the root, and the root's parent is outside.
+        ix.insert("d/out".into(), Node::Symlink { target: "up/..".into() });
+        assert!(check_index(&ix, &Ceilings::default()).is_err());
+        ix.remove("d/out");
+        for t in ["/etc/passwd", "../..", "../../x", ""] {
+            ix.insert("d/l".into(), Node::Symlink { target: t.into() });
+            assert!(check_index(&ix, &Ceilings::default()).is_err(), "{t:?} accepted");
+        }
+        ix.insert("d/l".into(), Node::Symlink { target: "l".into() });
+        assert!(check_index(&ix, &Ceilings::default()).is_err(), "a loop accepted");
+    }
+
+    #[test]
+    fn ceilings_and_parents() {
+        let mut ix = Index::new();
+        ix.insert("a/b".into(), file("a"));
+        assert!(check_index(&ix, &Ceilings::default()).is_err(), "a file without its parent");
+        ix.insert("a".into(), Node::Dir);
+        check_index(&ix, &Ceilings::default()).unwrap();
+        let c = Ceilings { max_entries: 1, ..Ceilings::default() };
+        assert!(check_index(&ix, &c).is_err());
+        ix.insert("a/b".into(), Node::File { sha256: "a".repeat(64), size: (16 << 20) + 1, executable: false });
+        assert!(check_index(&ix, &Ceilings::default()).is_err());
+    }
+
+    /// A scratch directory under the system temp dir, removed when dropped.
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn scratch(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("chio-snapshot-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        Scratch(d)
+    }
+
+    #[test]
+    fn walk_and_materialize_round_trip_and_refuse_host_shapes() {
+        let s = scratch("walk");
+        let (src, dst, obj) = (s.0.join("src"), s.0.join("dst"), Objects::open(&s.0.join("objects")).unwrap());
+        std::fs::create_dir_all(src.join("a/b")).unwrap();
+        std::fs::write(src.join("a/b/f.txt"), b"hello").unwrap();
+        std::fs::write(src.join("run.sh"), b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(src.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink("b/f.txt", src.join("a/link")).unwrap();
+        std::fs::create_dir(src.join(".git")).unwrap();
+        let ix = walk(&src, &obj, &Ceilings::default(), &[".git"]).unwrap();
+        let names: Vec<&str> = ix.keys().map(String::as_str).collect();
+        assert_eq!(names, ["a", "a/b", "a/b/f.txt", "a/link", "run.sh"]);
+        assert!(matches!(ix["run.sh"], Node::File { executable: true, .. }));
+        std::fs::create_dir(&dst).unwrap();
+        materialize(&ix, &obj, &dst, None).unwrap();
+        assert_eq!(digest(&walk(&dst, &obj, &Ceilings::default(), &[]).unwrap()), digest(&ix));
+        // Host shapes the leg refuses: a hard link, a FIFO, a link out of the tree.
+        std::fs::hard_link(src.join("a/b/f.txt"), src.join("hard")).unwrap();
+        assert!(
+            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"]), Err(SnapshotError::Refused(m)) if m.contains("hard link"))
+        );
+        std::fs::remove_file(src.join("hard")).unwrap();
+        nix::unistd::mkfifo(&src.join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        assert!(
+            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"]), Err(SnapshotError::Refused(m)) if m.contains("FIFO"))
+        );
+        std::fs::remove_file(src.join("fifo")).unwrap();
+        std::os::unix::fs::symlink("../../etc/passwd", src.join("a/out")).unwrap();
+        assert!(
+            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"]), Err(SnapshotError::Refused(m)) if m.contains("outside"))
+        );
+    }
+
+    #[test]
+    fn digest_depends_on_every_field() {
+        let mut ix = Index::new();
+        ix.insert("f".into(), file("a"));
+        let d1 = digest(&ix);
+        ix.insert("f".into(), Node::File { sha256: "a".repeat(64), size: 1, executable: true });
+        assert_ne!(d1, digest(&ix));
+        assert_eq!(parse_index(&canonical_bytes(&ix)).unwrap(), ix);
+    }
+}
