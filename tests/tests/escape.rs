@@ -489,6 +489,12 @@ fn no_new_privs_inside() {
     e.pair_with("no_new_privs", &[], &["nnp"], None, Nobody, &["nnp"]);
 }
 
+#[test]
+fn securebits_set_and_locked_inside() {
+    let Some(e) = env("securebits") else { return };
+    e.pair_with("securebits", &[], &["securebits"], None, Nobody, &["securebits"]);
+}
+
 // ---- ceilings ----------------------------------------------------------------------------
 
 #[test]

@@ -85,6 +85,7 @@ fn main() {
         "euid" => euid(),
         "caps" => caps(),
         "nnp" => nnp(),
+        "securebits" => securebits(),
         "fork-many" => fork_many(arg(rest, 0)),
         "alloc" => alloc(arg(rest, 0)),
         "fill" => fill(arg(rest, 0), arg(rest, 1)),
@@ -542,6 +543,17 @@ fn caps() -> ! {
         refused(&format!("all capability sets empty: {set:?}"), 0)
     }
     escaped(&format!("capabilities held: {set:?}"))
+}
+
+/// The securebits the cage sets and locks: NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE and
+/// their locks, KEEP_CAPS locked off (0xef). Anything else means a root in the cage could
+/// regain capabilities through exec or a setuid transition.
+fn securebits() -> ! {
+    let bits = unsafe { libc::prctl(libc::PR_GET_SECUREBITS) };
+    if bits == 0xef {
+        refused("securebits are 0xef (set and locked)", 0)
+    }
+    escaped(&format!("securebits are {bits:#x}, not 0xef"))
 }
 
 fn nnp() -> ! {
