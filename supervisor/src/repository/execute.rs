@@ -11,7 +11,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::AsFd;
 
 use chio_cage::{LaunchRecord, Sinks, State};
-use chio_kernel::journal::Begin;
+use chio_kernel::journal::{Begin, OpState};
 use chio_kernel::receipt::{Draft, Kind};
 use chio_kernel::store::{Appended, Store};
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -111,6 +111,12 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     }
     let key = ws.kernel_key()?;
     let mut store = ws.store(&key)?;
+    if let Some(reason) = ws.stopped() {
+        // A stopped workspace runs nothing new; a completed key still returns its result.
+        if store.op_state(&req.operation_key)? != Some(OpState::Completed) {
+            return Err(RepoError::Refused(format!("the workspace is stopped: {reason}")));
+        }
+    }
     match store.op_begin(&req.operation_key, &request_digest(req)?)? {
         Begin::Proceed => {}
         Begin::Retained(r) => return replay(&r),
@@ -133,15 +139,11 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
             )))
         }
     }
-    if let Some(reason) = ws.stopped() {
-        // The intent stays recorded; nothing ran.
-        let msg = format!("the workspace is stopped: {reason}");
-        store.op_complete(&req.operation_key, &json!({ "refused": msg }).to_string())?;
-        return Err(RepoError::Refused(msg));
-    }
     let before = ws.head()?;
     store.op_dispatch(&req.operation_key)?;
-    let (rec, launch_receipt, output) = run_cage(ws, req, &mut store, &key)?;
+    let (rec, launch_receipt, mut output) = run_cage(ws, req, &mut store, &key)?;
+    // Bytes past the cage's own per-stream cap were counted there, not written.
+    output.total += rec.outcome.as_ref().map_or(0, |o| o.stdout_dropped + o.stderr_dropped);
     let mut result = ExecResult {
         operation_key: req.operation_key.clone(),
         transition: Transition::LaunchFailed,
@@ -194,14 +196,11 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     Ok(result)
 }
 
-/// A retained result: the same answer as the first call (a refusal stays a refusal).
+/// A retained result: the same answer as the first call.
 fn replay(retained: &str) -> Result<ExecResult, RepoError> {
-    if let Ok(mut result) = serde_json::from_str::<ExecResult>(retained) {
-        result.replayed = true;
-        return Ok(result);
-    }
-    let v: serde_json::Value = serde_json::from_str(retained).map_err(failed)?;
-    Err(RepoError::Refused(v["refused"].as_str().unwrap_or("refused earlier").to_string()))
+    let mut result: ExecResult = serde_json::from_str(retained).map_err(failed)?;
+    result.replayed = true;
+    Ok(result)
 }
 
 /// Output captured from a launch.

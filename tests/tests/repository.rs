@@ -1,0 +1,490 @@
+//! The repository execution leg end to end, with real git repositories built here, real cages
+//! over the host's system directories (bash, coreutils, python3) and real signed receipts: the
+//! Python calculator task from init to a verified, applied patch; refused changes and shapes;
+//! processes that try to outlive their command; deadlines and output ceilings; a hostile source
+//! repository; tampered bundles.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use chio_tests::{chio_bin, privileged, Scratch};
+use serde_json::Value;
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn chio(args: &[&str]) -> Output {
+    Command::new(chio_bin(&PathBuf::from(PROBE))).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The calculator repository: `package/calc.py` whose `add` subtracts, its test, and a README
+/// outside the scope; then a dirty change and an untracked file that must never enter.
+fn calculator(dir: &Path) -> PathBuf {
+    let repo = dir.join("calc");
+    std::fs::create_dir_all(repo.join("package")).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("package/calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
+    std::fs::write(
+        repo.join("package/test_calc.py"),
+        "import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
+    )
+    .unwrap();
+    std::fs::write(repo.join("README"), "calculator\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "calculator"]);
+    std::fs::write(repo.join("package/calc.py"), "DIRTY\n").unwrap();
+    std::fs::write(repo.join("package/untracked.py"), "UNTRACKED\n").unwrap();
+    repo
+}
+
+/// A workspace over `repo`'s `package/` at HEAD, with a fresh kernel key: (state, seed, pubkey).
+struct Ws {
+    state: PathBuf,
+    public: PathBuf,
+}
+
+fn init(dir: &Scratch, repo: &Path, paths: &[&str]) -> Ws {
+    let keydir = dir.join("key");
+    if !keydir.exists() {
+        assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    }
+    let state = dir.join(&format!("ws-{}", std::fs::read_dir(&dir.0).unwrap().count()));
+    let mut args = vec!["repository", "init", "--state", s(&state), "--repository", s(repo), "--revision", "HEAD"];
+    for p in paths {
+        args.extend(["--source-path", p]);
+    }
+    let seed = keydir.join("signing.seed");
+    args.extend(["--kernel-key", s(&seed)]);
+    let out = chio(&args);
+    assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
+    Ws { state, public: keydir.join("public.key") }
+}
+
+/// `chio repository execute --json`: (exit code, result).
+fn exec(ws: &Ws, key: &str, deadline: &str, command: &str) -> (i32, Value) {
+    let out = chio(&[
+        "repository",
+        "execute",
+        "--state",
+        s(&ws.state),
+        "--operation-key",
+        key,
+        "--deadline",
+        deadline,
+        "--json",
+        "--",
+        command,
+    ]);
+    let code = out.status.code().unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&out.stderr).into()));
+    (code, v)
+}
+
+fn status(ws: &Ws) -> Value {
+    let out = chio(&["repository", "status", "--state", s(&ws.state), "--json"]);
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn verify(bundle: &Path, checkout: &Path, rev: &str, paths: &[&str], key: &Path) -> (i32, Value, String) {
+    let mut args =
+        vec!["repository", "verify-export", "--bundle", s(bundle), "--repository", s(checkout), "--revision", rev];
+    for p in paths {
+        args.extend(["--source-path", p]);
+    }
+    args.extend(["--kernel-key", s(key)]);
+    let out = chio(&args);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap(), v, String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn python_calculator_from_init_to_an_applied_verified_patch() {
+    if !privileged("python_calculator") {
+        return;
+    }
+    let dir = Scratch::new("repo-calc");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let live = ws.state.join("workspace/package");
+    // Exactly the committed tree: no dirty change, no untracked file, nothing outside the scope.
+    assert_eq!(std::fs::read_to_string(live.join("calc.py")).unwrap(), "def add(a, b):\n    return a - b\n");
+    assert!(!live.join("untracked.py").exists() && !ws.state.join("workspace/README").exists());
+
+    let (code, r) = exec(&ws, "run-1", "60", "cd package && python3 -m unittest");
+    assert_eq!((code, r["exit_status"].as_i64()), (1, Some(1)), "{r}");
+    assert!(r["output"].as_str().unwrap().contains("FAILED"), "{r}");
+    // The fix changes the file's size: python3 trusts a bytecode cache whose source has the same
+    // size and mtime second, and this edit lands within the second of the failing run.
+    let (code, r) = exec(&ws, "fix-1", "60", "sed -i 's/return a - b/return a + b  # fixed/' package/calc.py");
+    assert_eq!(code, 0, "{r}");
+    let (code, r) = exec(&ws, "run-2", "60", "cd package && python3 -m unittest");
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(r["transition"], "committed");
+    assert_ne!(r["before"], r["after"], "the test run left bytecode behind: a new snapshot");
+
+    // A replayed key returns the retained result and launches nothing (no new receipt).
+    let receipts = status(&ws)["receipts"].as_u64().unwrap();
+    let (code, again) = exec(&ws, "run-2", "60", "cd package && python3 -m unittest");
+    assert_eq!(code, 0);
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["receipt_id"], r["receipt_id"]);
+    assert_eq!(status(&ws)["receipts"].as_u64().unwrap(), receipts, "a replay launched again");
+    // The same key with another command is a conflict.
+    let (code, _) = exec(&ws, "run-2", "60", "true");
+    assert_eq!(code, 4);
+
+    let bundle = dir.join("bundle");
+    let out = chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The recipient: its own clone, its own choice of commit, scope and key.
+    let recipient = dir.join("recipient");
+    git(&dir.0, &["clone", "-q", s(&repo), s(&recipient)]);
+    let (code, report, err) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
+    assert_eq!(code, 0, "{report} {err}");
+    assert_eq!(report["verified_transitions"], 3, "{report}");
+    assert_eq!(report["verified_receipts"].as_u64(), Some(receipts), "{report}");
+    for k in ["baseline_matches", "final_matches", "patch_matches"] {
+        assert_eq!(report[k], true, "{k}: {report}");
+    }
+    git(&recipient, &["apply", s(&bundle.join("changes.patch"))]);
+    let t = Command::new("python3").args(["-m", "unittest"]).current_dir(recipient.join("package")).output().unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+
+    // Another key: refused.
+    let other = dir.join("other-key");
+    assert!(chio(&["keys", "generate", "--out", s(&other)]).status.success());
+    let (code, report, _) = verify(&bundle, &recipient, "HEAD", &["package"], &other.join("public.key"));
+    assert_eq!(code, 5);
+    assert!(report["error"].as_str().unwrap().contains("pinned key"), "{report}");
+}
+
+/// Each tampering of a bundle is refused with exit 5 and named.
+#[test]
+fn tampered_or_foreign_bundles_are_refused() {
+    if !privileged("tampered_bundles") {
+        return;
+    }
+    let dir = Scratch::new("repo-tamper");
+    let repo = calculator(&dir.0);
+    git(&repo, &["checkout", "-q", "--", "package/calc.py"]);
+    let ws = init(&dir, &repo, &["package"]);
+    assert_eq!(exec(&ws, "a", "30", "echo one > package/one.txt").0, 0);
+    assert_eq!(exec(&ws, "b", "30", "echo two > package/two.txt").0, 0);
+    let bundle = dir.join("bundle");
+    assert!(chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]).status.success());
+    let recipient = dir.join("recipient");
+    git(&dir.0, &["clone", "-q", s(&repo), s(&recipient)]);
+    assert_eq!(verify(&bundle, &recipient, "HEAD", &["package"], &ws.public).0, 0);
+
+    let copy = |name: &str| -> PathBuf {
+        let c = dir.join(name);
+        std::fs::create_dir(&c).unwrap();
+        for f in std::fs::read_dir(&bundle).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), c.join(f.file_name())).unwrap();
+        }
+        c
+    };
+    let expect = |b: &Path, rev: &str, paths: &[&str], words: &str| {
+        let (code, report, err) = verify(b, &recipient, rev, paths, &ws.public);
+        assert_eq!(code, 5, "{words}: {report} {err}");
+        let e = report["error"].as_str().unwrap_or_default().to_string();
+        assert!(e.contains(words), "expected {words:?} in {e:?}");
+    };
+    // An edited patch.
+    let b = copy("edited-patch");
+    let p = std::fs::read_to_string(b.join("changes.patch")).unwrap().replace("+one", "+ONE");
+    std::fs::write(b.join("changes.patch"), p).unwrap();
+    expect(&b, "HEAD", &["package"], "changes.patch");
+    // A dropped receipt.
+    let b = copy("dropped-receipt");
+    let lines: Vec<String> =
+        std::fs::read_to_string(b.join("receipts.ndjson")).unwrap().lines().map(String::from).collect();
+    std::fs::write(b.join("receipts.ndjson"), lines[..lines.len() - 1].join("\n") + "\n").unwrap();
+    expect(&b, "HEAD", &["package"], "transitions.json");
+    let b = copy("dropped-middle");
+    let kept: Vec<&String> = lines.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, l)| l).collect();
+    std::fs::write(b.join("receipts.ndjson"), kept.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    expect(&b, "HEAD", &["package"], "chain is broken");
+    // An edited receipt (its signature no longer holds).
+    let b = copy("edited-receipt");
+    let edited = std::fs::read_to_string(b.join("receipts.ndjson")).unwrap().replacen("exit:0", "exit:1", 1);
+    std::fs::write(b.join("receipts.ndjson"), edited).unwrap();
+    expect(&b, "HEAD", &["package"], "does not verify");
+    // Reordered transitions.
+    let b = copy("reordered");
+    let mut t: Value = serde_json::from_slice(&std::fs::read(b.join("transitions.json")).unwrap()).unwrap();
+    t["transitions"].as_array_mut().unwrap().reverse();
+    std::fs::write(b.join("transitions.json"), serde_json::to_vec(&t).unwrap()).unwrap();
+    expect(&b, "HEAD", &["package"], "transitions.json");
+    // Another commit, another scope.
+    std::fs::write(recipient.join("package/more.py"), "x = 1\n").unwrap();
+    git(&recipient, &["add", "-A"]);
+    git(&recipient, &["commit", "-qm", "more"]);
+    expect(&bundle, "HEAD", &["package"], "commit");
+    expect(&bundle, "HEAD~1", &["package", "README"], "scope");
+}
+
+#[test]
+fn a_change_outside_the_scope_is_put_back_and_stops_the_workspace() {
+    if !privileged("scope_violation") {
+        return;
+    }
+    let dir = Scratch::new("repo-scope");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let before = status(&ws)["head"].clone();
+    let (code, r) = exec(&ws, "escape", "30", "echo changed > package/calc.py; echo outside > notes.txt");
+    assert_eq!(code, 3, "{r}");
+    assert_eq!(r["transition"], "refused");
+    assert!(r["reason"].as_str().unwrap().contains("notes.txt"), "{r}");
+    // Put back: the in-scope edit of the same command is undone too, nothing outside remains.
+    assert!(!ws.state.join("workspace/notes.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.state.join("workspace/package/calc.py")).unwrap(),
+        "def add(a, b):\n    return a - b\n"
+    );
+    let st = status(&ws);
+    assert_eq!((st["state"].as_str(), &st["head"]), (Some("stopped"), &before));
+    let (code, r) = exec(&ws, "next", "30", "true");
+    assert_eq!(code, 3, "{r}");
+    // The refusal itself is signed evidence.
+    assert!(st["receipts"].as_u64().unwrap() >= 3);
+}
+
+#[test]
+fn every_refused_workspace_shape_is_refused() {
+    if !privileged("refused_shapes") {
+        return;
+    }
+    let dir = Scratch::new("repo-shapes");
+    let repo = calculator(&dir.0);
+    let cases = [
+        ("fifo", "mkfifo package/pipe", "FIFO"),
+        ("socket", "python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"package/sock\")'", "FIFO, socket"),
+        ("hard link", "ln package/calc.py package/hard.py", "hard link"),
+        ("escaping symlink", "ln -s ../../etc/passwd package/pw", "outside the workspace"),
+        ("absolute symlink", "ln -s /etc/passwd package/pw", "absolute"),
+        ("too many entries", "cd package && seq 8200 | xargs touch", "entries"),
+        (
+            "too much content",
+            "cd package && for i in 1 2 3 4 5; do head -c 15M /dev/zero > big$i; done",
+            "bytes of content",
+        ),
+        ("a newline in a name", "touch 'package/a\nb'", "control character"),
+    ];
+    for (what, command, words) in cases {
+        let ws = init(&dir, &repo, &["package"]);
+        let (code, r) = exec(&ws, "k", "60", command);
+        assert_eq!(code, 3, "{what}: {r}");
+        let reason = r["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(words), "{what}: {reason:?} lacks {words:?}");
+        assert_eq!(status(&ws)["state"], "stopped", "{what}");
+        let listing = std::fs::read_dir(ws.state.join("workspace/package")).unwrap().count();
+        assert_eq!(listing, 2, "{what}: the workspace was not put back");
+    }
+    // A file over 16 MiB cannot even be written (RLIMIT_FSIZE); the walk's own ceiling is
+    // covered by the snapshot unit tests.
+    let ws = init(&dir, &repo, &["package"]);
+    let (code, r) = exec(&ws, "big", "60", "head -c 17M /dev/zero > package/big");
+    assert_ne!(r["exit_status"], 0, "{r}");
+    assert_eq!(code, r["exit_status"].as_i64().unwrap() as i32);
+    assert!(std::fs::metadata(ws.state.join("workspace/package/big")).unwrap().len() <= 16 << 20);
+}
+
+#[test]
+fn no_process_of_a_command_outlives_it() {
+    if !privileged("background") {
+        return;
+    }
+    let dir = Scratch::new("repo-bg");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let marker = format!("sleep 1.{}", std::process::id());
+    let command = format!(
+        "({marker}; echo late > package/late.txt) & disown; setsid nohup sh -c '{marker}; touch package/nohup.txt' >/dev/null 2>&1 & echo started"
+    );
+    let (code, r) = exec(&ws, "bg", "30", &command);
+    assert_eq!(code, 0, "{r}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let live: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker[6..]))
+        .collect();
+    assert!(live.is_empty(), "processes outlived the command: {live:?}");
+    assert!(
+        !ws.state.join("workspace/package/late.txt").exists() && !ws.state.join("workspace/package/nohup.txt").exists()
+    );
+}
+
+#[test]
+fn deadline_and_output_ceilings() {
+    if !privileged("deadline_output") {
+        return;
+    }
+    let dir = Scratch::new("repo-limits");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let started = std::time::Instant::now();
+    let (code, r) = exec(&ws, "slow", "1", "echo before; sleep 30");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(r["deadline_hit"], true, "{r}");
+    assert_eq!(code, 137, "{r}");
+    assert_eq!(r["output"], "before\n");
+    let (code, mut r) = exec(&ws, "loud", "30", "head -c 600000 /dev/zero | tr '\\0' a; echo tail >&2");
+    assert_eq!(r["output"].as_str().unwrap().len(), 512 << 10);
+    r["output"] = Value::Null;
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(r["output_bytes"], 600005, "{r}");
+    assert_eq!(r["output_dropped"], 600005 - (512 << 10));
+    for (k, v) in [("deadline_s", "0"), ("deadline_s", "301")] {
+        let out = chio(&[
+            "repository",
+            "execute",
+            "--state",
+            s(&ws.state),
+            "--operation-key",
+            k,
+            "--deadline",
+            v,
+            "--",
+            "true",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "deadline {v}");
+    }
+}
+
+#[test]
+fn a_hostile_source_repository_runs_nothing_and_is_not_written() {
+    if !privileged("hostile_source") {
+        return;
+    }
+    let dir = Scratch::new("repo-hostile");
+    let repo = calculator(&dir.0);
+    git(&repo, &["checkout", "-q", "--", "package/calc.py"]);
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", s(&marker));
+    std::fs::write(repo.join(".gitattributes"), "* filter=evil diff=evil\n").unwrap();
+    git(&repo, &["add", ".gitattributes"]);
+    git(&repo, &["commit", "-qm", "attributes"]);
+    for (k, v) in [
+        ("filter.evil.smudge", touch.as_str()),
+        ("filter.evil.clean", touch.as_str()),
+        ("filter.evil.process", touch.as_str()),
+        ("diff.evil.textconv", touch.as_str()),
+        ("core.fsmonitor", touch.as_str()),
+        ("core.hooksPath", s(&dir.0)),
+        ("core.sshCommand", touch.as_str()),
+        ("remote.origin.promisor", "true"),
+        ("extensions.partialClone", "origin"),
+    ] {
+        git(&repo, &["config", k, v]);
+    }
+    for hook in ["post-checkout", "pre-commit", "reference-transaction", "post-index-change"] {
+        let h = dir.join(hook);
+        std::fs::write(&h, format!("#!/bin/sh\n{touch}\n")).unwrap();
+        std::fs::set_permissions(&h, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let snapshot = |d: &Path| -> Vec<(String, u64, std::time::SystemTime)> {
+        let mut v = Vec::new();
+        let mut stack = vec![d.join(".git")];
+        while let Some(p) = stack.pop() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+                v.push((e.path().display().to_string(), m.len(), m.modified().unwrap()));
+            }
+        }
+        v.sort();
+        v
+    };
+    let before = snapshot(&repo);
+    let ws = init(&dir, &repo, &["package"]);
+    assert!(!marker.exists(), "the source's configuration ran a command");
+    assert_eq!(snapshot(&repo), before, "the source repository was written");
+    assert_eq!(exec(&ws, "x", "30", "echo fixed >> package/calc.py").0, 0);
+    let bundle = dir.join("bundle");
+    assert!(chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]).status.success());
+    // The recipient's checkout is the hostile one too: verifying runs nothing of it either.
+    let (code, report, err) = verify(&bundle, &repo, "HEAD", &["package"], &ws.public);
+    assert_eq!(code, 0, "{report} {err}");
+    assert!(!marker.exists(), "verification ran a command of the checkout");
+    // The control: the same repository does run the filter for an ordinary checkout.
+    let control = dir.join("control");
+    let out = Command::new("git")
+        .args(["-c", "protocol.file.allow=always", "clone", "-q", "--no-checkout", s(&repo), s(&control)])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    git(&control, &["config", "filter.evil.smudge", &touch]);
+    git(&control, &["checkout", "-q", "HEAD", "--", "."]);
+    assert!(marker.exists(), "control: the filter did not run in an ordinary checkout");
+}
+
+#[test]
+fn init_refuses_bad_scopes_and_submodules() {
+    if !privileged("init_refusals") {
+        return;
+    }
+    let dir = Scratch::new("repo-init");
+    let repo = calculator(&dir.0);
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let seed = keydir.join("signing.seed");
+    let try_init = |paths: &[&str], rev: &str| -> (i32, String) {
+        let state = dir.join("state");
+        let mut args = vec!["repository", "init", "--state", s(&state), "--repository", s(&repo), "--revision", rev];
+        for p in paths {
+            args.extend(["--source-path", p]);
+        }
+        args.extend(["--kernel-key", s(&seed)]);
+        let out = chio(&args);
+        assert!(!state.exists(), "a refused init left {}", state.display());
+        (out.status.code().unwrap(), String::from_utf8_lossy(&out.stderr).into())
+    };
+    for (paths, words) in [
+        (&["package", "package/calc.py"][..], "overlap"),
+        (&["../x"][..], "'..'"),
+        (&["/etc"][..], "absolute"),
+        (&[".git"][..], ".git"),
+        (&["missing"][..], "not in commit"),
+        (&["pack*"][..], "not in commit"),
+    ] {
+        let (code, err) = try_init(paths, "HEAD");
+        assert_eq!(code, 3, "{paths:?}: {err}");
+        assert!(err.contains(words), "{paths:?}: {err}");
+    }
+    let (code, err) = try_init(&["package"], "no-such-branch");
+    assert_eq!(code, 3, "{err}");
+    // A submodule entry in the tree.
+    let head = git(&repo, &["rev-parse", "HEAD"]);
+    git(&repo, &["update-index", "--add", "--cacheinfo", &format!("160000,{head},package/sub")]);
+    git(&repo, &["commit", "-qm", "submodule"]);
+    let (code, err) = try_init(&["package"], "HEAD");
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("submodule"), "{err}");
+}
