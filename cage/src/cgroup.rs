@@ -416,6 +416,51 @@ fn keyed(p: &Path, key: &str) -> Option<u64> {
     })
 }
 
+/// True for a launch cgroup's directory name: `chio-<pid>-<16 hex digits>`.
+fn is_launch_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("chio-") else { return false };
+    let Some((pid, rnd)) = rest.split_once('-') else { return false };
+    !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && rnd.len() == 16
+        && rnd.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Kill and remove launch cgroups recorded earlier (recovery after a supervisor died before
+/// its janitor could). Only a directory on a cgroup file system whose name is a launch name is
+/// touched: a recorded path is data, never a licence to kill elsewhere. Returns the directories
+/// that existed and were removed; a missing one is already gone.
+pub fn reclaim(paths: &[String]) -> io::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for p in paths {
+        let d = Path::new(p);
+        let name = d.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !is_launch_name(name) || !d.is_absolute() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{p} is not a chio launch cgroup")));
+        }
+        let Some(magic) = statfs_magic(d) else { continue };
+        if magic != libc::CGROUP_SUPER_MAGIC && magic != libc::CGROUP2_SUPER_MAGIC {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{p} is not on a cgroup file system")));
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let _ = write(&d.join("cgroup.kill"), "1");
+            for pid in procs(d) {
+                // SAFETY: plain kill of a pid listed by a chio launch cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            match fs::remove_dir(d) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => return Err(io::Error::new(e.kind(), format!("removing {p}: {e}"))),
+            }
+        }
+        removed.push(p.clone());
+    }
+    Ok(removed)
+}
+
 fn procs(d: &Path) -> Vec<libc::pid_t> {
     fs::read_to_string(d.join("cgroup.procs"))
         .unwrap_or_default()
@@ -427,6 +472,19 @@ fn procs(d: &Path) -> Vec<libc::pid_t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reclaim_touches_only_launch_cgroups() {
+        assert!(is_launch_name("chio-123-00112233aabbccdd"));
+        for bad in ["chio-x-00112233aabbccdd", "system.slice", "chio-1-0011", "chio--00112233aabbccdd"] {
+            assert!(!is_launch_name(bad), "{bad}");
+        }
+        let e = reclaim(&["/sys/fs/cgroup/system.slice".into()]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // A launch name outside a cgroup file system is refused, not removed.
+        let e = reclaim(&["/proc/chio-1-00112233aabbccdd".into()]).map(|v| v.len());
+        assert!(matches!(e, Ok(0)), "{e:?}");
+    }
 
     #[test]
     fn parses_v1_membership() {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use chio_supervisor::repository::execute::{self, ExecRequest, Transition};
 use chio_supervisor::repository::workspace::{self, InitRequest, RepoError};
-use chio_supervisor::repository::{export, status};
+use chio_supervisor::repository::{export, recover, status};
 use clap::Subcommand;
 
 /// `chio repository` subcommands.
@@ -76,6 +76,12 @@ pub enum RepositoryCommand {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// After a crash: remove leftovers, restore the last committed snapshot, settle the journal.
+    Recover {
+        /// The workspace's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
     },
     /// Write the patch, the receipts and the archives a recipient verifies.
     Export {
@@ -223,6 +229,12 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
                 println!("  operations: {}", if ops.is_empty() { "none".into() } else { ops.join(", ") });
             }
             Ok(0)
+        }
+        RepositoryCommand::Recover { state } => {
+            require_root("recover")?;
+            let report = recover::recover(&workspace::open(state)?)?;
+            print_json(&report)?;
+            Ok(if report.left_in_place.is_empty() { 0 } else { 3 })
         }
         RepositoryCommand::Export { state, out } => {
             let ws = workspace::open(state)?;

@@ -141,6 +141,7 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     }
     let before = ws.head()?;
     store.op_dispatch(&req.operation_key)?;
+    super::crash_point("dispatched");
     let (rec, launch_receipt, mut output) = run_cage(ws, req, &mut store, &key)?;
     // Bytes past the cage's own per-stream cap were counted there, not written.
     output.total += rec.outcome.as_ref().map_or(0, |o| o.stdout_dropped + o.stderr_dropped);
@@ -187,8 +188,10 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
             Err(e) => return Err(e),
         }
     }
+    super::crash_point("receipt");
     let receipt = store.append(&key, tool_call_draft(ws, req, &result, &launch_receipt)?)?;
     result.receipt_id = receipt.receipt.id;
+    super::crash_point("committed");
     if let Some(after) = &result.after {
         ws.set_head(after)?;
     }

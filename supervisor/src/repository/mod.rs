@@ -6,6 +6,16 @@ pub mod execute;
 pub mod export;
 pub mod git_source;
 pub mod patch;
+pub mod recover;
 pub mod snapshot;
 pub mod status;
 pub mod workspace;
+
+/// Test-only crash point: with the `test-hooks` feature and `CHIO_TEST_CRASH=<point>`, the
+/// process kills itself here with SIGKILL (what a crash or an OOM kill looks like from outside).
+pub(crate) fn crash_point(point: &str) {
+    if cfg!(feature = "test-hooks") && std::env::var("CHIO_TEST_CRASH").is_ok_and(|v| v == point) {
+        // SAFETY: raise has no preconditions.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+}

@@ -264,6 +264,7 @@ impl Objects {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o444).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
+        super::crash_point("snapshot");
         std::fs::rename(&tmp, &dest)?;
         File::open(&fan)?.sync_all()?;
         Ok(sha)
