@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use chio_supervisor::repository::execute::{self, ExecRequest, Transition};
 use chio_supervisor::repository::workspace::{self, InitRequest, RepoError};
-use chio_supervisor::repository::{export, recover, status};
+use chio_supervisor::repository::{export, mcp, recover, status};
 use clap::Subcommand;
 
 /// `chio repository` subcommands.
@@ -76,6 +76,12 @@ pub enum RepositoryCommand {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// Serve the leg over MCP (JSON-RPC 2.0 on stdio) with one tool, `execute`.
+    Serve {
+        /// The workspace's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
     },
     /// After a crash: remove leftovers, restore the last committed snapshot, settle the journal.
     Recover {
@@ -228,6 +234,14 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
                 let ops: Vec<String> = s.operations.iter().map(|(k, v)| format!("{k} {v}")).collect();
                 println!("  operations: {}", if ops.is_empty() { "none".into() } else { ops.join(", ") });
             }
+            Ok(0)
+        }
+        RepositoryCommand::Serve { state } => {
+            require_root("serve")?;
+            // Opened once up front: a wrong state directory fails here, not at the first call.
+            drop(workspace::open(state)?);
+            let stdin = std::io::stdin().lock();
+            mcp::serve(state, stdin, std::io::stdout().lock())?;
             Ok(0)
         }
         RepositoryCommand::Recover { state } => {

@@ -488,3 +488,53 @@ fn init_refuses_bad_scopes_and_submodules() {
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("submodule"), "{err}");
 }
+
+#[test]
+fn mcp_server_runs_the_execute_tool_and_survives_bad_input() {
+    if !privileged("mcp") {
+        return;
+    }
+    use std::io::Write;
+    let dir = Scratch::new("repo-mcp");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let mut child = Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(["repository", "serve", "--state", s(&ws.state)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        "this is not json",
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"execute","arguments":{"command":"echo hi > package/hi.txt; cat package/hi.txt","operation_key":"m1","timeout":30}}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute","arguments":{"command":"echo hi > package/hi.txt; cat package/hi.txt","operation_key":"m1","timeout":30}}}"#,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"execute","arguments":{"command":"echo x > outside.txt"}}}"#,
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    for r in requests {
+        writeln!(stdin, "{r}").unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let replies: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(replies.len(), 6, "{replies:?}");
+    assert_eq!(replies[0]["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(replies[1]["result"]["tools"][0]["name"], "execute");
+    assert_eq!(replies[2]["error"]["code"], -32700);
+    let first = &replies[3]["result"];
+    assert_eq!(first["content"][0]["text"], "hi\n");
+    assert_eq!(first["isError"], false);
+    assert_eq!(first["structuredContent"]["exit_status"], 0);
+    assert_eq!(first["structuredContent"]["receipt_id"].as_str().unwrap().len(), 64);
+    // The same key: the retained result, not a second run.
+    assert_eq!(replies[4]["result"]["structuredContent"]["replayed"], true);
+    assert_eq!(replies[4]["result"]["structuredContent"]["receipt_id"], first["structuredContent"]["receipt_id"]);
+    // A change outside the scope: refused, reported to the model as an error.
+    assert_eq!(replies[5]["result"]["isError"], true);
+    assert_eq!(replies[5]["result"]["structuredContent"]["transition"], "refused");
+}

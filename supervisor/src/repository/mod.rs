@@ -19,3 +19,4 @@ pub(crate) fn crash_point(point: &str) {
         unsafe { libc::raise(libc::SIGKILL) };
     }
 }
+pub mod mcp;
