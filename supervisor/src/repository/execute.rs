@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::git_source::{in_scope, is_parent_of_scope};
-use super::snapshot::{self, Index, Node};
+use super::snapshot::{self, Index, Node, StatCache};
 use super::workspace::{write_snapshot, RepoError, Workspace};
 use crate::launch_plan::{self, ImageChoice, PlanOptions};
 use crate::receipts;
@@ -87,6 +87,11 @@ pub struct ExecResult {
     /// True when this result was retained from an earlier call with the same key.
     #[serde(default)]
     pub replayed: bool,
+    /// Where the time went, in microseconds: `journal` (intent and dispatch), `launch` (the
+    /// cage, from plan to teardown, with its two receipts), `walk` (reading the workspace and
+    /// storing new objects), `commit` (snapshot index, `tool_call` receipt, head, result).
+    #[serde(default)]
+    pub timings_us: std::collections::BTreeMap<String, u64>,
 }
 
 fn failed(e: impl std::fmt::Display) -> RepoError {
@@ -109,6 +114,14 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     if !(1..=MAX_DEADLINE_S).contains(&req.deadline_s) {
         return Err(RepoError::Usage(format!("deadline {} s: give 1 to {MAX_DEADLINE_S} seconds", req.deadline_s)));
     }
+    let started = std::time::Instant::now();
+    let mut mark = started;
+    let mut timings = std::collections::BTreeMap::new();
+    let mut lap = |name: &str| {
+        let now = std::time::Instant::now();
+        timings.insert(name.to_string(), (now - mark).as_micros() as u64);
+        mark = now;
+    };
     let key = ws.kernel_key()?;
     let mut store = ws.store(&key)?;
     if let Some(reason) = ws.stopped() {
@@ -142,7 +155,9 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     let before = ws.head()?;
     store.op_dispatch(&req.operation_key)?;
     super::crash_point("dispatched");
+    lap("journal");
     let (rec, launch_receipt, mut output) = run_cage(ws, req, &mut store, &key)?;
+    lap("launch");
     // Bytes past the cage's own per-stream cap were counted there, not written.
     output.total += rec.outcome.as_ref().map_or(0, |o| o.stdout_dropped + o.stderr_dropped);
     let mut result = ExecResult {
@@ -161,6 +176,7 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
         receipt_id: String::new(),
         launch_receipt_id: launch_receipt.receipt.id.clone(),
         replayed: false,
+        timings_us: Default::default(),
     };
     if let Some(o) = &rec.outcome {
         result.limits_hit = o.limit_hit.clone();
@@ -174,8 +190,13 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     } else {
         // The launch has returned: the cage's init and with it every process of the command
         // is gone, so nothing can change the workspace while it is read.
-        match take_snapshot(ws, &before) {
-            Ok(after) => {
+        let walked = walk(ws, &before);
+        lap("walk");
+        match walked.and_then(|(index, seen)| Ok((write_snapshot(&ws.dir, &index)?, seen))) {
+            Ok((after, mut seen)) => {
+                seen.snapshot = after.clone();
+                // Only an aid for the next walk: a failure to keep it costs nothing but time.
+                let _ = seen.save(&ws.dir.join("statcache"));
                 result.transition = Transition::Committed;
                 result.after = Some(after);
             }
@@ -195,6 +216,8 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     if let Some(after) = &result.after {
         ws.set_head(after)?;
     }
+    lap("commit");
+    result.timings_us = timings;
     store.op_complete(&req.operation_key, &serde_json::to_string(&result).map_err(failed)?)?;
     Ok(result)
 }
@@ -257,12 +280,14 @@ fn read_output(mut f: File) -> Result<Captured, RepoError> {
     Ok(Captured { kept, total })
 }
 
-/// Walk the workspace, check the change against the scope, commit the snapshot.
-fn take_snapshot(ws: &Workspace, before: &str) -> Result<String, RepoError> {
-    let index = snapshot::walk(&ws.live(), &ws.objects, &ws.config.ceilings, &[".git"])?;
+/// Walk the workspace (new contents into the object store) and check the change against the
+/// scope.
+fn walk(ws: &Workspace, before: &str) -> Result<(Index, StatCache), RepoError> {
+    let cache = StatCache::load(&ws.dir.join("statcache")).filter(|c| c.snapshot == before);
+    let (index, seen) = snapshot::walk(&ws.live(), &ws.objects, &ws.config.ceilings, &[".git"], cache.as_ref())?;
     let previous = ws.snapshot(before)?;
     check_scope(&ws.config.source_paths, &previous, &index)?;
-    write_snapshot(&ws.dir, &index)
+    Ok((index, seen))
 }
 
 /// Every added, removed or changed entry must be inside a source path (directories above one

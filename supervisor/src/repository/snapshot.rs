@@ -287,14 +287,99 @@ fn open_dir(path: &Path) -> Result<OwnedFd, SnapshotError> {
     Ok(openat(&at, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?)
 }
 
+/// What a walk saw of each regular file, so the next walk need not read an unchanged one. A
+/// command cannot forge what is compared (device, inode, size, ctime: the kernel sets ctime on
+/// every change, and no call sets it back), and, like git's racy entries, a file whose ctime is
+/// not older than the walk that saw it (less a coarse-clock margin) is read again.
+#[derive(Debug, Clone, Default)]
+pub struct StatCache {
+    /// The snapshot these stats describe; a cache for another snapshot is never used.
+    pub snapshot: String,
+    /// When the walk began (ns since the epoch, CLOCK_REALTIME like ctime).
+    pub taken_at_ns: i128,
+    files: std::collections::HashMap<String, Seen>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime_ns: i128,
+    sha256: String,
+}
+
+/// Timestamps are coarse (a jiffy behind the real clock at most); ctime must be older than the
+/// walk by more than this to be trusted.
+const RACY_MARGIN_NS: i128 = 50_000_000;
+
+fn ctime_ns(st: &nix::sys::stat::FileStat) -> i128 {
+    st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
+}
+
+impl StatCache {
+    /// Read a cache file; `None` when missing or unreadable (a cache is only ever an aid).
+    pub fn load(path: &Path) -> Option<StatCache> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut lines = text.lines();
+        let (snapshot, taken) = lines.next()?.split_once(' ')?;
+        let mut c =
+            StatCache { snapshot: snapshot.to_string(), taken_at_ns: taken.parse().ok()?, files: Default::default() };
+        for l in lines {
+            let mut f = l.splitn(6, ' ');
+            let seen = Seen {
+                dev: f.next()?.parse().ok()?,
+                ino: f.next()?.parse().ok()?,
+                size: f.next()?.parse().ok()?,
+                ctime_ns: f.next()?.parse().ok()?,
+                sha256: f.next()?.to_string(),
+            };
+            c.files.insert(f.next()?.to_string(), seen);
+        }
+        Some(c)
+    }
+
+    /// Write it (atomically; no fsync: a lost cache only costs reading files again, and a stale
+    /// one names another snapshot).
+    pub fn save(&self, path: &Path) -> io::Result<()> {
+        let mut out = format!("{} {}\n", self.snapshot, self.taken_at_ns);
+        for (p, s) in &self.files {
+            out.push_str(&format!("{} {} {} {} {} {p}\n", s.dev, s.ino, s.size, s.ctime_ns, s.sha256));
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, out)?;
+        std::fs::rename(tmp, path)
+    }
+
+    fn trusted(&self, path: &str, st: &nix::sys::stat::FileStat) -> Option<String> {
+        let s = self.files.get(path)?;
+        let same =
+            s.dev == st.st_dev && s.ino == st.st_ino && s.size == st.st_size as u64 && s.ctime_ns == ctime_ns(st);
+        (same && s.ctime_ns < self.taken_at_ns - RACY_MARGIN_NS).then(|| s.sha256.clone())
+    }
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
+}
+
 /// Walk the live workspace at `root` (fd-relative, no link followed), storing new file contents
-/// in `objects`. `skip_top` names top-level entries that are not part of a snapshot.
-pub fn walk(root: &Path, objects: &Objects, c: &Ceilings, skip_top: &[&str]) -> Result<Index, SnapshotError> {
+/// in `objects`. `skip_top` names top-level entries that are not part of a snapshot. A file the
+/// `cache` (for the snapshot the workspace held before) vouches for is not read again. Returns
+/// the index and the cache for it (its `snapshot` left for the caller to fill in).
+pub fn walk(
+    root: &Path,
+    objects: &Objects,
+    c: &Ceilings,
+    skip_top: &[&str],
+    cache: Option<&StatCache>,
+) -> Result<(Index, StatCache), SnapshotError> {
     let fd = open_dir(root)?;
-    let mut w = Walker { objects, c, index: Index::new(), total: 0 };
+    let seen = StatCache { taken_at_ns: now_ns(), ..StatCache::default() };
+    let mut w = Walker { objects, c, index: Index::new(), total: 0, cache, seen };
     w.dir(fd, "", skip_top)?;
     check_index(&w.index, c)?;
-    Ok(w.index)
+    Ok((w.index, w.seen))
 }
 
 struct Walker<'a> {
@@ -302,6 +387,8 @@ struct Walker<'a> {
     c: &'a Ceilings,
     index: Index,
     total: u64,
+    cache: Option<&'a StatCache>,
+    seen: StatCache,
 }
 
 impl Walker<'_> {
@@ -374,6 +461,18 @@ impl Walker<'_> {
         if self.total > self.c.max_total_bytes {
             return Err(refused(format!("more than {} bytes of content", self.c.max_total_bytes)));
         }
+        let executable = st.st_mode & 0o100 != 0;
+        let seen = |sha256: &str| Seen {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size,
+            ctime_ns: ctime_ns(&st),
+            sha256: sha256.to_string(),
+        };
+        if let Some(sha256) = self.cache.and_then(|c| c.trusted(path, &st)) {
+            self.seen.files.insert(path.to_string(), seen(&sha256));
+            return Ok(Node::File { sha256, size, executable });
+        }
         let fd = openat(
             dfd,
             name,
@@ -387,7 +486,8 @@ impl Walker<'_> {
             return Err(refused(format!("{path:?}: changed while it was read")));
         }
         let sha256 = self.objects.put(&bytes)?;
-        Ok(Node::File { sha256, size, executable: st.st_mode & 0o100 != 0 })
+        self.seen.files.insert(path.to_string(), seen(&sha256));
+        Ok(Node::File { sha256, size, executable })
     }
 }
 
@@ -519,28 +619,59 @@ mod tests {
         std::fs::set_permissions(src.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink("b/f.txt", src.join("a/link")).unwrap();
         std::fs::create_dir(src.join(".git")).unwrap();
-        let ix = walk(&src, &obj, &Ceilings::default(), &[".git"]).unwrap();
+        let (ix, _) = walk(&src, &obj, &Ceilings::default(), &[".git"], None).unwrap();
         let names: Vec<&str> = ix.keys().map(String::as_str).collect();
         assert_eq!(names, ["a", "a/b", "a/b/f.txt", "a/link", "run.sh"]);
         assert!(matches!(ix["run.sh"], Node::File { executable: true, .. }));
         std::fs::create_dir(&dst).unwrap();
         materialize(&ix, &obj, &dst, None).unwrap();
-        assert_eq!(digest(&walk(&dst, &obj, &Ceilings::default(), &[]).unwrap()), digest(&ix));
+        assert_eq!(digest(&walk(&dst, &obj, &Ceilings::default(), &[], None).unwrap().0), digest(&ix));
         // Host shapes the leg refuses: a hard link, a FIFO, a link out of the tree.
         std::fs::hard_link(src.join("a/b/f.txt"), src.join("hard")).unwrap();
         assert!(
-            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"]), Err(SnapshotError::Refused(m)) if m.contains("hard link"))
+            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"], None), Err(SnapshotError::Refused(m)) if m.contains("hard link"))
         );
         std::fs::remove_file(src.join("hard")).unwrap();
         nix::unistd::mkfifo(&src.join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
         assert!(
-            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"]), Err(SnapshotError::Refused(m)) if m.contains("FIFO"))
+            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"], None), Err(SnapshotError::Refused(m)) if m.contains("FIFO"))
         );
         std::fs::remove_file(src.join("fifo")).unwrap();
         std::os::unix::fs::symlink("../../etc/passwd", src.join("a/out")).unwrap();
         assert!(
-            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"]), Err(SnapshotError::Refused(m)) if m.contains("outside"))
+            matches!(walk(&src, &obj, &Ceilings::default(), &[".git"], None), Err(SnapshotError::Refused(m)) if m.contains("outside"))
         );
+    }
+
+    #[test]
+    fn the_stat_cache_is_trusted_only_for_old_unchanged_files() {
+        let s = scratch("cache");
+        let (src, obj) = (s.0.join("src"), Objects::open(&s.0.join("objects")).unwrap());
+        std::fs::create_dir(&src).unwrap();
+        std::fs::write(src.join("f"), b"one").unwrap();
+        let c = Ceilings::default();
+        let forged = "f".repeat(64);
+        let sha_of = |ix: &Index| match &ix["f"] {
+            Node::File { sha256, .. } => sha256.clone(),
+            other => panic!("{other:?}"),
+        };
+        // A cache entry whose hash is forged shows whether the walk trusted it or read the file.
+        let (_, mut cache) = walk(&src, &obj, &c, &[], None).unwrap();
+        cache.files.get_mut("f").unwrap().sha256 = forged.clone();
+        // Just taken: racy, so the file is read again.
+        let (ix, _) = walk(&src, &obj, &c, &[], Some(&cache)).unwrap();
+        assert_ne!(sha_of(&ix), forged, "a racy entry was trusted");
+        // Older than the margin and unchanged: trusted (and survives a save and load).
+        cache.taken_at_ns += 10 * RACY_MARGIN_NS;
+        let saved = s.0.join("cache");
+        cache.save(&saved).unwrap();
+        let loaded = StatCache::load(&saved).unwrap();
+        let (ix, _) = walk(&src, &obj, &c, &[], Some(&loaded)).unwrap();
+        assert_eq!(sha_of(&ix), forged, "an old unchanged entry was read again");
+        // A same-size rewrite moves ctime: read again.
+        std::fs::write(src.join("f"), b"two").unwrap();
+        let (ix, _) = walk(&src, &obj, &c, &[], Some(&loaded)).unwrap();
+        assert_eq!(sha_of(&ix), hex_sha256(b"two"));
     }
 
     #[test]
