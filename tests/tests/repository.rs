@@ -538,3 +538,45 @@ fn mcp_server_runs_the_execute_tool_and_survives_bad_input() {
     assert_eq!(replies[5]["result"]["isError"], true);
     assert_eq!(replies[5]["result"]["structuredContent"]["transition"], "refused");
 }
+
+#[test]
+fn export_refuses_missing_or_altered_evidence() {
+    if !privileged("export_refusals") {
+        return;
+    }
+    let dir = Scratch::new("repo-export");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    assert_eq!(exec(&ws, "a", "30", "echo one > package/one.txt").0, 0);
+    let export = |name: &str| -> (Option<i32>, String) {
+        let out = chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&dir.join(name))]);
+        assert!(out.status.success() || !dir.join(name).exists(), "a refused export left {name}");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into())
+    };
+    assert_eq!(export("ok").0, Some(0));
+    // A head the receipts do not attest.
+    let head = std::fs::read_to_string(ws.state.join("head")).unwrap();
+    std::fs::write(ws.state.join("head"), "sha256:".to_string() + &"0".repeat(64)).unwrap();
+    let (code, err) = export("bad-head");
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("recover"), "{err}");
+    std::fs::write(ws.state.join("head"), head).unwrap();
+    // A stored object altered (the calculator's content).
+    let objects = ws.state.join("objects");
+    let victim = std::fs::read_dir(&objects)
+        .unwrap()
+        .flatten()
+        .flat_map(|fan| std::fs::read_dir(fan.path()).unwrap().flatten())
+        .map(|e| e.path())
+        .find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("return a - b")))
+        .unwrap();
+    std::fs::set_permissions(&victim, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&victim, "def add(a, b):\n    return 42\n").unwrap();
+    let (code, err) = export("bad-object");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("corrupt"), "{err}");
+    // A stored object missing.
+    std::fs::remove_file(&victim).unwrap();
+    let (code, err) = export("missing-object");
+    assert_ne!(code, Some(0), "{err}");
+}
