@@ -293,12 +293,12 @@ fn walk(ws: &Workspace, before: &str) -> Result<(Index, StatCache), RepoError> {
 /// Every added, removed or changed entry must be inside a source path (directories above one
 /// excepted).
 pub fn check_scope(paths: &[String], before: &Index, after: &Index) -> Result<(), RepoError> {
-    let changed = before
-        .iter()
-        .filter(|(p, n)| after.get(*p) != Some(n))
-        .chain(after.iter().filter(|(p, _)| !before.contains_key(*p)));
-    for (path, node) in changed {
-        let parent_dir = *node == Node::Dir && is_parent_of_scope(paths, path);
+    let changed = before.keys().chain(after.keys()).filter(|p| before.get(*p) != after.get(*p));
+    for path in changed {
+        // A directory above the scope may appear or go (with the scope inside it); it may not
+        // turn into a file or a link.
+        let dir_or_absent = |ix: &Index| ix.get(path).map_or(true, |n| *n == Node::Dir);
+        let parent_dir = is_parent_of_scope(paths, path) && dir_or_absent(before) && dir_or_absent(after);
         if !in_scope(paths, path) && !parent_dir {
             return Err(RepoError::Refused(format!("{path:?} changed, and it is outside the source paths {paths:?}")));
         }

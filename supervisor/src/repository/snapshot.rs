@@ -106,31 +106,74 @@ pub fn digest(index: &Index) -> String {
     format!("sha256:{}", hex_sha256(&canonical_bytes(index)))
 }
 
-/// The canonical JSON of an index (what its digest covers, and how it is stored).
+/// The canonical JSON (RFC 8785) of an index: what its digest covers, and how it is stored.
+/// Written directly — a snapshot of thousands of entries is canonicalized on every command, and
+/// going through a generic JSON value cost more than the walk. Only strings, booleans and
+/// integers occur, whose compact serde_json form is already canonical; member names are sorted
+/// by UTF-16 code units as RFC 8785 requires (not by bytes: they differ above U+FFFF).
 pub fn canonical_bytes(index: &Index) -> Vec<u8> {
-    let doc = serde_json::json!({ "schema": SCHEMA, "entries": index });
-    // Keys are sorted and the values are strings, booleans and integers: serde_json's compact
-    // form of this document is its RFC 8785 form.
-    chio_kernel::canonical::to_canonical(&doc).map(String::into_bytes).unwrap_or_default()
+    let mut keys: Vec<&String> = index.keys().collect();
+    keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+    let mut out = Vec::with_capacity(index.len() * 120 + 64);
+    out.extend_from_slice(b"{\"entries\":{");
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut out, k);
+        out.push(b':');
+        let _ = match &index[*k] {
+            Node::File { sha256, size, executable } => {
+                write!(out, "{{\"executable\":{executable},\"sha256\":\"{sha256}\",\"size\":{size},\"type\":\"file\"}}")
+            }
+            Node::Dir => write!(out, "{{\"type\":\"dir\"}}"),
+            Node::Symlink { target } => {
+                out.extend_from_slice(b"{\"target\":");
+                let _ = serde_json::to_writer(&mut out, target);
+                write!(out, ",\"type\":\"symlink\"}}")
+            }
+        };
+    }
+    let _ = write!(out, "}},\"schema\":\"{SCHEMA}\"}}");
+    out
 }
 
 /// Parse a stored index, checking its schema and every name.
 pub fn parse_index(bytes: &[u8]) -> Result<Index, SnapshotError> {
+    // Entries are read as plain structs and then typed: serde's internally tagged enums buffer
+    // every entry first, which made reading a large index slower than walking the tree.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Raw {
+        #[serde(rename = "type")]
+        kind: String,
+        sha256: Option<String>,
+        size: Option<u64>,
+        executable: Option<bool>,
+        target: Option<String>,
+    }
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Doc {
         schema: String,
-        entries: Index,
+        entries: BTreeMap<String, Raw>,
     }
     let doc: Doc = serde_json::from_slice(bytes).map_err(|e| refused(format!("not a snapshot index: {e}")))?;
     if doc.schema != SCHEMA {
         return Err(refused(format!("snapshot schema {:?} is not {SCHEMA}", doc.schema)));
     }
-    check_index(
-        &doc.entries,
-        &Ceilings { max_entries: u64::MAX, max_file_bytes: u64::MAX, max_total_bytes: u64::MAX },
-    )?;
-    Ok(doc.entries)
+    let mut index = Index::new();
+    for (path, r) in doc.entries {
+        let node = match (r.kind.as_str(), r.sha256, r.size, r.executable, r.target) {
+            ("file", Some(sha256), Some(size), Some(executable), None) => Node::File { sha256, size, executable },
+            ("dir", None, None, None, None) => Node::Dir,
+            ("symlink", None, None, None, Some(target)) => Node::Symlink { target },
+            _ => return Err(refused(format!("snapshot entry {path:?} is malformed"))),
+        };
+        index.insert(path, node);
+    }
+    check_index(&index, &Ceilings { max_entries: u64::MAX, max_file_bytes: u64::MAX, max_total_bytes: u64::MAX })?;
+    Ok(index)
 }
 
 /// Lowercase hex SHA-256.
@@ -249,11 +292,13 @@ impl Objects {
         self.dir.join(&sha[..2]).join(&sha[2..])
     }
 
-    /// Store `bytes` (durably) unless present; returns its SHA-256.
+    /// Store `bytes` unless present; returns its SHA-256. Not yet durable: [`Objects::sync`]
+    /// once before anything names the object (one syncfs instead of an fsync per file).
     pub fn put(&self, bytes: &[u8]) -> io::Result<String> {
         let sha = hex_sha256(bytes);
         let dest = self.path(&sha);
-        if dest.exists() {
+        // An object of the wrong size (cut short by a power loss before its sync) is written again.
+        if std::fs::metadata(&dest).is_ok_and(|m| m.len() == bytes.len() as u64) {
             return Ok(sha);
         }
         let fan = self.dir.join(&sha[..2]);
@@ -263,11 +308,14 @@ impl Objects {
         let tmp = fan.join(format!(".tmp-{}-{}", std::process::id(), &sha[2..]));
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o444).open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
         super::crash_point("snapshot");
         std::fs::rename(&tmp, &dest)?;
-        File::open(&fan)?.sync_all()?;
         Ok(sha)
+    }
+
+    /// Make every object written so far durable (syncfs of the store's file system).
+    pub fn sync(&self) -> io::Result<()> {
+        Ok(nix::unistd::syncfs(File::open(&self.dir)?)?)
     }
 
     /// The content of `sha`, checked against its name.
@@ -675,6 +723,19 @@ mod tests {
     }
 
     #[test]
+    fn canonical_bytes_are_rfc8785() {
+        let mut ix = Index::new();
+        for name in ["a", "\u{ff01}", "\u{1f600}", "q\"uote\\", "é", "d"] {
+            ix.insert(name.into(), file("a"));
+        }
+        ix.insert("d".into(), Node::Dir);
+        ix.insert("l".into(), Node::Symlink { target: "t\"x\u{1f600}".into() });
+        let doc = serde_json::json!({ "schema": SCHEMA, "entries": ix });
+        let want = chio_kernel::canonical::to_canonical(&doc).unwrap();
+        assert_eq!(String::from_utf8(canonical_bytes(&ix)).unwrap(), want);
+    }
+
+    #[test]
     fn digest_depends_on_every_field() {
         let mut ix = Index::new();
         ix.insert("f".into(), file("a"));
@@ -682,5 +743,11 @@ mod tests {
         ix.insert("f".into(), Node::File { sha256: "a".repeat(64), size: 1, executable: true });
         assert_ne!(d1, digest(&ix));
         assert_eq!(parse_index(&canonical_bytes(&ix)).unwrap(), ix);
+        ix.insert("d".into(), Node::Dir);
+        ix.insert("l".into(), Node::Symlink { target: "f".into() });
+        assert_eq!(parse_index(&canonical_bytes(&ix)).unwrap(), ix);
+        let bad =
+            String::from_utf8(canonical_bytes(&ix)).unwrap().replace(r#"{"type":"dir"}"#, r#"{"size":1,"type":"dir"}"#);
+        assert!(parse_index(bad.as_bytes()).is_err());
     }
 }

@@ -307,10 +307,13 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
 
 /// Store an index as a snapshot (durably); returns its digest.
 pub fn write_snapshot(dir: &Path, index: &Index) -> Result<String, RepoError> {
-    let digest = snapshot::digest(index);
+    let bytes = snapshot::canonical_bytes(index);
+    let digest = format!("sha256:{}", snapshot::hex_sha256(&bytes));
     let path = snapshot_path(dir, &digest);
     if !path.exists() {
-        write_durably(&path, &snapshot::canonical_bytes(index))?;
+        // Its objects first: nothing may name an object that a power loss could take back.
+        Objects::open(&dir.join("objects"))?.sync()?;
+        write_durably(&path, &bytes)?;
     }
     Ok(digest)
 }
