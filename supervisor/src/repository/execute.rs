@@ -283,9 +283,14 @@ fn read_output(mut f: File) -> Result<Captured, RepoError> {
 /// Walk the workspace (new contents into the object store) and check the change against the
 /// scope.
 fn walk(ws: &Workspace, before: &str) -> Result<(Index, StatCache), RepoError> {
-    let cache = StatCache::load(&ws.dir.join("statcache")).filter(|c| c.snapshot == before);
+    let cache = StatCache::load(&ws.dir.join("statcache"), before);
     let (index, seen) = snapshot::walk(&ws.live(), &ws.objects, &ws.config.ceilings, &[".git"], cache.as_ref())?;
-    let previous = ws.snapshot(before)?;
+    // The cache's index hashes to `before` (checked when it was loaded); without one, the
+    // stored snapshot is read.
+    let previous = match cache {
+        Some(c) => c.index,
+        None => ws.snapshot(before)?,
+    };
     check_scope(&ws.config.source_paths, &previous, &index)?;
     Ok((index, seen))
 }
