@@ -133,10 +133,17 @@ pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
     }
 }
 
+/// Write to stdout; a closed pipe (`| head`) is an error named on stderr, not a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err(|e| RepoError::Failed(format!("writing to stdout: {e}")))
+    }};
+}
+
 fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
     let s = serde_json::to_string_pretty(v).map_err(|e| RepoError::Failed(e.to_string()))?;
-    println!("{s}");
-    Ok(())
+    say!("{s}")
 }
 
 fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
@@ -166,14 +173,14 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             if *json {
                 print_json(&s)?;
             } else {
-                println!(
+                say!(
                     "workspace {} at {}: commit {}, {} source path(s), baseline {}",
                     s.workspace_id,
                     state.display(),
                     s.source_commit,
                     s.source_paths.len(),
                     s.baseline
-                );
+                )?;
             }
             Ok(0)
         }
@@ -224,15 +231,15 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             if *json {
                 print_json(&s)?;
             } else {
-                println!("workspace {} ({})", s.workspace_id, s.state);
+                say!("workspace {} ({})", s.workspace_id, s.state)?;
                 if let Some(r) = &s.stopped_reason {
-                    println!("  stopped: {r}");
+                    say!("  stopped: {r}")?;
                 }
-                println!("  source   {} {:?}", s.source_commit, s.source_paths);
-                println!("  baseline {}", s.baseline);
-                println!("  head     {} ({} snapshots, {} receipts)", s.head, s.snapshots, s.receipts);
+                say!("  source   {} {:?}", s.source_commit, s.source_paths)?;
+                say!("  baseline {}", s.baseline)?;
+                say!("  head     {} ({} snapshots, {} receipts)", s.head, s.snapshots, s.receipts)?;
                 let ops: Vec<String> = s.operations.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                println!("  operations: {}", if ops.is_empty() { "none".into() } else { ops.join(", ") });
+                say!("  operations: {}", if ops.is_empty() { "none".into() } else { ops.join(", ") })?;
             }
             Ok(0)
         }
@@ -253,13 +260,13 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
         RepositoryCommand::Export { state, out } => {
             let ws = workspace::open(state)?;
             let report = export::export(&ws, out)?;
-            println!(
+            say!(
                 "exported {} transition(s), {} receipt(s) to {}; final {}",
                 report.transitions,
                 report.receipts,
                 out.display(),
                 report.final_digest
-            );
+            )?;
             Ok(0)
         }
         RepositoryCommand::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {

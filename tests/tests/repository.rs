@@ -580,3 +580,38 @@ fn export_refuses_missing_or_altered_evidence() {
     let (code, err) = export("missing-object");
     assert_ne!(code, Some(0), "{err}");
 }
+
+/// The sandbox's own git history: `git diff` inside shows the session's changes; it is never
+/// part of a snapshot, the scope check, a bundle or the patch, and survives a put-back.
+#[test]
+fn the_sandbox_has_its_own_git_history() {
+    if !privileged("sandbox_git") {
+        return;
+    }
+    let dir = Scratch::new("repo-git");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let (code, r) =
+        exec(&ws, "diff", "30", "sed -i 's/a - b/a + b/' package/calc.py && git diff --stat && git log --format=%s");
+    assert_eq!(code, 0, "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains("package/calc.py | 2 +-") && out.contains("baseline: "), "{out}");
+    let (code, r) = exec(
+        &ws,
+        "commit",
+        "30",
+        "git add -A && git -c user.name=a -c user.email=a@example.com commit -qm fix && git rev-list --count HEAD",
+    );
+    assert_eq!((code, r["output"].as_str()), (0, Some("2\n")), "{r}");
+    // Committing inside changed only .git: the snapshot did not move.
+    assert_eq!(r["before"], r["after"]);
+    let (code, _) = exec(&ws, "out", "30", "echo x > README");
+    assert_eq!(code, 3);
+    assert!(ws.state.join("workspace/.git/COMMIT_EDITMSG").exists(), "the put-back lost the sandbox's history");
+    let bundle = dir.join("bundle");
+    assert!(chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]).status.success());
+    let patch = std::fs::read_to_string(bundle.join("changes.patch")).unwrap();
+    assert!(patch.contains("a/package/calc.py") && !patch.contains(".git/"), "{patch}");
+    let listing = Command::new("tar").arg("tf").arg(bundle.join("final.tar")).output().unwrap();
+    assert!(!String::from_utf8_lossy(&listing.stdout).contains(".git"));
+}

@@ -36,7 +36,45 @@ impl Trees {
     pub fn import(
         &self,
         index: &Index,
+        content: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
+    ) -> Result<String, SourceError> {
+        self.commit(index, content, "refs/heads/t", "")
+    }
+
+    /// Give a workspace its own git history at the baseline (DESIGN §6): a fresh repository in
+    /// `workdir/.git` (no templates, no configuration read) whose `main` is one commit of
+    /// `index`, checked out into its index so `git diff` inside the sandbox shows the session's
+    /// changes. It belongs to the sandbox: the host never runs git on it again.
+    pub fn sandbox_history(
+        workdir: &Path,
+        index: &Index,
+        content: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
+        message: &str,
+    ) -> Result<(), SourceError> {
+        let mut init = std::process::Command::new("git");
+        init.env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", "/nonexistent")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(["init", "-q", "--template=", "--initial-branch=main"])
+            .arg(workdir)
+            .stdin(Stdio::null());
+        run(init, "creating the workspace's own git history")?;
+        let t = Trees { dir: workdir.join(".git") };
+        t.commit(index, content, "refs/heads/main", message)?;
+        let mut c = git(&t.dir);
+        c.args(["read-tree", "refs/heads/main"]);
+        run(c, "checking out the baseline into the workspace's git index")?;
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        index: &Index,
         mut content: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
+        refname: &str,
+        message: &str,
     ) -> Result<String, SourceError> {
         let mut stream = Vec::new();
         let mut marks: HashMap<&str, usize> = HashMap::new();
@@ -52,7 +90,11 @@ impl Trees {
                 }
             }
         }
-        stream.extend_from_slice(b"commit refs/heads/t\ncommitter chio <chio> 0 +0000\ndata 0\ndeleteall\n");
+        write!(
+            stream,
+            "commit {refname}\ncommitter chio <chio@localhost> 0 +0000\ndata {}\n{message}\ndeleteall\n",
+            message.len()
+        )?;
         for (path, node) in index {
             match node {
                 Node::File { sha256, executable, .. } => {
@@ -84,7 +126,7 @@ impl Trees {
             )));
         }
         let mut c = git(&self.dir);
-        c.args(["rev-parse", "--verify", "refs/heads/t^{tree}"]);
+        c.args(["rev-parse", "--verify"]).arg(format!("{refname}^{{tree}}"));
         Ok(String::from_utf8_lossy(&run(c, "reading the imported tree")?).trim().to_string())
     }
 

@@ -296,6 +296,9 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     fs::DirBuilder::new().mode(0o755).create(&live)?;
     nix::unistd::chown(&live, Some(COMMAND_ID.into()), Some(COMMAND_ID.into())).map_err(io::Error::from)?;
     snapshot::materialize(&index, &objects, &live, Some((COMMAND_ID, COMMAND_ID)))?;
+    let message = format!("baseline: {} {:?}\n", config.source_commit, config.source_paths);
+    super::patch::Trees::sandbox_history(&live, &index, |sha| objects.get(sha), &message)?;
+    chown_tree(&live.join(".git"), COMMAND_ID)?;
     let mut store = Store::open(&dir.join("receipts.db"), true)?;
     store.bind_key(key)?;
     write_durably(&dir.join("settings.json"), &serde_json::to_vec_pretty(&settings).map_err(io::Error::other)?)?;
@@ -303,6 +306,17 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     // Written last: a directory with a configuration is a complete workspace.
     write_durably(&dir.join("workspace.json"), &config.canonical()?)?;
     open(dir)
+}
+
+/// Hand a tree chio just created to `id` (never one a command has touched: no link is followed).
+fn chown_tree(path: &Path, id: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(id), Some(id))?;
+    if fs::symlink_metadata(path)?.is_dir() {
+        for e in fs::read_dir(path)? {
+            chown_tree(&e?.path(), id)?;
+        }
+    }
+    Ok(())
 }
 
 /// Store an index as a snapshot (durably); returns its digest.
@@ -420,6 +434,11 @@ impl Workspace {
         nix::unistd::chown(&fresh, Some(self.config.uid.into()), Some(self.config.gid.into()))
             .map_err(io::Error::from)?;
         snapshot::materialize(&index, &self.objects, &fresh, Some((self.config.uid, self.config.gid)))?;
+        // The sandbox's own history is not part of a snapshot: it moves over as it is.
+        let history = self.live().join(".git");
+        if fs::symlink_metadata(&history).is_ok() {
+            fs::rename(&history, fresh.join(".git"))?;
+        }
         nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
             &fresh,
