@@ -192,7 +192,7 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
         // is gone, so nothing can change the workspace while it is read.
         let walked = walk(ws, &before);
         lap("walk");
-        match walked.and_then(|(index, seen)| Ok((write_snapshot(&ws.dir, &index)?, seen))) {
+        match walked.and_then(|(index, seen)| Ok((write_snapshot(&ws.dir, &ws.objects, &index)?, seen))) {
             Ok((after, mut seen)) => {
                 seen.snapshot = after.clone();
                 // Only an aid for the next walk: a failure to keep it costs nothing but time.

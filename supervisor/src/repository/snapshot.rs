@@ -275,16 +275,21 @@ fn resolve(index: &Index, path: &str) -> Option<Vec<String>> {
 }
 
 /// The content-addressed object store (`objects/ab/cdef…`, read-only files).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Objects {
     dir: PathBuf,
+    /// Objects written since the last [`Objects::sync`].
+    unsynced: std::sync::Mutex<Vec<PathBuf>>,
 }
+
+/// Past this many new objects one syncfs is cheaper than an fsync each.
+const SYNCFS_FROM: usize = 64;
 
 impl Objects {
     /// The store in `dir` (created if missing).
     pub fn open(dir: &Path) -> io::Result<Objects> {
         std::fs::create_dir_all(dir)?;
-        Ok(Objects { dir: dir.to_path_buf() })
+        Ok(Objects { dir: dir.to_path_buf(), unsynced: Default::default() })
     }
 
     /// Where the object `sha` lives.
@@ -310,12 +315,27 @@ impl Objects {
         f.write_all(bytes)?;
         super::crash_point("snapshot");
         std::fs::rename(&tmp, &dest)?;
+        self.unsynced.lock().map_err(|_| io::Error::other("object list poisoned"))?.push(dest);
         Ok(sha)
     }
 
-    /// Make every object written so far durable (syncfs of the store's file system).
+    /// Make every object written so far durable: an fsync of each and of its directory, or,
+    /// for many, one syncfs of the store's file system (which also flushes whatever else the
+    /// host has dirty there, so it is kept for imports).
     pub fn sync(&self) -> io::Result<()> {
-        Ok(nix::unistd::syncfs(File::open(&self.dir)?)?)
+        let written = std::mem::take(&mut *self.unsynced.lock().map_err(|_| io::Error::other("object list poisoned"))?);
+        if written.len() >= SYNCFS_FROM {
+            return Ok(nix::unistd::syncfs(File::open(&self.dir)?)?);
+        }
+        let mut dirs = std::collections::BTreeSet::new();
+        for p in &written {
+            File::open(p)?.sync_all()?;
+            dirs.extend(p.parent().map(Path::to_path_buf));
+        }
+        for d in dirs {
+            File::open(d)?.sync_all()?;
+        }
+        Ok(())
     }
 
     /// The content of `sha`, checked against its name.

@@ -273,7 +273,7 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     let imported = git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &ceilings, &scratch);
     fs::remove_dir_all(&scratch)?;
     let (commit, index) = imported?;
-    let baseline = write_snapshot(dir, &index)?;
+    let baseline = write_snapshot(dir, &objects, &index)?;
     let config = Config {
         schema: CONFIG_SCHEMA.into(),
         workspace_id: random_hex(16)?,
@@ -320,13 +320,13 @@ fn chown_tree(path: &Path, id: u32) -> io::Result<()> {
 }
 
 /// Store an index as a snapshot (durably); returns its digest.
-pub fn write_snapshot(dir: &Path, index: &Index) -> Result<String, RepoError> {
+pub fn write_snapshot(dir: &Path, objects: &Objects, index: &Index) -> Result<String, RepoError> {
     let bytes = snapshot::canonical_bytes(index);
     let digest = format!("sha256:{}", snapshot::hex_sha256(&bytes));
     let path = snapshot_path(dir, &digest);
     if !path.exists() {
         // Its objects first: nothing may name an object that a power loss could take back.
-        Objects::open(&dir.join("objects"))?.sync()?;
+        objects.sync()?;
         write_durably(&path, &bytes)?;
     }
     Ok(digest)
