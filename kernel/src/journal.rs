@@ -165,6 +165,16 @@ impl Store {
         Ok((unknown, abandoned))
     }
 
+    /// Keys of operations begun or dispatched and not finished. With the caller holding the
+    /// only right to dispatch (a workspace lock, say), each is a crash's leftover.
+    pub fn op_unsettled(&self) -> Result<Vec<String>, StoreError> {
+        let mut q = self
+            .connection()
+            .prepare("SELECT op_key FROM operations WHERE state IN ('pending', 'dispatched') ORDER BY op_key")?;
+        let rows = q.query_map([], |r| r.get::<_, String>(0))?;
+        rows.map(|r| r.map_err(StoreError::from)).collect()
+    }
+
     /// How many operations are in each state (by state name).
     pub fn op_counts(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
         let mut q = self.connection().prepare("SELECT state, COUNT(*) FROM operations GROUP BY state")?;
@@ -199,6 +209,8 @@ mod tests {
         reach(&mut s, "c", OpState::Dispatched);
         let c = s.op_counts().unwrap();
         assert_eq!((c["completed"], c["dispatched"], c.len()), (1, 2, 2));
+        reach(&mut s, "d", OpState::Pending);
+        assert_eq!(s.op_unsettled().unwrap(), ["b", "c", "d"]);
     }
 
     /// Drive a fresh key into `state`.

@@ -29,6 +29,24 @@ pub fn enforcement(store: &mut Store, key: &SigningKey, rec: &LaunchRecord) -> R
     store.append(key, draft)
 }
 
+/// The terminal receipt of a launch whose target ran (none when it never did).
+pub fn terminal_draft(rec: &LaunchRecord, enforcement: &Appended) -> Result<Option<Draft>, StoreError> {
+    let ran = matches!(rec.state, State::FullyEnforced | State::NotConfined);
+    let (true, Some(o)) = (ran, &rec.outcome) else { return Ok(None) };
+    let outcome = match (o.exit_code, o.signal) {
+        (Some(c), _) => format!("exit:{c}"),
+        (_, Some(s)) => format!("signal:{s}"),
+        _ => "unknown".into(),
+    };
+    Ok(Some(Draft {
+        kind: Some(Kind::LaunchTerminal),
+        outcome,
+        launch: Some(reference(enforcement)?),
+        detail: Some(serde_json::to_value(o).map_err(invalid)?),
+        ..Draft::default()
+    }))
+}
+
 /// After the launch: the enforcement receipt if the exec stop never came (a failed launch), and,
 /// when the target ran, the terminal receipt referencing it. Returns the enforcement receipt and
 /// the terminal one.
@@ -42,24 +60,9 @@ pub fn finish(
         Some(e) => e,
         None => enforcement(store, key, rec)?,
     };
-    let ran = matches!(rec.state, State::FullyEnforced | State::NotConfined);
-    let terminal = match (ran, &rec.outcome) {
-        (true, Some(o)) => {
-            let outcome = match (o.exit_code, o.signal) {
-                (Some(c), _) => format!("exit:{c}"),
-                (_, Some(s)) => format!("signal:{s}"),
-                _ => "unknown".into(),
-            };
-            let draft = Draft {
-                kind: Some(Kind::LaunchTerminal),
-                outcome,
-                launch: Some(reference(&enforcement)?),
-                detail: Some(serde_json::to_value(o).map_err(invalid)?),
-                ..Draft::default()
-            };
-            Some(store.append(key, draft)?)
-        }
-        _ => None,
+    let terminal = match terminal_draft(rec, &enforcement)? {
+        Some(d) => Some(store.append(key, d)?),
+        None => None,
     };
     Ok((enforcement, terminal))
 }

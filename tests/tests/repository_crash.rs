@@ -130,8 +130,11 @@ fn recorded_cgroups(f: &Fixture) -> Vec<String> {
         .collect()
 }
 
-/// After the crash: recover, then check everything the issue asks.
+/// After the crash: nothing runs before recovery; recover, then check everything the issue asks.
 fn recover_and_check(f: &Fixture, calc_after: &str, marker: Option<&str>) -> Value {
+    let early = execute(f, "early", "echo early > package/early.txt", None);
+    assert_eq!(early.status.code(), Some(3), "{}", String::from_utf8_lossy(&early.stderr));
+    assert!(String::from_utf8_lossy(&early.stderr).contains("recover"));
     let out = run(&["repository", "recover", "--state", s(&f.state)]);
     assert_eq!(out.status.code(), Some(0), "recover: {}", String::from_utf8_lossy(&out.stderr));
     let report = json(&out);

@@ -124,6 +124,13 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     };
     let key = ws.kernel_key()?;
     let mut store = ws.store(&key)?;
+    // This process holds the workspace's lock: an operation still begun or dispatched was
+    // interrupted, and the workspace may not be what its receipts say until recovery.
+    if let Some(k) = store.op_unsettled()?.first() {
+        return Err(RepoError::Refused(format!(
+            "operation {k:?} was interrupted; run `chio repository recover` before anything else"
+        )));
+    }
     if let Some(reason) = ws.stopped() {
         // A stopped workspace runs nothing new; a completed key still returns its result.
         if store.op_state(&req.operation_key)? != Some(OpState::Completed) {
@@ -156,7 +163,7 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     store.op_dispatch(&req.operation_key)?;
     super::crash_point("dispatched");
     lap("journal");
-    let (rec, launch_receipt, mut output) = run_cage(ws, req, &mut store, &key)?;
+    let (rec, launch_receipt, terminal, mut output) = run_cage(ws, req, &mut store, &key)?;
     lap("launch");
     // Bytes past the cage's own per-stream cap were counted there, not written.
     output.total += rec.outcome.as_ref().map_or(0, |o| o.stdout_dropped + o.stderr_dropped);
@@ -210,8 +217,11 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
         }
     }
     super::crash_point("receipt");
-    let receipt = store.append(&key, tool_call_draft(ws, req, &result, &launch_receipt)?)?;
-    result.receipt_id = receipt.receipt.id;
+    // The terminal receipt and the tool call's in one transaction (one fsync).
+    let drafts: Vec<Draft> =
+        terminal.into_iter().chain([tool_call_draft(ws, req, &result, &launch_receipt)?]).collect();
+    let mut appended = store.append_batch(&key, drafts)?;
+    result.receipt_id = appended.pop().map(|a| a.receipt.id).unwrap_or_default();
     super::crash_point("committed");
     if let Some(after) = &result.after {
         ws.set_head(after)?;
@@ -241,7 +251,7 @@ fn run_cage(
     req: &ExecRequest,
     store: &mut Store,
     key: &chio_kernel::keys::SigningKey,
-) -> Result<(LaunchRecord, Appended, Captured), RepoError> {
+) -> Result<(LaunchRecord, Appended, Option<Draft>, Captured), RepoError> {
     let argv: Vec<OsString> =
         ["/bin/bash", "--noprofile", "--norc", "-c", req.command.as_str()].iter().map(OsString::from).collect();
     let mut o = PlanOptions::new(argv);
@@ -268,8 +278,12 @@ fn run_cage(
     };
     sinks.on_enforced = Some(&mut on_enforced);
     let rec = chio_cage::launch(&planned.plan, &mut sinks);
-    let (launch_receipt, _terminal) = receipts::finish(store, key, &rec, enforced)?;
-    Ok((rec, launch_receipt, read_output(out)?))
+    let launch_receipt = match enforced {
+        Some(e) => e,
+        None => receipts::enforcement(store, key, &rec)?,
+    };
+    let terminal = receipts::terminal_draft(&rec, &launch_receipt)?;
+    Ok((rec, launch_receipt, terminal, read_output(out)?))
 }
 
 fn read_output(mut f: File) -> Result<Captured, RepoError> {
