@@ -166,3 +166,57 @@ pub fn securebits() -> u32 {
     let v = unsafe { libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
     v.max(0) as u32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run `f` in a forked child (capability changes stay there); its verdict is the exit code.
+    fn in_child(f: impl FnOnce() -> bool) -> bool {
+        // SAFETY: the child only makes capability syscalls and exits.
+        match unsafe { libc::fork() } {
+            0 => unsafe { libc::_exit(i32::from(!f())) },
+            pid => {
+                let mut status = 0;
+                // SAFETY: waiting for our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+            }
+        }
+    }
+
+    /// Set the effective, permitted and inheritable sets (low 32 capabilities) exactly.
+    fn set_caps(effective: u32, permitted: u32, inheritable: u32) -> bool {
+        let hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+        let mut data = [CapData::default(); 2];
+        data[0] = CapData { effective, permitted, inheritable };
+        // SAFETY: header and two data structs as capset v3 requires.
+        unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) == 0 }
+    }
+
+    /// The init's own read-back refuses each set that is not empty, one at a time.
+    #[test]
+    fn caps_all_clear_sees_each_set() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let last = last_cap();
+        // Only the permitted set holds capabilities.
+        assert!(in_child(|| drop_bounding_and_lock(last).is_ok() && set_caps(0, 1 << 10, 0) && !caps_all_clear(last)));
+        // Only the effective and permitted sets.
+        assert!(in_child(|| drop_bounding_and_lock(last).is_ok() && !caps_all_clear(last)));
+        // Only the inheritable set.
+        assert!(in_child(|| {
+            raise_inheritable(10).is_ok()
+                && drop_bounding_and_lock(last).is_ok()
+                && set_caps(0, 0, 1 << 10)
+                && !caps_all_clear(last)
+        }));
+        // Only the bounding set.
+        assert!(in_child(|| clear_caps().is_ok() && !caps_all_clear(last)));
+        // All of them empty.
+        assert!(in_child(|| drop_bounding_and_lock(last).is_ok() && clear_caps().is_ok() && caps_all_clear(last)));
+        assert_eq!(SECUREBITS, 0xef);
+    }
+}

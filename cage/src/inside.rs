@@ -533,6 +533,13 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         return Err(fail(Stage::Capabilities, "capabilities_remain", "a capability set is not empty after dropping"));
     }
     reported.securebits = identity::securebits();
+    if reported.securebits != identity::SECUREBITS && !plan.hook(&TestHook::Bounding) {
+        return Err(fail(
+            Stage::Capabilities,
+            "securebits_unset",
+            format!("securebits are {:#x} after locking, not {:#x}", reported.securebits, identity::SECUREBITS),
+        ));
+    }
     if !late_caps {
         identity::no_new_privs().map_err(|e| fail(Stage::Identity, "no_new_privs_failed", e))?;
     }
