@@ -202,8 +202,11 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
         match walked.and_then(|(index, seen)| Ok((write_snapshot(&ws.dir, &ws.objects, &index)?, seen))) {
             Ok((after, mut seen)) => {
                 seen.snapshot = after.clone();
-                // Only an aid for the next walk: a failure to keep it costs nothing but time.
-                let _ = seen.save(&ws.dir.join("statcache"));
+                // Only an aid for the next walk: a failure to keep it costs nothing but time. The
+                // cache it came from still holds when nothing was read (nothing changed).
+                if after != before || seen.files_read > 0 {
+                    let _ = seen.save(&ws.dir.join("statcache"));
+                }
                 result.transition = Transition::Committed;
                 result.after = Some(after);
             }
@@ -223,7 +226,7 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     let mut appended = store.append_batch(&key, drafts)?;
     result.receipt_id = appended.pop().map(|a| a.receipt.id).unwrap_or_default();
     super::crash_point("committed");
-    if let Some(after) = &result.after {
+    if let Some(after) = result.after.as_ref().filter(|a| **a != before) {
         ws.set_head(after)?;
     }
     lap("commit");

@@ -370,6 +370,8 @@ pub struct StatCache {
     /// The snapshot's index.
     pub index: Index,
     stats: std::collections::HashMap<String, Stat>,
+    /// Files the walk that made this cache had to read (0: every file was vouched for).
+    pub files_read: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -595,6 +597,7 @@ impl Walker<'_> {
             return Err(refused(format!("{path:?}: changed while it was read")));
         }
         let sha256 = self.objects.put(&bytes)?;
+        self.seen.files_read += 1;
         Ok(Node::File { sha256, size, executable })
     }
 }
