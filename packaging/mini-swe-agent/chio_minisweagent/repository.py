@@ -1,0 +1,101 @@
+"""`ChioRepositoryEnvironment`: each command through chio's repository execution leg.
+
+Every command is a `chio repository execute` on a workspace made by `chio repository init`: a
+fresh cage, the change checked against the workspace's scope and signed. Operation keys are
+derived from the run id, the step and the command, so a resumed run replays the steps it already
+completed (their retained results, no new launch). When the agent submits, the workspace is
+exported (patch, receipts, archives) if `export_dir` is set.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+from typing import Any
+
+from pydantic import BaseModel
+
+from minisweagent.exceptions import Submitted
+
+from chio_minisweagent import common
+
+
+class ChioRepositoryEnvironmentConfig(BaseModel):
+    state_dir: str
+    """The workspace's state directory (`chio repository init --state`)."""
+    run_id: str = "run"
+    """Names this run in operation keys (the same id resumes the run)."""
+    timeout: int = 30
+    """Deadline per command, 1 to 300 seconds."""
+    chio: str = "chio"
+    export_dir: str | None = None
+    """Where the bundle goes when the agent submits (must not exist yet)."""
+    cwd: str = ""
+    """A directory inside the workspace commands start in (relative to /workspace)."""
+    env: dict[str, str] = {}
+    """Variables prefixed to each command (the leg's cage has no other environment)."""
+
+
+class ChioRepositoryEnvironment:
+    def __init__(self, *, config_class: type = ChioRepositoryEnvironmentConfig, **kwargs):
+        self.config = config_class(**kwargs)
+        self.step = 0
+
+    def operation_key(self, command: str) -> str:
+        digest = hashlib.sha256(command.encode()).hexdigest()[:16]
+        return f"{self.config.run_id}:{self.step}:{digest}"
+
+    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+        command = action.get("command", "")
+        timeout = max(1, min(300, timeout or self.config.timeout))
+        self.step += 1
+        full = command
+        where = cwd or self.config.cwd
+        if where:
+            full = f"cd {shlex.quote(where)} && {full}"
+        if self.config.env:
+            full = " ".join(f"export {k}={shlex.quote(v)};" for k, v in self.config.env.items()) + " " + full
+        argv = [self.config.chio, "repository", "execute", "--state", self.config.state_dir,
+                "--operation-key", self.operation_key(command), "--deadline", str(timeout), "--json", "--", full]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 30,
+                                  env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            result = json.loads(done.stdout or b"{}")
+        except Exception as e:
+            output = common.failed(e)
+            common.check_finished(output)
+            return output
+        if not result:
+            error = done.stderr.decode("utf-8", errors="replace").strip()
+            output = common.failed(RuntimeError(error or f"chio exited {done.returncode}"))
+        elif result.get("deadline_hit"):
+            output = common.timed_out(command, timeout, result.get("output", ""))
+        else:
+            text = result.get("output", "")
+            if result.get("transition") == "refused":
+                text += f"\n[chio] the change was refused and put back: {result.get('reason')}"
+            elif result.get("transition") == "launch_failed":
+                text += f"\n[chio] the cage did not run the command: {result.get('reason')}"
+            output = {"output": text, "returncode": result.get("exit_status", -1), "exception_info": "",
+                      "extra": {"receipt_id": result.get("receipt_id"), "replayed": result.get("replayed", False)}}
+            if result.get("transition") == "refused":
+                output["returncode"] = 3
+        try:
+            common.check_finished(output)
+        except Submitted:
+            if self.config.export_dir:
+                self.export(self.config.export_dir)
+            raise
+        return output
+
+    def export(self, out_dir: str) -> None:
+        subprocess.run([self.config.chio, "repository", "export", "--state", self.config.state_dir, "--out", out_dir],
+                       check=True, stdin=subprocess.DEVNULL, capture_output=True)
+
+    def get_template_vars(self, **kwargs) -> dict[str, Any]:
+        return common.template_vars(self.config, **kwargs)
+
+    def serialize(self) -> dict:
+        return common.serialize(self)
+
