@@ -90,12 +90,36 @@ fn landlock_holds_without_the_mount_flags() {
         assert_eq!(r.assert_refused(&format!("exec {target} by landlock alone")), libc::EACCES);
     }
     assert!(!root.join("lib/escaped").exists());
+    // Each kind of creation and truncation, refused by landlock's own right for it (the write
+    // above is also refused by WRITE_FILE, so it cannot tell whether MAKE_REG is handled).
+    std::fs::write(root.join("lib/existing"), b"keep").unwrap();
+    let kinds = ["reg", "dir", "fifo", "sym", "sock", "chr", "blk"];
+    for kind in kinds {
+        let r = run(&e, &root, &hook, &root_id, &["create", kind, "/lib/made"]);
+        assert_eq!(r.assert_refused(&format!("create {kind} in /lib by landlock alone")), libc::EACCES, "{kind}");
+    }
+    let r = run(&e, &root, &hook, &root_id, &["truncate", "/lib/existing"]);
+    assert_eq!(r.assert_refused("truncate in /lib by landlock alone"), libc::EACCES);
+    assert_eq!(std::fs::read(root.join("lib/existing")).unwrap(), b"keep");
     // Control: the same mounts without landlock either: the write and the exec go through, so
     // the hook really removed the flags.
     let both = [("CHIO_TEST_HOOK", "mount_flags"), ("CHIO_TEST_LANDLOCK_ABI", "0")];
     let r = run(&e, &root, &both, &["--mode", "shadow", "--uid", "0", "--gid", "0"], &["write", "/lib/escaped"]);
     assert!(r.stdout.starts_with("ESCAPED"), "{}", r.stdout);
     let r = run(&e, &root, &both, &["--mode", "shadow"], &["exec-copy", "/tmp/x"]);
+    assert!(r.stdout.starts_with("ESCAPED"), "{}", r.stdout);
+    let shadow_root = ["--mode", "shadow", "--uid", "0", "--gid", "0"];
+    for (i, kind) in kinds.iter().enumerate() {
+        let path = format!("/lib/made-{i}");
+        let r = run(&e, &root, &both, &shadow_root, &["create", kind, &path]);
+        match *kind {
+            // Without landlock the capability drop refuses device nodes, with another errno:
+            // the EACCES above is landlock's.
+            "chr" | "blk" => assert!(r.stdout.contains(&format!("errno={}", libc::EPERM)), "{kind}: {}", r.stdout),
+            _ => assert!(r.stdout.starts_with("ESCAPED"), "{kind}: {}", r.stdout),
+        }
+    }
+    let r = run(&e, &root, &both, &shadow_root, &["truncate", "/lib/existing"]);
     assert!(r.stdout.starts_with("ESCAPED"), "{}", r.stdout);
 }
 

@@ -101,6 +101,11 @@ fn main() {
         "setuid0" => verdict("setuid(0)", unsafe { libc::setuid(0) } as libc::c_long),
         "dump-status" => dump_status(),
         "symlink" => symlink(arg(rest, 0), arg(rest, 1)),
+        "create" => create(arg(rest, 0), arg(rest, 1)),
+        "truncate" => {
+            verdict(&format!("truncate {}", arg(rest, 0)), unsafe { libc::truncate(c(arg(rest, 0)).as_ptr(), 0) }
+                as libc::c_long)
+        }
         "userns" => userns(rest),
         "setid" => setid(arg(rest, 0), arg(rest, 1)),
         "chmod" => chmod(arg(rest, 0), arg(rest, 1)),
@@ -719,6 +724,34 @@ fn dump_status() -> ! {
     print!("{s}");
     let _ = std::ffi::OsStr::new("").as_bytes();
     exit(0)
+}
+
+/// Create `path` as one kind of file with the one call that needs only that kind's right (no
+/// open for writing): reg, dir, fifo, sym, sock, chr, blk.
+fn create(kind: &str, path: &str) -> ! {
+    let p = c(path);
+    let r = unsafe {
+        match kind {
+            "reg" => libc::mknod(p.as_ptr(), libc::S_IFREG | 0o644, 0),
+            "dir" => libc::mkdir(p.as_ptr(), 0o755),
+            "fifo" => libc::mkfifo(p.as_ptr(), 0o644),
+            "sym" => libc::symlink(c("target").as_ptr(), p.as_ptr()),
+            "chr" => libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)),
+            "blk" => libc::mknod(p.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(8, 0)),
+            "sock" => {
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let mut addr: libc::sockaddr_un = std::mem::zeroed();
+                addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                for (i, b) in path.bytes().take(addr.sun_path.len() - 1).enumerate() {
+                    addr.sun_path[i] = b as libc::c_char;
+                }
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len)
+            }
+            _ => error("create reg|dir|fifo|sym|sock|chr|blk PATH"),
+        }
+    };
+    verdict(&format!("create {kind} {path}"), r as libc::c_long)
 }
 
 fn symlink(target: &str, path: &str) -> ! {
