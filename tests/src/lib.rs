@@ -422,3 +422,57 @@ pub fn describe_process(pid: u32) -> String {
     let cmd: String = String::from_utf8_lossy(&cmd).replace('\0', " ").chars().take(120).collect();
     format!("{} :: {cmd}", stat.split_whitespace().take(4).collect::<Vec<_>>().join(" "))
 }
+
+/// An OCI image layout at `out` with one gzip layer holding `rootfs`, the given image config and
+/// reference `name`.
+pub fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Value, name: &str) {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", rootfs).unwrap();
+    let layer = b.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &layer).unwrap();
+    let blob = gz.finish().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": image_config,
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
+    }))
+    .unwrap();
+    let desc = |m: &str, d: &[u8]| serde_json::json!({"mediaType": m, "digest": format!("sha256:{}", hex(d)), "size": d.len()});
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": desc("application/vnd.oci.image.config.v1+json", &config),
+        "layers": [desc("application/vnd.oci.image.layer.v1.tar+gzip", &blob)],
+    }))
+    .unwrap();
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    for d in [&blob, &config, &manifest] {
+        std::fs::write(blobs.join(hex(d)), d).unwrap();
+    }
+    let mut md = desc("application/vnd.oci.image.manifest.v1+json", &manifest);
+    md["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": name});
+    std::fs::write(
+        out.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [md]})).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(out.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+}
+
+fn hex(d: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(d).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A rootfs at `root` holding these host programs and the shared libraries they load, nothing else.
+pub fn programs_rootfs(root: &Path, programs: &[&str]) {
+    for p in programs {
+        let path = Path::new(p);
+        copy_into(root, path);
+        for lib in libraries(path) {
+            copy_into(root, &lib);
+        }
+    }
+}

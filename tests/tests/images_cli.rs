@@ -4,18 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{build_rootfs, chio_bin, parse, privileged, Scratch};
-use sha2::{Digest, Sha256};
+use chio_tests::{build_rootfs, chio_bin, oci_layout_with, parse, privileged, Scratch};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
-
-fn hex(d: &[u8]) -> String {
-    Sha256::digest(d).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 fn chio(args: &[&str]) -> Output {
     Command::new(chio_bin(&PathBuf::from(PROBE))).args(args).stdin(Stdio::null()).output().unwrap()
@@ -24,42 +18,6 @@ fn chio(args: &[&str]) -> Output {
 /// An OCI layout with one gzip layer holding `rootfs`.
 fn oci_layout(rootfs: &Path, out: &Path) {
     oci_layout_with(rootfs, out, serde_json::json!({"Env": ["GREETING=from-image"], "WorkingDir": "/etc"}), "probe:1");
-}
-
-fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Value, name: &str) {
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    b.append_dir_all(".", rootfs).unwrap();
-    let layer = b.into_inner().unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&layer).unwrap();
-    let blob = gz.finish().unwrap();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": image_config,
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
-    }))
-    .unwrap();
-    let desc = |m: &str, d: &[u8]| serde_json::json!({"mediaType": m, "digest": format!("sha256:{}", hex(d)), "size": d.len()});
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": desc("application/vnd.oci.image.config.v1+json", &config),
-        "layers": [desc("application/vnd.oci.image.layer.v1.tar+gzip", &blob)],
-    }))
-    .unwrap();
-    let blobs = out.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    for d in [&blob, &config, &manifest] {
-        std::fs::write(blobs.join(hex(d)), d).unwrap();
-    }
-    let mut md = desc("application/vnd.oci.image.manifest.v1+json", &manifest);
-    md["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": name});
-    std::fs::write(
-        out.join("index.json"),
-        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [md]})).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(out.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
 }
 
 #[test]

@@ -615,3 +615,53 @@ fn the_sandbox_has_its_own_git_history() {
     let listing = Command::new("tar").arg("tf").arg(bundle.join("final.tar")).output().unwrap();
     assert!(!String::from_utf8_lossy(&listing.stdout).contains(".git"));
 }
+
+/// The leg on an imported image (no host directories in the cage): bash, sed and cat from an OCI
+/// layout built here and imported with `chio image import`.
+#[test]
+fn the_leg_runs_on_an_imported_image() {
+    if !privileged("imported_image") {
+        return;
+    }
+    let dir = Scratch::new("repo-image");
+    let repo = calculator(&dir.0);
+    let rootfs = dir.join("rootfs");
+    chio_tests::programs_rootfs(&rootfs, &["/bin/bash", "/bin/sed", "/bin/cat"]);
+    let layout = dir.join("layout");
+    chio_tests::oci_layout_with(&rootfs, &layout, serde_json::json!({"Env": ["PATH=/bin"]}), "toolchain:1");
+    let store = dir.join("images");
+    let out = chio(&["image", "import", s(&layout), "--state-dir", s(&store)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let state = dir.join("ws");
+    let seed = keydir.join("signing.seed");
+    let out = chio(&[
+        "repository",
+        "init",
+        "--state",
+        s(&state),
+        "--repository",
+        s(&repo),
+        "--revision",
+        "HEAD",
+        "--source-path",
+        "package",
+        "--image",
+        "toolchain:1",
+        "--image-store",
+        s(&store),
+        "--kernel-key",
+        s(&seed),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ws = Ws { state, public: keydir.join("public.key") };
+    let (code, r) = exec(&ws, "fix", "30", "sed -i 's/a - b/a + b/' package/calc.py && cat package/calc.py");
+    assert_eq!(code, 0, "{r}");
+    assert!(r["output"].as_str().unwrap().contains("a + b"), "{r}");
+    // The image's root, not the host's: python3 is not in it.
+    let (code, r) = exec(&ws, "py", "30", "python3 -c 1");
+    assert_eq!(code, 127, "{r}");
+    let st = status(&ws);
+    assert_eq!(st["snapshots"], 2, "{st}");
+}
