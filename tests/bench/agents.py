@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Per-command latency of the mini-swe-agent environments (not part of the test run).
+
+  sudo target/msa-venv/bin/python tests/bench/agents.py [--runs N]
+
+The same scripted commands (`true`, `ls -la`, `python3 -c 'print(1)'`), interleaved in one run so
+machine noise hits all alike, through:
+  - local:      mini-swe-agent's LocalEnvironment (no confinement)
+  - bubblewrap: mini-swe-agent's BubblewrapEnvironment (its default wrapper arguments)
+  - chio:       ChioEnvironment (namespaces, landlock, seccomp, cgroup ceilings, exec observation)
+  - chio-repo:  ChioRepositoryEnvironment (the above plus the workspace walk, snapshot and three
+                durable signed receipts per command)
+Prints median and p95 in ms, and chio's ratio to bubblewrap. Uses the release `chio` (built here).
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "packaging", "mini-swe-agent"))
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+
+from minisweagent.environments.extra.bubblewrap import BubblewrapEnvironment  # noqa: E402
+from minisweagent.environments.local import LocalEnvironment  # noqa: E402
+
+from chio_minisweagent import ChioEnvironment, ChioRepositoryEnvironment  # noqa: E402
+
+COMMANDS = ["true", "ls -la", "python3 -c 'print(1)'"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=30)
+    a = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "chio-cli"], cwd=REPO, check=True)
+    chio = os.path.join(REPO, "target", "release", "chio")
+    tmp = tempfile.mkdtemp(prefix="chio-bench-agents-")
+    try:
+        work = os.path.join(tmp, "work")
+        os.makedirs(work)
+        for i in range(20):
+            with open(os.path.join(work, f"f{i}.py"), "w") as f:
+                f.write(f"x = {i}\n")
+        repo = os.path.join(tmp, "repo")
+        shutil.copytree(work, os.path.join(repo, "pkg"))
+        git = ["git", "-c", "user.name=b", "-c", "user.email=b@example.com"]
+        for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "b"]):
+            subprocess.run(git + args, cwd=repo, check=True)
+        subprocess.run([chio, "keys", "generate", "--out", os.path.join(tmp, "key")], check=True, capture_output=True)
+        state = os.path.join(tmp, "state")
+        subprocess.run([chio, "repository", "init", "--state", state, "--repository", repo, "--revision", "HEAD",
+                        "--source-path", "pkg", "--kernel-key", os.path.join(tmp, "key", "signing.seed")],
+                       check=True, capture_output=True)
+        envs = {
+            "local": LocalEnvironment(cwd=work),
+            "bubblewrap": BubblewrapEnvironment(cwd=work),
+            "chio": ChioEnvironment(chio=chio, cwd=work),
+            "chio-repo": ChioRepositoryEnvironment(chio=chio, state_dir=state, run_id="bench"),
+        }
+        times = {k: [] for k in envs}
+        for _ in range(a.runs):
+            for cmd in COMMANDS:
+                for name, env in envs.items():
+                    t = time.perf_counter()
+                    out = env.execute({"command": cmd})
+                    times[name].append((time.perf_counter() - t) * 1000)
+                    if out["returncode"] != 0:
+                        raise SystemExit(f"{name}: {cmd}: {out}")
+        med = {}
+        for name, xs in times.items():
+            xs.sort()
+            med[name] = statistics.median(xs)
+            print(f"{name:11s} median {med[name]:6.1f} ms   p95 {xs[int(len(xs) * 0.95) - 1]:6.1f} ms")
+        print(f"chio / bubblewrap: {med['chio'] / med['bubblewrap']:.2f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
