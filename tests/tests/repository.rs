@@ -243,6 +243,25 @@ fn tampered_or_foreign_bundles_are_refused() {
     git(&recipient, &["commit", "-qm", "more"]);
     expect(&bundle, "HEAD", &["package"], "commit");
     expect(&bundle, "HEAD~1", &["package", "README"], "scope");
+    // A server id the workspace does not name.
+    let out = chio(&[
+        "repository",
+        "verify-export",
+        "--bundle",
+        s(&bundle),
+        "--repository",
+        s(&recipient),
+        "--revision",
+        "HEAD~1",
+        "--source-path",
+        "package",
+        "--kernel-key",
+        s(&ws.public),
+        "--server-id",
+        "another-server",
+    ]);
+    assert_eq!(out.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("server"), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
