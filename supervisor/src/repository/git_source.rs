@@ -268,24 +268,25 @@ fn read_blobs(
     let requests: String = oids.iter().map(|o| format!("{o}\n")).collect();
     let writer = std::thread::spawn(move || stdin.write_all(requests.as_bytes()));
     let mut out = BufReader::new(child.stdout.take().ok_or_else(|| refused("git cat-file has no stdout"))?);
-    let mut result = Ok(());
-    for (i, oid) in oids.iter().enumerate() {
-        let mut header = String::new();
-        out.read_line(&mut header)?;
-        let f: Vec<&str> = header.split_whitespace().collect();
-        let size: u64 = match f.as_slice() {
-            [o, "blob", s] if o == oid => s.parse().map_err(|_| refused("unexpected cat-file output"))?,
-            _ => {
-                result = Err(refused(format!("object {oid} is missing or not a blob ({})", header.trim())));
-                break;
-            }
-        };
-        let mut bytes = Vec::with_capacity(size as usize);
-        (&mut out).take(size).read_to_end(&mut bytes)?;
-        let mut nl = [0u8; 1];
-        out.read_exact(&mut nl)?;
-        each(i, bytes)?;
-    }
+    let mut read_all = || -> Result<(), SourceError> {
+        for (i, oid) in oids.iter().enumerate() {
+            let mut header = String::new();
+            out.read_line(&mut header)?;
+            let f: Vec<&str> = header.split_whitespace().collect();
+            let size: u64 = match f.as_slice() {
+                [o, "blob", s] if o == oid => s.parse().map_err(|_| refused("unexpected cat-file output"))?,
+                _ => return Err(refused(format!("object {oid} is missing or not a blob ({})", header.trim()))),
+            };
+            let mut bytes = Vec::with_capacity(size as usize);
+            (&mut out).take(size).read_to_end(&mut bytes)?;
+            let mut nl = [0u8; 1];
+            out.read_exact(&mut nl)?;
+            each(i, bytes)?;
+        }
+        Ok(())
+    };
+    // Whatever happened, git and the writer thread are ended before this returns.
+    let result = read_all();
     drop(out);
     let _ = child.kill();
     let _ = child.wait();
