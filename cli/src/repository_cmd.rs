@@ -159,6 +159,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             server_id,
             json,
         } => {
+            require_root("init")?;
             let req = InitRequest {
                 state: state.clone(),
                 repository: repository.clone(),
@@ -296,7 +297,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
 fn require_root(what: &str) -> Result<(), RepoError> {
     if !nix_is_root() {
         return Err(RepoError::Usage(format!(
-            "chio repository {what} needs root: it builds a cage for the command (the command itself runs as uid 65534)"
+            "chio repository {what} needs root: it builds cages and hands the workspace to uid 65534, the uid commands run as"
         )));
     }
     Ok(())
