@@ -7,6 +7,7 @@
 //! States and transitions:
 //! ```text
 //!   (none) --begin--> pending --dispatch--> dispatched --complete--> completed
+//!   (none) --begin_dispatched--> dispatched        (both steps in one transaction)
 //!   pending --recover--> abandoned --begin (same request)--> pending
 //!   dispatched --recover--> outcome_unknown            (terminal)
 //! ```
@@ -100,12 +101,23 @@ impl Store {
 
     /// Record the intent for `key` (committed before this returns) or say why not to dispatch.
     pub fn op_begin(&mut self, key: &str, request_sha256: &str) -> Result<Begin, StoreError> {
+        self.begin_as(key, request_sha256, OpState::Pending)
+    }
+
+    /// `op_begin` and `op_dispatch` in one transaction (one fsync), for a caller that dispatches
+    /// at once: the intent is committed as dispatched, so a crash before the dispatch counts as
+    /// `outcome_unknown` — never dispatched again — rather than `abandoned`.
+    pub fn op_begin_dispatched(&mut self, key: &str, request_sha256: &str) -> Result<Begin, StoreError> {
+        self.begin_as(key, request_sha256, OpState::Dispatched)
+    }
+
+    fn begin_as(&mut self, key: &str, request_sha256: &str, state: OpState) -> Result<Begin, StoreError> {
         let tx = self.connection_mut().transaction_with_behavior(TransactionBehavior::Immediate)?;
         let decision = match Self::op_row(&tx, key)? {
             None => {
                 tx.execute(
-                    "INSERT INTO operations (op_key, request_sha256, state, updated_at_ms) VALUES (?1, ?2, 'pending', ?3)",
-                    params![key, request_sha256, time::now_ms()],
+                    "INSERT INTO operations (op_key, request_sha256, state, updated_at_ms) VALUES (?1, ?2, ?3, ?4)",
+                    params![key, request_sha256, state.name(), time::now_ms()],
                 )?;
                 Begin::Proceed
             }
@@ -114,7 +126,7 @@ impl Store {
             Some((_, OpState::Pending | OpState::Dispatched, _)) => Begin::InProgress,
             Some((_, OpState::OutcomeUnknown, _)) => Begin::OutcomeUnknown,
             Some((_, OpState::Abandoned, _)) => {
-                Self::op_set(&tx, key, OpState::Pending, None)?;
+                Self::op_set(&tx, key, state, None)?;
                 Begin::Proceed
             }
         };
@@ -199,6 +211,18 @@ mod tests {
     /// here, and nothing is left in /tmp.
     fn store() -> Store {
         Store::open(std::path::Path::new(":memory:"), true).unwrap()
+    }
+
+    #[test]
+    fn begin_dispatched_is_one_step_and_recovers_as_unknown() {
+        let mut s = store();
+        assert_eq!(s.op_begin_dispatched("k", "req").unwrap(), Begin::Proceed);
+        assert_eq!(s.op_state("k").unwrap(), Some(OpState::Dispatched));
+        assert_eq!(s.op_begin_dispatched("k", "req").unwrap(), Begin::InProgress);
+        assert_eq!(s.op_begin_dispatched("k", "other").unwrap(), Begin::Conflict { original: "req".into() });
+        assert_eq!(s.op_recover().unwrap(), (1, 0));
+        assert_eq!(s.op_begin_dispatched("k", "req").unwrap(), Begin::OutcomeUnknown);
+        s.op_complete("x", "r").unwrap_err();
     }
 
     #[test]

@@ -137,7 +137,9 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
             return Err(RepoError::Refused(format!("the workspace is stopped: {reason}")));
         }
     }
-    match store.op_begin(&req.operation_key, &request_digest(req)?)? {
+    let before = ws.head()?;
+    // Intent and dispatch in one transaction: nothing happens between them here.
+    match store.op_begin_dispatched(&req.operation_key, &request_digest(req)?)? {
         Begin::Proceed => {}
         Begin::Retained(r) => return replay(&r),
         Begin::Conflict { .. } => {
@@ -159,8 +161,6 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
             )))
         }
     }
-    let before = ws.head()?;
-    store.op_dispatch(&req.operation_key)?;
     super::crash_point("dispatched");
     lap("journal");
     let (rec, launch_receipt, terminal, mut output) = run_cage(ws, req, &mut store, &key)?;
