@@ -177,6 +177,36 @@ impl Store {
         Ok((unknown, abandoned))
     }
 
+    /// Append receipts and complete the dispatched operation `key` in one transaction: the
+    /// receipts and the retained result (built by `result` from the appended receipts) become
+    /// durable together, or neither does.
+    pub fn op_complete_with_receipts(
+        &mut self,
+        key: &str,
+        signer: &ed25519_dalek::SigningKey,
+        drafts: Vec<crate::receipt::Draft>,
+        result: impl FnOnce(&[crate::store::Appended]) -> String,
+    ) -> Result<Vec<crate::store::Appended>, StoreError> {
+        let tx = self.connection_mut().transaction_with_behavior(TransactionBehavior::Immediate)?;
+        match Self::op_row(&tx, key)? {
+            Some((_, OpState::Dispatched, _)) => {}
+            Some((_, s, _)) => {
+                return Err(StoreError::Invalid(format!(
+                    "operation {key} is {}; only a dispatched one can complete",
+                    s.name()
+                )))
+            }
+            None => return Err(StoreError::Invalid(format!("operation {key} was never begun"))),
+        }
+        let mut appended = Vec::with_capacity(drafts.len());
+        for d in drafts {
+            appended.push(Store::append_in(&tx, signer, d)?);
+        }
+        Self::op_set(&tx, key, OpState::Completed, Some(&result(&appended)))?;
+        tx.commit()?;
+        Ok(appended)
+    }
+
     /// Keys of operations begun or dispatched and not finished. With the caller holding the
     /// only right to dispatch (a workspace lock, say), each is a crash's leftover.
     pub fn op_unsettled(&self) -> Result<Vec<String>, StoreError> {
@@ -223,6 +253,24 @@ mod tests {
         assert_eq!(s.op_recover().unwrap(), (1, 0));
         assert_eq!(s.op_begin_dispatched("k", "req").unwrap(), Begin::OutcomeUnknown);
         s.op_complete("x", "r").unwrap_err();
+    }
+
+    #[test]
+    fn receipts_and_completion_are_one_transaction() {
+        let mut s = store();
+        let key = crate::keys::generate().unwrap();
+        let draft = || crate::receipt::Draft {
+            kind: Some(crate::receipt::Kind::ToolCall),
+            outcome: "exit:0".into(),
+            ..Default::default()
+        };
+        // Not dispatched: refused, and no receipt is stored.
+        assert!(s.op_complete_with_receipts("k", &key, vec![draft()], |_| "r".into()).is_err());
+        assert_eq!(s.count().unwrap(), 0);
+        s.op_begin_dispatched("k", "req").unwrap();
+        let a = s.op_complete_with_receipts("k", &key, vec![draft(), draft()], |a| a[1].receipt.id.clone()).unwrap();
+        assert_eq!(s.count().unwrap(), 2);
+        assert_eq!(s.op_begin("k", "req").unwrap(), Begin::Retained(a[1].receipt.id.clone()));
     }
 
     #[test]

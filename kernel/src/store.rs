@@ -353,7 +353,11 @@ impl Store {
         Ok(out)
     }
 
-    fn append_in(tx: &rusqlite::Transaction<'_>, key: &SigningKey, draft: Draft) -> Result<Appended, StoreError> {
+    pub(crate) fn append_in(
+        tx: &rusqlite::Transaction<'_>,
+        key: &SigningKey,
+        draft: Draft,
+    ) -> Result<Appended, StoreError> {
         let kind = draft.kind.ok_or_else(|| StoreError::Invalid("a receipt needs a kind".into()))?;
         let last: Option<(u64, String)> = tx
             .query_row("SELECT seq, id FROM receipts ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))

@@ -1,6 +1,6 @@
 //! The repository engine SIGKILLed at each stage of `execute` — before the launch, during the
-//! command, while a snapshot object is half written, before and after the `tool_call` receipt
-//! is appended — and `chio repository recover` after it: no process or launch cgroup left, the
+//! command, while a snapshot object is half written, before and after the head moves (the
+//! receipts, with the retained result, come last in one transaction) — and `chio repository recover` after it: no process or launch cgroup left, the
 //! workspace exactly the last snapshot the receipts attest, the operation never run again, the
 //! receipt chain intact.
 
@@ -223,10 +223,10 @@ fn killed_before_the_receipt_is_appended() {
     crash_at("receipt", ORIGINAL);
 }
 
-/// The receipt is durable, the head not yet moved: the receipts are the authority.
+/// The head moved, the receipts not yet appended: the receipts are the authority.
 #[test]
-fn killed_after_the_receipt_before_the_head_moved() {
-    crash_at("committed", "changed\n");
+fn killed_after_the_head_moved_before_the_receipts() {
+    crash_at("committed", ORIGINAL);
 }
 
 #[test]

@@ -139,6 +139,7 @@ class TestHostileActions(Base):
         chio, local = self.both(probe)
         self.assertNotIn("CONNECTED", chio["output"])
         self.assertIn("CONNECTED", local["output"])
+        wait_for(lambda: accepted)
         time.sleep(0.2)
         self.assertEqual(len(accepted), 1, "only the local control may reach the listener")
         server.close()
@@ -151,6 +152,8 @@ class TestHostileActions(Base):
         self.assertEqual(live(marker), [], "the cage's processes outlived the command")
         LocalEnvironment(cwd=str(self.ws)).execute({"command": burst})
         try:
+            # The detached processes exec their sleep on their own time.
+            wait_for(lambda: len(live(marker)) >= 10)
             self.assertGreaterEqual(len(live(marker)), 10, "control: the local environment left none running")
         finally:
             subprocess.run(["pkill", "-f", marker])
@@ -218,6 +221,12 @@ class TestChioRepositoryEnvironment(Base):
         out = env.execute({"command": "echo x > outside.txt"})
         self.assertEqual(out["returncode"], 3)
         self.assertIn("refused", out["output"])
+
+
+def wait_for(condition, seconds=10):
+    until = time.monotonic() + seconds
+    while not condition() and time.monotonic() < until:
+        time.sleep(0.02)
 
 
 def live(marker):

@@ -88,8 +88,9 @@ pub struct ExecResult {
     #[serde(default)]
     pub replayed: bool,
     /// Where the time went, in microseconds: `journal` (intent and dispatch), `launch` (the
-    /// cage, from plan to teardown, with its two receipts), `walk` (reading the workspace and
-    /// storing new objects), `commit` (snapshot index, `tool_call` receipt, head, result).
+    /// cage, from plan to teardown, with its enforcement receipt), `walk` (reading the workspace
+    /// and storing new objects), `commit` (snapshot index and head; the receipts' transaction
+    /// that retains this result comes after it).
     #[serde(default)]
     pub timings_us: std::collections::BTreeMap<String, u64>,
 }
@@ -220,18 +221,24 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
         }
     }
     super::crash_point("receipt");
-    // The terminal receipt and the tool call's in one transaction (one fsync).
-    let drafts: Vec<Draft> =
-        terminal.into_iter().chain([tool_call_draft(ws, req, &result, &launch_receipt)?]).collect();
-    let mut appended = store.append_batch(&key, drafts)?;
-    result.receipt_id = appended.pop().map(|a| a.receipt.id).unwrap_or_default();
-    super::crash_point("committed");
+    // The head moves before anything attests it: a crash from here to the receipts leaves the
+    // operation dispatched, so nothing runs before `recover` puts the head back.
     if let Some(after) = result.after.as_ref().filter(|a| **a != before) {
         ws.set_head(after)?;
     }
+    super::crash_point("committed");
     lap("commit");
     result.timings_us = timings;
-    store.op_complete(&req.operation_key, &serde_json::to_string(&result).map_err(failed)?)?;
+    // The terminal and tool-call receipts and the retained result: one transaction, one fsync.
+    let drafts: Vec<Draft> =
+        terminal.into_iter().chain([tool_call_draft(ws, req, &result, &launch_receipt)?]).collect();
+    let retained = |appended: &[Appended]| {
+        let mut r = result.clone();
+        r.receipt_id = appended.last().map(|a| a.receipt.id.clone()).unwrap_or_default();
+        serde_json::to_string(&r).unwrap_or_default()
+    };
+    let appended = store.op_complete_with_receipts(&req.operation_key, &key, drafts, retained)?;
+    result.receipt_id = appended.last().map(|a| a.receipt.id.clone()).unwrap_or_default();
     Ok(result)
 }
 
