@@ -684,3 +684,44 @@ fn the_leg_runs_on_an_imported_image() {
     let st = status(&ws);
     assert_eq!(st["snapshots"], 2, "{st}");
 }
+
+/// A linked worktree is read through its repository; a planted `.git` file pointing at another
+/// repository on the host is refused.
+#[test]
+fn worktrees_are_followed_planted_git_files_are_not() {
+    if !privileged("worktrees") {
+        return;
+    }
+    let dir = Scratch::new("repo-wt");
+    let repo = calculator(&dir.0);
+    let wt = dir.join("wt");
+    git(&repo, &["worktree", "add", "-q", s(&wt)]);
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let seed = keydir.join("signing.seed");
+    let init_from = |checkout: &Path, state: &str| {
+        chio(&[
+            "repository",
+            "init",
+            "--state",
+            s(&dir.join(state)),
+            "--repository",
+            s(checkout),
+            "--revision",
+            "HEAD",
+            "--source-path",
+            "package",
+            "--kernel-key",
+            s(&seed),
+        ])
+    };
+    let out = init_from(&wt, "ws-wt");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A checkout of the attacker's whose .git file names the victim's git directory.
+    let planted = dir.join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::write(planted.join(".git"), format!("gitdir: {}\n", s(&repo.join(".git")))).unwrap();
+    let out = init_from(&planted, "ws-planted");
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("worktree"));
+}

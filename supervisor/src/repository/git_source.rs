@@ -122,25 +122,40 @@ struct SourceDirs {
 fn source_dirs(repo: &Path) -> Result<SourceDirs, SourceError> {
     let repo = std::fs::canonicalize(repo).map_err(|e| refused(format!("repository {}: {e}", repo.display())))?;
     let dot = repo.join(".git");
-    let git_dir = if dot.is_dir() {
-        dot
-    } else if dot.is_file() {
-        // A linked worktree: `.git` is a file naming the real git directory.
-        let text = std::fs::read_to_string(&dot)?;
-        let target = text
-            .strip_prefix("gitdir: ")
-            .map(str::trim)
-            .ok_or_else(|| refused(format!("{}: not a gitdir file", dot.display())))?;
-        repo.join(target)
-    } else if repo.join("objects").is_dir() && repo.join("HEAD").is_file() {
-        repo.clone()
-    } else {
-        return Err(refused(format!("{} is not a git repository", repo.display())));
+    if dot.is_dir() {
+        return Ok(SourceDirs { git_dir: dot.clone(), common: dot });
+    }
+    if dot.is_file() {
+        return linked_worktree(&repo, &dot);
+    }
+    if repo.join("objects").is_dir() && repo.join("HEAD").is_file() {
+        return Ok(SourceDirs { git_dir: repo.clone(), common: repo });
+    }
+    Err(refused(format!("{} is not a git repository", repo.display())))
+}
+
+/// A checkout whose `.git` is a file naming its git directory: accepted only as a linked worktree
+/// — a directory listed under its common repository's `worktrees/` — so a planted `.git` file
+/// cannot point the reader at some other repository on the host.
+fn linked_worktree(repo: &Path, dot: &Path) -> Result<SourceDirs, SourceError> {
+    let text = std::fs::read_to_string(dot)?;
+    let target = text
+        .strip_prefix("gitdir: ")
+        .map(str::trim)
+        .ok_or_else(|| refused(format!("{}: not a gitdir file", dot.display())))?;
+    let not_worktree = || {
+        refused(format!(
+            "{}: its .git file does not name a worktree of a repository (a submodule or a planted link); \
+             give --repository the repository itself",
+            repo.display()
+        ))
     };
-    let common = match std::fs::read_to_string(git_dir.join("commondir")) {
-        Ok(c) => git_dir.join(c.trim()),
-        Err(_) => git_dir.clone(),
-    };
+    let git_dir = std::fs::canonicalize(repo.join(target)).map_err(|_| not_worktree())?;
+    let common_rel = std::fs::read_to_string(git_dir.join("commondir")).map_err(|_| not_worktree())?;
+    let common = std::fs::canonicalize(git_dir.join(common_rel.trim())).map_err(|_| not_worktree())?;
+    if git_dir.parent() != Some(common.join("worktrees").as_path()) {
+        return Err(not_worktree());
+    }
     Ok(SourceDirs { git_dir, common })
 }
 
