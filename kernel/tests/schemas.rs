@@ -76,6 +76,16 @@ fn examples_validate_and_parse() {
 }
 
 #[test]
+fn the_repository_workspace_example_validates() {
+    let schema = load("policies/schemas/chio.repository.workspace.v1.json");
+    let example = load("policies/examples/repository-workspace.json");
+    assert_eq!(validate(&schema, &example, "workspace"), Vec::<String>::new());
+    let mut extra = example.clone();
+    extra["surprise"] = json!(1);
+    assert!(!validate(&schema, &extra, "workspace").is_empty());
+}
+
+#[test]
 fn a_signed_receipt_validates() {
     let key = chio_kernel::keys::generate().unwrap();
     let body = chio_kernel::receipt::Body {

@@ -141,6 +141,20 @@ fn python_calculator_from_init_to_an_applied_verified_patch() {
     assert_eq!(r["transition"], "committed");
     assert_ne!(r["before"], r["after"], "the test run left bytecode behind: a new snapshot");
 
+    // The signed detail has exactly the fields its JSON Schema names.
+    let detail_of_last = {
+        let out = chio(&["receipt", "list", "--receipt-db", s(&ws.state.join("receipts.db")), "--kind", "tool_call"]);
+        let last: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+        last["receipt"]["body"]["detail"].clone()
+    };
+    let schema_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/schemas/chio.repository.execute.v1.json");
+    let schema: Value = serde_json::from_slice(&std::fs::read(schema_path).unwrap()).unwrap();
+    let mut named: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
+    let mut have: Vec<&String> = detail_of_last.as_object().unwrap().keys().collect();
+    named.sort();
+    have.sort();
+    assert_eq!(named, have);
+    assert_eq!(detail_of_last["schema"], "chio.repository.execute.v1");
     // A replayed key returns the retained result and launches nothing (no new receipt).
     let receipts = status(&ws)["receipts"].as_u64().unwrap();
     let (code, again) = exec(&ws, "run-2", "60", "cd package && python3 -m unittest");

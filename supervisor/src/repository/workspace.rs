@@ -452,3 +452,18 @@ impl Workspace {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped example (validated against the JSON Schema by the kernel's schema test) is
+    /// exactly what this type reads and writes.
+    #[test]
+    fn the_schema_example_is_a_config() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/examples/repository-workspace.json");
+        let example: serde_json::Value = serde_json::from_slice(&fs::read(p).unwrap()).unwrap();
+        let config = Config::parse(example.to_string().as_bytes()).unwrap();
+        assert_eq!(serde_json::to_value(&config).unwrap(), example);
+    }
+}
