@@ -66,37 +66,38 @@ pub fn recover(ws: &Workspace) -> Result<RecoverReport, RepoError> {
 /// Every enforcement receipt of this workspace names its launch cgroup; remove those that
 /// still exist.
 fn reclaim_cgroups(ws: &Workspace, store: &Store, report: &mut RecoverReport) -> Result<(), RepoError> {
+    each_body(store, Kind::LaunchEnforcement, |id, body| {
+        let record = &body["launch_record"];
+        if record["annotations"]["repository.workspace"].as_str() != Some(ws.config_digest.as_str()) {
+            return;
+        }
+        let paths: Vec<String> = record["cgroup"]["paths"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.as_str().map(str::to_string))
+            .collect();
+        match chio_cage::cgroup::reclaim(&paths) {
+            Ok(removed) => report.cgroups_removed.extend(removed),
+            Err(e) => report.left_in_place.push(format!("launch cgroup of receipt {id}: {e}")),
+        }
+    })
+}
+
+/// Call `f` with the id and body of every stored receipt of `kind`, in chain order.
+fn each_body(store: &Store, kind: Kind, mut f: impl FnMut(&str, &serde_json::Value)) -> Result<(), RepoError> {
     let mut after = 0;
     loop {
-        let f = Filter {
-            kind: Some(Kind::LaunchEnforcement.name().into()),
-            after_seq: Some(after),
-            limit: 500,
-            ..Filter::default()
-        };
-        let rows = store.list(&f)?;
-        let Some(last) = rows.last() else { break };
+        let filter = Filter { kind: Some(kind.name().into()), after_seq: Some(after), limit: 500, ..Filter::default() };
+        let rows = store.list(&filter)?;
+        let Some(last) = rows.last() else { return Ok(()) };
         after = last.seq;
         for row in rows {
             let env: serde_json::Value =
                 serde_json::from_str(&row.envelope).map_err(|e| RepoError::Failed(e.to_string()))?;
-            let record = &env["body"]["launch_record"];
-            if record["annotations"]["repository.workspace"].as_str() != Some(ws.config_digest.as_str()) {
-                continue;
-            }
-            let paths: Vec<String> = record["cgroup"]["paths"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p.as_str().map(str::to_string))
-                .collect();
-            match chio_cage::cgroup::reclaim(&paths) {
-                Ok(removed) => report.cgroups_removed.extend(removed),
-                Err(e) => report.left_in_place.push(format!("launch cgroup of receipt {}: {e}", row.id)),
-            }
+            f(&row.id, &env["body"]);
         }
     }
-    Ok(())
 }
 
 /// Mount points at or below `dir` (none is ever made there; one would be someone else's).
@@ -148,28 +149,14 @@ fn remove_temporaries(ws: &Workspace) -> Result<usize, RepoError> {
 /// The last committed snapshot the receipts attest (the baseline when there is none).
 fn last_committed(ws: &Workspace, store: &Store) -> Result<String, RepoError> {
     let mut head = ws.config.baseline.clone();
-    let mut after = 0;
-    loop {
-        let f = Filter {
-            kind: Some(Kind::ToolCall.name().into()),
-            after_seq: Some(after),
-            limit: 500,
-            ..Filter::default()
-        };
-        let rows = store.list(&f)?;
-        let Some(last) = rows.last() else { break };
-        after = last.seq;
-        for row in rows {
-            let env: serde_json::Value =
-                serde_json::from_str(&row.envelope).map_err(|e| RepoError::Failed(e.to_string()))?;
-            let d = &env["body"]["detail"];
-            if d["workspace"].as_str() == Some(ws.config_digest.as_str()) && d["transition"] == "committed" {
-                if let Some(a) = d["after"].as_str() {
-                    head = a.to_string();
-                }
+    each_body(store, Kind::ToolCall, |_, body| {
+        let d = &body["detail"];
+        if d["workspace"].as_str() == Some(ws.config_digest.as_str()) && d["transition"] == "committed" {
+            if let Some(a) = d["after"].as_str() {
+                head = a.to_string();
             }
         }
-    }
+    })?;
     // The snapshot must be there, whole.
     ws.snapshot(&head)?;
     Ok(head)
