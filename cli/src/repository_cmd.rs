@@ -31,6 +31,10 @@ pub enum RepositoryCommand {
         /// A literal path of the commit to import (repeat for more, 1 to 64, none inside another).
         #[arg(long = "source-path", value_name = "P", required = true)]
         source_path: Vec<String>,
+        /// A path inside a source path that commands may fill but that is never part of a
+        /// snapshot or the patch (build output: `pkg/target`, `pkg/__pycache__`; up to 16).
+        #[arg(long = "scratch-path", value_name = "P")]
+        scratch_path: Vec<String>,
         /// An imported image to run commands on (default: the host's /usr, /bin, /lib*, read-only).
         #[arg(long, value_name = "REF|ID")]
         image: Option<String>,
@@ -153,6 +157,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             repository,
             revision,
             source_path,
+            scratch_path,
             image,
             image_store,
             kernel_key,
@@ -165,6 +170,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
                 repository: repository.clone(),
                 revision: revision.clone(),
                 source_paths: source_path.clone(),
+                scratch_paths: scratch_path.clone(),
                 image: image.as_ref().map(|i| (crate::image_cmd::state_dir(image_store), i.clone())),
                 kernel_key: kernel_key.clone(),
                 server_id: server_id.clone(),
@@ -237,6 +243,9 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
                     say!("  stopped: {r}")?;
                 }
                 say!("  source   {} {:?}", s.source_commit, s.source_paths)?;
+                if !s.scratch_paths.is_empty() {
+                    say!("  scratch  {:?} (never snapshotted)", s.scratch_paths)?;
+                }
                 say!("  baseline {}", s.baseline)?;
                 say!("  head     {} ({} snapshots, {} receipts)", s.head, s.snapshots, s.receipts)?;
                 let ops: Vec<String> = s.operations.iter().map(|(k, v)| format!("{k} {v}")).collect();

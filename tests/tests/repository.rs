@@ -61,6 +61,13 @@ struct Ws {
 }
 
 fn init(dir: &Scratch, repo: &Path, paths: &[&str]) -> Ws {
+    let (ws, out) = try_init(dir, repo, paths, &[]);
+    assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
+    ws
+}
+
+/// `init` with extra arguments; the caller checks the outcome.
+fn try_init(dir: &Scratch, repo: &Path, paths: &[&str], extra: &[&str]) -> (Ws, Output) {
     let keydir = dir.join("key");
     if !keydir.exists() {
         assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
@@ -72,9 +79,9 @@ fn init(dir: &Scratch, repo: &Path, paths: &[&str]) -> Ws {
     }
     let seed = keydir.join("signing.seed");
     args.extend(["--kernel-key", s(&seed)]);
+    args.extend(extra);
     let out = chio(&args);
-    assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
-    Ws { state, public: keydir.join("public.key") }
+    (Ws { state, public: keydir.join("public.key") }, out)
 }
 
 /// `chio repository execute --json`: (exit code, result).
@@ -738,4 +745,55 @@ fn worktrees_are_followed_planted_git_files_are_not() {
     let out = init_from(&planted, "ws-planted");
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("worktree"));
+}
+
+/// Scratch paths (build output) stay in the live workspace across commands but are never looked
+/// into, snapshotted or exported; shapes a snapshot refuses are fine there and refused beside it.
+#[test]
+fn scratch_paths_are_kept_but_never_evidence() {
+    if !privileged("scratch_paths") {
+        return;
+    }
+    let dir = Scratch::new("repo-scratch");
+    let repo = calculator(&dir.0);
+    for (bad, why) in [
+        ("README/x", "not inside a source path"),
+        ("package", "not inside a source path"),
+        ("package/calc.py", "is committed"),
+        ("package/a/../b", "scratch path"),
+    ] {
+        let (_, out) = try_init(&dir, &repo, &["package"], &["--scratch-path", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(why), "{bad}: {err}");
+    }
+    let (_, out) =
+        try_init(&dir, &repo, &["package"], &["--scratch-path", "package/b", "--scratch-path", "package/b/c"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("overlap"));
+
+    let scratch = ["--scratch-path", "package/build", "--scratch-path", "package/__pycache__"];
+    let (ws, out) = try_init(&dir, &repo, &["package"], &scratch);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(status(&ws)["scratch_paths"], serde_json::json!(["package/build", "package/__pycache__"]));
+    let base = status(&ws)["head"].clone();
+    // Bytecode, a FIFO, a link out of the tree and a hard link, all in scratch paths.
+    let fill =
+        "cd package && (python3 -m unittest 2>/dev/null; mkdir build && echo out > build/o && mkfifo build/fifo \
+                && ln -s /etc/passwd build/up && ln build/o build/o2) && ls __pycache__ | grep -c pyc";
+    let (code, r) = exec(&ws, "fill", "60", fill);
+    assert_eq!((code, r["transition"].as_str()), (0, Some("committed")), "{r}");
+    assert_eq!(r["after"], base, "a scratch path entered the snapshot: {r}");
+    let (code, r) = exec(&ws, "kept", "60", "cat package/build/o");
+    assert_eq!((code, r["output"].as_str()), (0, Some("out\n")), "{r}");
+    let (code, r) =
+        exec(&ws, "fix", "60", "sed -i 's/a - b/a + b  # fixed/' package/calc.py && cd package && python3 -m unittest");
+    assert_eq!(code, 0, "{r}");
+    let bundle = dir.join("bundle");
+    assert!(chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]).status.success());
+    let patch = std::fs::read_to_string(bundle.join("changes.patch")).unwrap();
+    assert!(patch.contains("package/calc.py") && !patch.contains("pycache") && !patch.contains("build/"), "{patch}");
+    // Control: the same FIFO beside the scratch path is refused and put back.
+    let (code, r) = exec(&ws, "fifo", "60", "mkfifo package/fifo");
+    assert_eq!((code, r["transition"].as_str()), (3, Some("refused")), "{r}");
+    assert!(r["reason"].as_str().unwrap().contains("FIFO"), "{r}");
 }

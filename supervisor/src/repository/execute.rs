@@ -308,7 +308,9 @@ fn read_output(mut f: File) -> Result<Captured, RepoError> {
 /// scope.
 fn walk(ws: &Workspace, before: &str) -> Result<(Index, StatCache), RepoError> {
     let cache = StatCache::load(&ws.dir.join("statcache"), before);
-    let (index, seen) = snapshot::walk(&ws.live(), &ws.objects, &ws.config.ceilings, &[".git"], cache.as_ref())?;
+    // The sandbox's own git history and the scratch paths are the command's, never evidence.
+    let skip: Vec<&str> = [".git"].into_iter().chain(ws.config.scratch_paths.iter().map(String::as_str)).collect();
+    let (index, seen) = snapshot::walk(&ws.live(), &ws.objects, &ws.config.ceilings, &skip, cache.as_ref())?;
     // The cache's index hashes to `before` (checked when it was loaded); without one, the
     // stored snapshot is read.
     let previous = match cache {

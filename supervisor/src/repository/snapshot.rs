@@ -480,20 +480,21 @@ fn now_ns() -> i128 {
 }
 
 /// Walk the live workspace at `root` (fd-relative, no link followed), storing new file contents
-/// in `objects`. `skip_top` names top-level entries that are not part of a snapshot. A file the
+/// in `objects`. `skip` names entries (relative paths, at any depth) that are not part of a
+/// snapshot and are never looked into. A file the
 /// `cache` (for the snapshot the workspace held before) vouches for is not read again. Returns
 /// the index and the cache for it (its `snapshot` left for the caller to fill in).
 pub fn walk(
     root: &Path,
     objects: &Objects,
     c: &Ceilings,
-    skip_top: &[&str],
+    skip: &[&str],
     cache: Option<&StatCache>,
 ) -> Result<(Index, StatCache), SnapshotError> {
     let fd = open_dir(root)?;
     let seen = StatCache { taken_at_ns: now_ns(), ..StatCache::default() };
-    let mut w = Walker { objects, c, total: 0, cache, seen };
-    w.dir(fd, "", skip_top)?;
+    let mut w = Walker { objects, c, total: 0, cache, seen, skip };
+    w.dir(fd, "")?;
     check_index(&w.seen.index, c)?;
     let index = w.seen.index.clone();
     Ok((index, w.seen))
@@ -505,10 +506,11 @@ struct Walker<'a> {
     total: u64,
     cache: Option<&'a StatCache>,
     seen: StatCache,
+    skip: &'a [&'a str],
 }
 
 impl Walker<'_> {
-    fn dir(&mut self, fd: OwnedFd, prefix: &str, skip: &[&str]) -> Result<(), SnapshotError> {
+    fn dir(&mut self, fd: OwnedFd, prefix: &str) -> Result<(), SnapshotError> {
         let mut names = Vec::new();
         let mut dir = Dir::from_fd(fd)?;
         for e in dir.iter() {
@@ -522,10 +524,10 @@ impl Walker<'_> {
             let name = String::from_utf8(name).map_err(|n| {
                 refused(format!("{prefix}{}: a name that is not UTF-8", String::from_utf8_lossy(n.as_bytes())))
             })?;
-            if prefix.is_empty() && skip.contains(&name.as_str()) {
+            let path = format!("{prefix}{name}");
+            if self.skip.contains(&path.as_str()) {
                 continue;
             }
-            let path = format!("{prefix}{name}");
             check_path(&path)?;
             if self.seen.index.len() as u64 >= self.c.max_entries {
                 return Err(refused(format!("more than {} entries", self.c.max_entries)));
@@ -553,7 +555,7 @@ impl Walker<'_> {
                     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
                     Mode::empty(),
                 )?;
-                self.dir(sub, &format!("{path}/"), &[])?;
+                self.dir(sub, &format!("{path}/"))?;
             }
         }
         Ok(())

@@ -21,6 +21,8 @@ pub struct Status {
     pub source_commit: String,
     /// The scope.
     pub source_paths: Vec<String>,
+    /// Paths kept out of every snapshot.
+    pub scratch_paths: Vec<String>,
     /// The baseline snapshot.
     pub baseline: String,
     /// The current snapshot.
@@ -45,6 +47,7 @@ pub fn status(ws: &Workspace) -> Result<Status, RepoError> {
         stopped_reason,
         source_commit: ws.config.source_commit.clone(),
         source_paths: ws.config.source_paths.clone(),
+        scratch_paths: ws.config.scratch_paths.clone(),
         baseline: ws.config.baseline.clone(),
         head: ws.head()?,
         snapshots: ws.snapshot_count()?,

@@ -118,6 +118,12 @@ pub struct Config {
     pub source_commit: String,
     /// The literal source paths (the scope).
     pub source_paths: Vec<String>,
+    /// Scratch paths inside the scope (build output such as `pkg/target`): kept in the live
+    /// workspace across commands, never looked into by the walk, never part of a snapshot, a
+    /// scope check, an archive or the patch. Absent when there are none (older configurations
+    /// keep their digest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scratch_paths: Vec<String>,
     /// The image commands run on (`None`: the host's system directories, read-only).
     pub image_id: Option<String>,
     /// Digest of the baseline snapshot.
@@ -180,6 +186,8 @@ pub struct InitRequest {
     pub revision: String,
     /// The literal source paths.
     pub source_paths: Vec<String>,
+    /// Scratch paths (see [`Config::scratch_paths`]).
+    pub scratch_paths: Vec<String>,
     /// An imported image (reference or ID) and its store; `None` runs on the host's system
     /// directories.
     pub image: Option<(PathBuf, String)>,
@@ -273,6 +281,7 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     let imported = git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &ceilings, &scratch);
     fs::remove_dir_all(&scratch)?;
     let (commit, index) = imported?;
+    check_scratch_paths(&r.scratch_paths, &r.source_paths, &index)?;
     let baseline = write_snapshot(dir, &objects, &index)?;
     let config = Config {
         schema: CONFIG_SCHEMA.into(),
@@ -280,6 +289,7 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
         server_id: r.server_id.clone(),
         source_commit: commit,
         source_paths: r.source_paths.clone(),
+        scratch_paths: r.scratch_paths.clone(),
         image_id,
         baseline: baseline.clone(),
         limits: Limits::default(),
@@ -306,6 +316,33 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     // Written last: a directory with a configuration is a complete workspace.
     write_durably(&dir.join("workspace.json"), &config.canonical()?)?;
     open(dir)
+}
+
+/// At most this many scratch paths.
+pub const MAX_SCRATCH_PATHS: usize = 16;
+
+/// Scratch paths: canonical, strictly inside a source path, none inside another, and nothing of
+/// the committed baseline at or under one (committed files are never scratch).
+pub fn check_scratch_paths(scratch: &[String], sources: &[String], baseline: &Index) -> Result<(), RepoError> {
+    if scratch.len() > MAX_SCRATCH_PATHS {
+        return Err(RepoError::Usage(format!("{} scratch paths: give at most {MAX_SCRATCH_PATHS}", scratch.len())));
+    }
+    let under = |p: &str, q: &str| p.strip_prefix(q).is_some_and(|r| r.starts_with('/'));
+    for (i, p) in scratch.iter().enumerate() {
+        snapshot::check_path(p).map_err(|e| RepoError::Usage(format!("scratch path {e}")))?;
+        if !sources.iter().any(|s| under(p, s)) {
+            return Err(RepoError::Usage(format!("scratch path {p:?} is not inside a source path {sources:?}")));
+        }
+        if let Some(q) = scratch[i + 1..].iter().find(|q| *q == p || under(p, q) || under(q, p)) {
+            return Err(RepoError::Usage(format!("scratch paths {p:?} and {q:?} overlap")));
+        }
+        if let Some(c) = baseline.keys().find(|k| *k == p || under(k, p)) {
+            return Err(RepoError::Usage(format!(
+                "scratch path {p:?}: {c:?} is committed at the source revision; committed files are never scratch"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Hand a tree chio just created to `id` (never one a command has touched: no link is followed).
