@@ -106,6 +106,8 @@ pub struct Prepared {
     dev: OwnedFd,
     attach: Vec<Attach>,
     nested: Vec<NestedBind>,
+    /// Destinations (relative) of binds whose directories chio built in its skeleton.
+    skeleton_binds: Vec<PathBuf>,
     /// Landlock grants by path.
     pub access: Access,
     /// Human-readable list of mounts, for the record.
@@ -159,6 +161,7 @@ impl Prepared {
             dev,
             attach: Vec::new(),
             nested: Vec::new(),
+            skeleton_binds: Vec::new(),
             access: Access::default(),
             described: Vec::new(),
             sources: Vec::new(),
@@ -389,14 +392,25 @@ impl Prepared {
         let what =
             format!("{} {} bind of {}", b.dest.display(), if b.writable { "rw" } else { "ro" }, b.source.display());
         let first = cstring(names[0])?;
+        let dest_rel: PathBuf = names.iter().collect();
+        // A top-level directory an earlier bind made in the skeleton is ours, not the image's:
+        // more binds may be built beside it — but not inside an earlier bind's own tree.
+        let ours = self.skeleton_binds.iter().any(|d| d.starts_with(names[0]));
+        let inside_a_bind = self.skeleton_binds.iter().any(|d| dest_rel.starts_with(d));
         let in_skeleton_only = !RESERVED.iter().any(|r| OsStr::new(r) == names[0])
-            && (names.len() == 1 || sys::fstatat(self.skeleton.as_fd(), &first, libc::AT_SYMLINK_NOFOLLOW).is_err());
+            && !inside_a_bind
+            && (names.len() == 1
+                || ours
+                || sys::fstatat(self.skeleton.as_fd(), &first, libc::AT_SYMLINK_NOFOLLOW).is_err());
         if in_skeleton_only {
             // The destination is not in the image: build it in our own skeleton.
             let mut rel = PathBuf::new();
             for dir in &names[..names.len() - 1] {
                 rel.push(dir);
-                sys::mkdirat(self.skeleton.as_fd(), &cstring(&rel)?, 0o755)?;
+                match sys::mkdirat(self.skeleton.as_fd(), &cstring(&rel)?, 0o755) {
+                    Err(e) if ours && e.kind() == io::ErrorKind::AlreadyExists => {}
+                    r => r?,
+                }
             }
             rel.push(names[names.len() - 1]);
             let name = cstring(&rel)?;
@@ -406,6 +420,7 @@ impl Prepared {
                 sys::mkfileat(self.skeleton.as_fd(), &name)?;
             }
             self.push(Parent::Root, name, tree, what);
+            self.skeleton_binds.push(dest_rel);
         } else {
             self.nested.push(NestedBind { dest: b.dest.clone(), tree, is_dir });
             self.described.push(what);

@@ -8,6 +8,7 @@ mod policy_launch;
 mod progress;
 mod receipt_cmd;
 mod repository_cmd;
+mod session_cmd;
 mod units;
 
 use std::ffi::OsString;
@@ -60,6 +61,12 @@ enum Command {
         #[command(subcommand)]
         command: repository_cmd::RepositoryCommand,
     },
+    /// Governed sessions: an agent on the repository leg, its worker caged, the model behind a
+    /// gateway that alone holds the credential.
+    Session {
+        #[command(subcommand)]
+        command: session_cmd::SessionCommand,
+    },
     /// Ed25519 keys for signing and pinning.
     Keys {
         #[command(subcommand)]
@@ -105,6 +112,7 @@ fn main() {
         Command::Image { command } => (image_cmd::run(command), 1),
         Command::Policy { command } => (doc_cmd::policy(command), 1),
         Command::Repository { command } => (repository_cmd::run(command), 1),
+        Command::Session { command } => (session_cmd::run(command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),

@@ -164,7 +164,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             server_id,
             json,
         } => {
-            require_root("init")?;
+            require_root("repository init")?;
             let req = InitRequest {
                 state: state.clone(),
                 repository: repository.clone(),
@@ -192,7 +192,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             Ok(0)
         }
         RepositoryCommand::Execute { state, operation_key, deadline, json, command } => {
-            require_root("execute")?;
+            require_root("repository execute")?;
             let ws = workspace::open(state)?;
             let req =
                 ExecRequest { operation_key: operation_key.clone(), command: command.join(" "), deadline_s: *deadline };
@@ -254,7 +254,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             Ok(0)
         }
         RepositoryCommand::Serve { state } => {
-            require_root("serve")?;
+            require_root("repository serve")?;
             // Opened once up front: a wrong state directory fails here, not at the first call.
             drop(workspace::open(state)?);
             let stdin = std::io::stdin().lock();
@@ -262,7 +262,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             Ok(0)
         }
         RepositoryCommand::Recover { state } => {
-            require_root("recover")?;
+            require_root("repository recover")?;
             let report = recover::recover(&workspace::open(state)?)?;
             print_json(&report)?;
             Ok(if report.left_in_place.is_empty() { 0 } else { 3 })
@@ -303,10 +303,10 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
     }
 }
 
-fn require_root(what: &str) -> Result<(), RepoError> {
+pub(crate) fn require_root(what: &str) -> Result<(), RepoError> {
     if !nix_is_root() {
         return Err(RepoError::Usage(format!(
-            "chio repository {what} needs root: it builds cages and hands the workspace to uid 65534, the uid commands run as"
+            "chio {what} needs root: it builds cages and hands the workspace to uid 65534, the uid commands run as"
         )));
     }
     Ok(())

@@ -6,3 +6,4 @@ pub mod image;
 pub mod launch_plan;
 pub mod receipts;
 pub mod repository;
+pub mod session;

@@ -476,3 +476,37 @@ pub fn programs_rootfs(root: &Path, programs: &[&str]) {
         }
     }
 }
+
+/// Run git in `dir` with no user or system configuration; panics on failure, returns stdout.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The Python calculator repository the leg's and the sessions' suites work on:
+/// `package/calc.py` whose `add` subtracts, its test, and a README outside the scope; then a
+/// dirty change and an untracked file that must never enter.
+pub fn calculator_repo(dir: &Path) -> PathBuf {
+    let repo = dir.join("calc");
+    std::fs::create_dir_all(repo.join("package")).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("package/calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
+    std::fs::write(
+        repo.join("package/test_calc.py"),
+        "import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
+    )
+    .unwrap();
+    std::fs::write(repo.join("README"), "calculator\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "calculator"]);
+    std::fs::write(repo.join("package/calc.py"), "DIRTY\n").unwrap();
+    std::fs::write(repo.join("package/untracked.py"), "UNTRACKED\n").unwrap();
+    repo
+}

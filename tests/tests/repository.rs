@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{chio_bin, privileged, Scratch};
+use chio_tests::{calculator_repo as calculator, chio_bin, git, privileged, Scratch};
 use serde_json::Value;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -20,38 +20,6 @@ fn chio(args: &[&str]) -> Output {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// The calculator repository: `package/calc.py` whose `add` subtracts, its test, and a README
-/// outside the scope; then a dirty change and an untracked file that must never enter.
-fn calculator(dir: &Path) -> PathBuf {
-    let repo = dir.join("calc");
-    std::fs::create_dir_all(repo.join("package")).unwrap();
-    git(&repo, &["init", "-q"]);
-    std::fs::write(repo.join("package/calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
-    std::fs::write(
-        repo.join("package/test_calc.py"),
-        "import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
-    )
-    .unwrap();
-    std::fs::write(repo.join("README"), "calculator\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "calculator"]);
-    std::fs::write(repo.join("package/calc.py"), "DIRTY\n").unwrap();
-    std::fs::write(repo.join("package/untracked.py"), "UNTRACKED\n").unwrap();
-    repo
 }
 
 /// A workspace over `repo`'s `package/` at HEAD, with a fresh kernel key: (state, seed, pubkey).

@@ -185,3 +185,27 @@ fn an_unwritable_workspace_is_named_before_the_run() {
     let run = cage(&chio(), &["--workspace", ws.0.to_str().unwrap()], &["/bin/true"]);
     assert!(!run.stderr.contains("not writable"), "{}", run.stderr);
 }
+
+/// Several binds under one directory the root does not have (a virtualenv and a checkout under
+/// one `/work`, say): chio builds the directories for all of them, and a bind inside another
+/// bind's tree lands inside that tree.
+#[test]
+fn binds_beside_and_inside_each_other_under_a_new_directory() {
+    if !privileged("binds_beside") {
+        return;
+    }
+    let (a, b, c) = (Scratch::new("bind-a"), Scratch::new("bind-b"), Scratch::new("bind-c"));
+    std::fs::write(a.join("fa"), "a").unwrap();
+    std::fs::create_dir(a.join("c")).unwrap();
+    std::fs::write(b.join("fb"), "b").unwrap();
+    std::fs::write(c.join("fc"), "c").unwrap();
+    let spec = |s: &Scratch, dest: &str| format!("{}:{dest}", s.0.display());
+    let (sa, sb, sc) = (spec(&a, "/opt/x/a"), spec(&b, "/opt/x/b"), spec(&c, "/opt/x/a/c"));
+    let run = cage(
+        &chio(),
+        &["--ro-bind", &sa, "--ro-bind", &sb, "--ro-bind", &sc],
+        &["/bin/sh", "-c", "cat /opt/x/a/fa /opt/x/b/fb /opt/x/a/c/fc"],
+    );
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(run.stdout, "abc");
+}

@@ -5,12 +5,16 @@ fresh cage, the change checked against the workspace's scope and signed. Operati
 derived from the run id, the step and the command, so a resumed run replays the steps it already
 completed (their retained results, no new launch). When the agent submits, the workspace is
 exported (patch, receipts, archives) if `export_dir` is set.
+
+With `socket` set, commands go to the leg's socket instead (`chio session run` binds it into the
+worker's cage): no `chio` binary, no root and no state directory on the agent's side.
 """
 
 import hashlib
 import json
 import os
 import shlex
+import socket
 import subprocess
 from typing import Any
 
@@ -22,8 +26,10 @@ from chio_minisweagent import common
 
 
 class ChioRepositoryEnvironmentConfig(BaseModel):
-    state_dir: str
+    state_dir: str = ""
     """The workspace's state directory (`chio repository init --state`)."""
+    socket: str = ""
+    """The leg's Unix socket (a governed session's worker); replaces `state_dir` and `chio`."""
     run_id: str = "run"
     """Names this run in operation keys (the same id resumes the run)."""
     timeout: int = 30
@@ -56,19 +62,14 @@ class ChioRepositoryEnvironment:
             full = f"cd {shlex.quote(where)} && {full}"
         if self.config.env:
             full = " ".join(f"export {k}={shlex.quote(v)};" for k, v in self.config.env.items()) + " " + full
-        argv = [self.config.chio, "repository", "execute", "--state", self.config.state_dir,
-                "--operation-key", self.operation_key(command), "--deadline", str(timeout), "--json", "--", full]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 30,
-                                  env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-            result = json.loads(done.stdout or b"{}")
+            result, error = self.request(self.operation_key(command), full, timeout)
         except Exception as e:
             output = common.failed(e)
             common.check_finished(output)
             return output
         if not result:
-            error = done.stderr.decode("utf-8", errors="replace").strip()
-            output = common.failed(RuntimeError(error or f"chio exited {done.returncode}"))
+            output = common.failed(RuntimeError(error))
         elif result.get("deadline_hit"):
             output = common.timed_out(command, timeout, result.get("output", ""))
         else:
@@ -88,6 +89,25 @@ class ChioRepositoryEnvironment:
                 self.export(self.config.export_dir)
             raise
         return output
+
+    def request(self, key: str, command: str, timeout: int) -> tuple[dict, str]:
+        """One execute: (the result, or {} and why not)."""
+        if self.config.socket:
+            line = json.dumps({"operation_key": key, "command": command, "deadline_s": timeout}) + "\n"
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout + 30)
+                s.connect(self.config.socket)
+                s.sendall(line.encode())
+                answer = json.loads(s.makefile("rb").readline() or b"{}")
+            if "error" in answer:
+                return {}, f"{answer['error']} (exit {answer.get('exit_code')})"
+            return answer, ""
+        argv = [self.config.chio, "repository", "execute", "--state", self.config.state_dir,
+                "--operation-key", key, "--deadline", str(timeout), "--json", "--", command]
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 30,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        result = json.loads(done.stdout or b"{}")
+        return result, done.stderr.decode("utf-8", errors="replace").strip() or f"chio exited {done.returncode}"
 
     def export(self, out_dir: str) -> None:
         subprocess.run([self.config.chio, "repository", "export", "--state", self.config.state_dir, "--out", out_dir],

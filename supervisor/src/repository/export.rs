@@ -48,7 +48,7 @@ pub struct Transitions {
 }
 
 /// What `export` wrote.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ExportReport {
     /// Committed transitions.
     pub transitions: usize,

@@ -212,7 +212,7 @@ pub struct Workspace {
     _lock: Flock<File>,
 }
 
-fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     f.write_all(bytes)?;
@@ -224,7 +224,7 @@ fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-fn random_hex(n: usize) -> io::Result<String> {
+pub(crate) fn random_hex(n: usize) -> io::Result<String> {
     let mut b = vec![0u8; n];
     io::Read::read_exact(&mut File::open("/dev/urandom")?, &mut b)?;
     Ok(keys::hex(&b))

@@ -1,0 +1,229 @@
+//! `chio session`: governed sessions (init, authorize, prepare, run, status, recover, result). The
+//! engine is `chio_supervisor::session`; this is flags and output. Exit codes as `chio
+//! repository`: 0 ok, 1 failure, 2 bad input, 3 refused by a check, 5 evidence that does not
+//! verify.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use chio_kernel::{envelope, keys};
+use chio_supervisor::repository::workspace::RepoError;
+use chio_supervisor::session::{self, config, gateway, leg, run};
+use clap::Subcommand;
+
+use crate::receipt_cmd::pinned_key;
+
+/// `chio session` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Create a session: import the workspace and write the provisioning request (grants nothing).
+    #[command(
+        after_help = "Example:\n  chio session init --config session.json --task-file issue.md --state ./s --kernel-key kernel.seed"
+    )]
+    Init {
+        /// The session configuration (chio.session.v1).
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// The task, as the agent reads it.
+        #[arg(long = "task-file", value_name = "FILE")]
+        task_file: PathBuf,
+        /// The session's state directory (created; must be missing or empty).
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// The kernel's signing seed (signs every receipt of the workspace).
+        #[arg(long = "kernel-key", value_name = "SEED")]
+        kernel_key: PathBuf,
+        /// The image store (default $CHIO_STATE_DIR or /var/lib/chio).
+        #[arg(long = "image-store", value_name = "DIR")]
+        image_store: Option<PathBuf>,
+    },
+    /// Sign the authorization of a provisioning request with the operator's seed.
+    #[command(
+        after_help = "Example:\n  chio session authorize --key operator/signing.seed --request ./s/provisioning-request.json --out auth.json"
+    )]
+    Authorize {
+        /// The operator's signing seed.
+        #[arg(long, value_name = "SEED")]
+        key: PathBuf,
+        /// The provisioning request to authorize (read in full; its digest is signed).
+        #[arg(long, value_name = "FILE")]
+        request: PathBuf,
+        /// The signed authorization to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Admit the operator's signed authorization against the session's request.
+    #[command(
+        after_help = "Example:\n  chio session prepare --state ./s --authorization auth.json --trusted-key operator/public.key"
+    )]
+    Prepare {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// The signed authorization.
+        #[arg(long, value_name = "FILE")]
+        authorization: PathBuf,
+        /// The operator's public key: 64 hex digits or a file.
+        #[arg(long = "trusted-key", value_name = "HEX|FILE")]
+        trusted_key: String,
+    },
+    /// Run the agent: gateway and leg on the host side, the worker in its own cage.
+    #[command(after_help = "Example:\n  OPENAI_API_KEY=... chio session run --state ./s")]
+    Run {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// Print the outcome as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where the session stands.
+    Status {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// After a crash: recover the workspace and make the run resumable.
+    Recover {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+    },
+    /// Write the result: the repository export (OUT/bundle), the trajectory and the outcome.
+    Result {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// A new directory.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// (Internal to `run`.) The model gateway.
+    #[command(hide = true)]
+    Gateway {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+    },
+    /// (Internal to `run`.) The repository leg's socket server.
+    #[command(hide = true)]
+    Leg {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+    },
+}
+
+/// Run a `chio session` subcommand; returns the exit code.
+pub fn run(cmd: &SessionCommand) -> Result<i32> {
+    match dispatch(cmd) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("chio: {e}");
+            Ok(e.exit_code())
+        }
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> RepoError {
+    RepoError::Failed(e.to_string())
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
+    let s = serde_json::to_string_pretty(v).map_err(failed)?;
+    println!("{s}");
+    Ok(())
+}
+
+fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
+    match cmd {
+        SessionCommand::Init { config, task_file, state, kernel_key, image_store } => {
+            crate::repository_cmd::require_root("session init")?;
+            let s = session::init(&session::InitRequest {
+                state: state.clone(),
+                config: config.clone(),
+                task: task_file.clone(),
+                kernel_key: kernel_key.clone(),
+                image_store: crate::image_cmd::state_dir(image_store),
+            })?;
+            println!(
+                "session {} at {}: review {} and have the operator authorize it",
+                s.request.session_id,
+                state.display(),
+                s.dir.join("provisioning-request.json").display()
+            );
+            Ok(0)
+        }
+        SessionCommand::Authorize { key, request, out } => {
+            let seed = keys::read_seed(key).map_err(|e| RepoError::Usage(format!("--key: {e}")))?;
+            let bytes = std::fs::read(request).map_err(|e| RepoError::Usage(format!("{}: {e}", request.display())))?;
+            let req: config::ProvisioningRequest = serde_json::from_slice(&bytes)
+                .map_err(|e| RepoError::Usage(format!("{}: not a provisioning request: {e}", request.display())))?;
+            let body = serde_json::to_value(config::authorization_for(&req)?).map_err(failed)?;
+            let signed = envelope::sign(&seed, body).map_err(failed)?;
+            let text = serde_json::to_vec_pretty(&signed).map_err(failed)?;
+            std::fs::write(out, text).map_err(|e| RepoError::Usage(format!("{}: {e}", out.display())))?;
+            eprintln!("chio: authorized session {} (request {})", req.session_id, config::digest_of(&req)?);
+            Ok(0)
+        }
+        SessionCommand::Prepare { state, authorization, trusted_key } => {
+            let key = pinned_key(trusted_key).map_err(|e| RepoError::Usage(format!("--trusted-key: {e:#}")))?;
+            let s = session::prepare(state, authorization, &key)?;
+            println!("session {} prepared: the authorization is admitted", s.request.session_id);
+            Ok(0)
+        }
+        SessionCommand::Run { state, json } => {
+            crate::repository_cmd::require_root("session run")?;
+            let outcome = run::run(state)?;
+            if *json {
+                print_json(&outcome)?;
+            } else {
+                println!(
+                    "agent {}; {} model call(s); worker exit {}",
+                    outcome.agent_exit_status.as_deref().unwrap_or("(no trajectory)"),
+                    outcome.model_calls,
+                    outcome.worker_exit_status
+                );
+            }
+            Ok(if outcome.submitted { 0 } else { 1 })
+        }
+        SessionCommand::Status { state, json } => {
+            let st = session::status(state)?;
+            if *json {
+                print_json(&st)?;
+            } else {
+                println!("session {} ({}), {} model call(s)", st.session_id, st.state, st.model_calls);
+                if let Some(o) = &st.outcome {
+                    println!("  agent {}", o.agent_exit_status.as_deref().unwrap_or("(no trajectory)"));
+                }
+                if let Some(w) = &st.workspace {
+                    println!("  workspace {} head {} ({} receipts)", w.workspace_id, w.head, w.receipts);
+                }
+            }
+            Ok(0)
+        }
+        SessionCommand::Recover { state } => {
+            crate::repository_cmd::require_root("session recover")?;
+            print_json(&session::recover(state)?)?;
+            Ok(0)
+        }
+        SessionCommand::Result { state, out } => {
+            let r = session::result(state, out)?;
+            print_json(&r)?;
+            Ok(0)
+        }
+        SessionCommand::Gateway { state } => {
+            let s = session::open(state)?;
+            let credential = std::env::var(&s.config.model.credential_env).unwrap_or_default();
+            gateway::serve(&s, credential)?;
+            Ok(0)
+        }
+        SessionCommand::Leg { state } => {
+            leg::serve(&session::open(state)?)?;
+            Ok(0)
+        }
+    }
+}

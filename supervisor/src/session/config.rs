@@ -1,0 +1,401 @@
+//! A session's configuration (what the operator asks for), the provisioning request derived from
+//! it (what running it would need — it grants nothing) and the signed authorization that admits
+//! exactly that request.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use chio_cage::Limits;
+use chio_kernel::{canonical, envelope};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::repository::snapshot::hex_sha256;
+use crate::repository::workspace::RepoError;
+
+/// Schema of a session configuration.
+pub const CONFIG_SCHEMA: &str = "chio.session.v1";
+/// Schema of a provisioning request.
+pub const REQUEST_SCHEMA: &str = "chio.session.provisioning-request.v1";
+/// Schema of an operator's authorization of one request.
+pub const AUTHORIZATION_SCHEMA: &str = "chio.session-authorization.v1";
+/// The leg's shell: every repository command is this argv plus one operand, the command.
+pub const COMMAND_ARGV_PREFIX: [&str; 4] = ["/bin/bash", "--noprofile", "--norc", "-c"];
+
+/// What the operator configures (`session init --config`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionConfig {
+    /// Always [`CONFIG_SCHEMA`].
+    pub schema: String,
+    /// The source repository (a checkout or a bare repository).
+    pub repository: PathBuf,
+    /// A branch, tag or commit id (resolved to a commit at init).
+    pub revision: String,
+    /// The literal source paths.
+    pub source_paths: Vec<String>,
+    /// Build output kept out of snapshots (see the repository leg).
+    #[serde(default)]
+    pub scratch_paths: Vec<String>,
+    /// The execution image (reference or id; `None`: the host's system directories).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// The image store (default $CHIO_STATE_DIR or /var/lib/chio).
+    #[serde(default)]
+    pub image_store: Option<PathBuf>,
+    /// Deadline of each repository command, 1–300 s.
+    pub command_timeout_s: u64,
+    /// The agent's limits.
+    pub agent: AgentLimits,
+    /// The model behind the gateway.
+    pub model: ModelSettings,
+    /// How the worker (the agent process) runs.
+    pub worker: WorkerSettings,
+}
+
+/// The agent's limits; the leg and the gateway enforce them too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLimits {
+    /// Model calls at most, and repository commands at most, in one run.
+    pub step_limit: u32,
+    /// The worker's wall-clock deadline in seconds.
+    pub wall_time_s: u64,
+}
+
+/// The provider the gateway forwards to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    /// The model name sent to the provider.
+    pub name: String,
+    /// OpenAI-compatible base URL (`…/v1`), http or https.
+    pub base_url: String,
+    /// The variable of `session run`'s environment holding the provider credential (only the
+    /// gateway ever sees its value).
+    pub credential_env: String,
+}
+
+/// The worker's cage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// The worker image (reference or id; `None`: the host's system directories).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// The Python that has mini-swe-agent and chio_minisweagent, inside the worker's root.
+    #[serde(default = "default_python")]
+    pub python: PathBuf,
+    /// Host directories bound read-only at the same path (a virtualenv, a package checkout).
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
+    /// Extra environment of the worker (no credential may be named here).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn default_python() -> PathBuf {
+    PathBuf::from("/usr/bin/python3")
+}
+
+fn usage(m: impl Into<String>) -> RepoError {
+    RepoError::Usage(m.into())
+}
+
+impl SessionConfig {
+    /// Parse and check a configuration.
+    pub fn parse(bytes: &[u8]) -> Result<SessionConfig, RepoError> {
+        let c: SessionConfig =
+            serde_json::from_slice(bytes).map_err(|e| usage(format!("not a session configuration: {e}")))?;
+        if c.schema != CONFIG_SCHEMA {
+            return Err(usage(format!("configuration schema {:?} is not {CONFIG_SCHEMA}", c.schema)));
+        }
+        if !(1..=300).contains(&c.command_timeout_s) {
+            return Err(usage("command_timeout_s: give 1 to 300 seconds"));
+        }
+        if !(1..=1000).contains(&c.agent.step_limit) {
+            return Err(usage("agent.step_limit: give 1 to 1000"));
+        }
+        if !(1..=86_400).contains(&c.agent.wall_time_s) {
+            return Err(usage("agent.wall_time_s: give 1 to 86400 seconds"));
+        }
+        let url = &c.model.base_url;
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.chars().any(char::is_whitespace) {
+            return Err(usage(format!("model.base_url {url:?}: give an http:// or https:// URL")));
+        }
+        check_env_name("model.credential_env", &c.model.credential_env)?;
+        for (k, v) in &c.worker.env {
+            check_env_name("worker.env", k)?;
+            if v.contains('\0') {
+                return Err(usage(format!("worker.env {k}: a NUL byte")));
+            }
+        }
+        if c.worker.env.contains_key(&c.model.credential_env) {
+            return Err(usage(format!(
+                "worker.env names {}, the provider credential: the worker never holds it",
+                c.model.credential_env
+            )));
+        }
+        for p in c.worker.read_only_paths.iter().chain([&c.worker.python]) {
+            if !p.is_absolute() {
+                return Err(usage(format!("worker path {} is not absolute", p.display())));
+            }
+        }
+        Ok(c)
+    }
+
+    /// The configuration's digest (`sha256:` over its RFC 8785 bytes).
+    pub fn digest(&self) -> Result<String, RepoError> {
+        digest_of(self)
+    }
+}
+
+fn check_env_name(what: &str, k: &str) -> Result<(), RepoError> {
+    let ok = !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(usage(format!("{what}: {k:?} is not a variable name")))
+    }
+}
+
+/// `sha256:` over the RFC 8785 bytes of a serializable value.
+pub fn digest_of(v: &impl Serialize) -> Result<String, RepoError> {
+    Ok(format!("sha256:{}", hex_sha256(&canonical_bytes(v)?)))
+}
+
+/// RFC 8785 bytes of a serializable value.
+pub fn canonical_bytes(v: &impl Serialize) -> Result<Vec<u8>, RepoError> {
+    let v = serde_json::to_value(v).map_err(|e| RepoError::Failed(e.to_string()))?;
+    canonical::to_canonical(&v).map(String::into_bytes).map_err(|e| RepoError::Failed(format!("{e:?}")))
+}
+
+/// What running the session needs: the exact commands, images, limits and digests. Written at
+/// init; grants nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisioningRequest {
+    /// Always [`REQUEST_SCHEMA`].
+    pub schema: String,
+    /// Random id of this session.
+    pub session_id: String,
+    /// Digest of the session configuration.
+    pub session_config: String,
+    /// SHA-256 of the task text.
+    pub task_sha256: String,
+    /// The repository workspace: its configuration digest (bound by every receipt), commit,
+    /// scope and image.
+    pub workspace: RequestedWorkspace,
+    /// Repository commands: `argv_prefix` plus one operand, in a cage with these limits.
+    pub commands: RequestedCommands,
+    /// The worker's cage.
+    pub worker: RequestedWorker,
+    /// The agent's limits.
+    pub agent: AgentLimits,
+    /// The provider (the credential is named, never included).
+    pub model: ModelSettings,
+}
+
+/// The workspace part of a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedWorkspace {
+    /// Digest of the workspace configuration.
+    pub config_digest: String,
+    /// The source commit.
+    pub source_commit: String,
+    /// The scope.
+    pub source_paths: Vec<String>,
+    /// Paths never snapshotted.
+    pub scratch_paths: Vec<String>,
+    /// The execution image id (`None`: the host's system directories).
+    pub image_id: Option<String>,
+}
+
+/// The commands part of a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedCommands {
+    /// `/bin/bash --noprofile --norc -c`; the command is the one operand after it.
+    pub argv_prefix: Vec<String>,
+    /// uid commands run as.
+    pub uid: u32,
+    /// gid commands run as.
+    pub gid: u32,
+    /// The cage ceilings of each command.
+    pub limits: Limits,
+    /// The deadline of each command in seconds.
+    pub deadline_s: u64,
+    /// Network: always `none`.
+    pub network: String,
+}
+
+/// The worker part of a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedWorker {
+    /// The worker's argv.
+    pub argv: Vec<String>,
+    /// The worker image id (`None`: the host's system directories).
+    pub image_id: Option<String>,
+    /// Host directories bound read-only.
+    pub read_only_paths: Vec<PathBuf>,
+    /// The worker's environment names (values are in the session configuration).
+    pub env: Vec<String>,
+    /// uid the worker runs as.
+    pub uid: u32,
+    /// Network: its own namespace, loopback only (the model is reached through the gateway's
+    /// socket, by way of a forwarder on one loopback port).
+    pub network: String,
+    /// The worker's wall-clock deadline in seconds.
+    pub wall_time_s: u64,
+    /// The worker cage's ceilings.
+    pub limits: Limits,
+}
+
+/// The signed body an operator gives `session prepare`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Authorization {
+    /// Always [`AUTHORIZATION_SCHEMA`].
+    pub schema: String,
+    /// Only `enforced` runs anything.
+    pub mode: String,
+    /// Digest of `request`.
+    pub request_sha256: String,
+    /// The request authorized, in full (so the operator signs what they read).
+    pub request: ProvisioningRequest,
+}
+
+/// Build the authorization body for `request` (what `session authorize` signs).
+pub fn authorization_for(request: &ProvisioningRequest) -> Result<Authorization, RepoError> {
+    Ok(Authorization {
+        schema: AUTHORIZATION_SCHEMA.into(),
+        mode: "enforced".into(),
+        request_sha256: digest_of(request)?,
+        request: request.clone(),
+    })
+}
+
+/// Verify a signed authorization under the pinned operator key and admit it against this
+/// session's request: every violation is named.
+pub fn admit(signed: &[u8], operator_key_hex: &str, request: &ProvisioningRequest) -> Result<(), RepoError> {
+    let body: Value = envelope::verify(signed, operator_key_hex)
+        .map_err(|e| RepoError::Refused(format!("the authorization does not verify: {e}")))?;
+    let auth: Authorization =
+        serde_json::from_value(body).map_err(|e| RepoError::Refused(format!("not a session authorization: {e}")))?;
+    let mut violations = Vec::new();
+    if auth.schema != AUTHORIZATION_SCHEMA {
+        violations.push(format!("schema {:?} is not {AUTHORIZATION_SCHEMA}", auth.schema));
+    }
+    if auth.mode != "enforced" {
+        violations.push(format!(
+            "mode {:?}: a session runs only under an enforced authorization (no command ever runs outside a cage)",
+            auth.mode
+        ));
+    }
+    let ours = digest_of(request)?;
+    if auth.request_sha256 != digest_of(&auth.request)? {
+        violations.push("request_sha256 is not the digest of the request it carries".into());
+    }
+    if auth.request_sha256 != ours {
+        violations.push(format!(
+            "it authorizes request {} (session {}), not this session's request {ours}",
+            auth.request_sha256, auth.request.session_id
+        ));
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(RepoError::Refused(format!("the authorization is not admitted: {}", violations.join("; "))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chio_kernel::keys;
+
+    fn request() -> ProvisioningRequest {
+        let agent = AgentLimits { step_limit: 4, wall_time_s: 60 };
+        let model =
+            ModelSettings { name: "m".into(), base_url: "http://127.0.0.1:1/v1".into(), credential_env: "K".into() };
+        ProvisioningRequest {
+            schema: REQUEST_SCHEMA.into(),
+            session_id: "s1".into(),
+            session_config: "sha256:00".into(),
+            task_sha256: "00".into(),
+            workspace: RequestedWorkspace {
+                config_digest: "sha256:11".into(),
+                source_commit: "c".into(),
+                source_paths: vec!["p".into()],
+                scratch_paths: vec![],
+                image_id: None,
+            },
+            commands: RequestedCommands {
+                argv_prefix: COMMAND_ARGV_PREFIX.iter().map(|s| s.to_string()).collect(),
+                uid: 65534,
+                gid: 65534,
+                limits: Limits::default(),
+                deadline_s: 60,
+                network: "none".into(),
+            },
+            worker: RequestedWorker {
+                argv: vec![],
+                image_id: None,
+                read_only_paths: vec![],
+                env: vec![],
+                uid: 65534,
+                network: "loopback".into(),
+                wall_time_s: 60,
+                limits: Limits::default(),
+            },
+            agent,
+            model,
+        }
+    }
+
+    fn signed(key: &chio_kernel::keys::SigningKey, auth: &Authorization) -> Vec<u8> {
+        let body = serde_json::to_value(auth).unwrap();
+        serde_json::to_vec(&envelope::sign(key, body).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn only_an_enforced_authorization_of_this_request_under_the_pinned_key_is_admitted() {
+        let (operator, stranger) = (keys::generate().unwrap(), keys::generate().unwrap());
+        let pinned = keys::hex(operator.verifying_key().as_bytes());
+        let req = request();
+        let auth = authorization_for(&req).unwrap();
+        admit(&signed(&operator, &auth), &pinned, &req).unwrap();
+
+        let refused = |bytes: &[u8], why: &str| match admit(bytes, &pinned, &req) {
+            Err(RepoError::Refused(m)) => assert!(m.contains(why), "{m}"),
+            other => panic!("{other:?}"),
+        };
+        refused(&signed(&stranger, &auth), "pinned key");
+        refused(&signed(&operator, &Authorization { mode: "shadow".into(), ..auth.clone() }), "mode \"shadow\"");
+        // Another session's request, correctly digested: not this one.
+        let mut other = req.clone();
+        other.commands.deadline_s = 300;
+        refused(&signed(&operator, &authorization_for(&other).unwrap()), "not this session's request");
+        // The request edited after its digest was taken.
+        let forged = Authorization { request: other, ..auth.clone() };
+        refused(&signed(&operator, &forged), "not the digest of the request");
+    }
+
+    #[test]
+    fn a_configuration_cannot_hand_the_worker_the_credential() {
+        let c = serde_json::json!({
+            "schema": CONFIG_SCHEMA, "repository": "/r", "revision": "HEAD", "source_paths": ["p"],
+            "command_timeout_s": 60, "agent": {"step_limit": 4, "wall_time_s": 60},
+            "model": {"name": "m", "base_url": "https://x/v1", "credential_env": "KEY"},
+            "worker": {"env": {"KEY": "x"}}
+        });
+        match SessionConfig::parse(c.to_string().as_bytes()) {
+            Err(RepoError::Usage(m)) => assert!(m.contains("never holds it"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The model gateway: the only holder of the provider credential. It listens on a Unix socket
+//! bound into the worker's cage (`STATE/run/model.sock`), takes OpenAI-compatible
+//! `POST …/chat/completions` requests, and forwards each to the provider with the credential
+//! added. Every answered call is journaled durably before the worker sees it: call N of a run
+//! that the journal already holds is answered from the journal (a resumed or repeated run makes
+//! no new model call) — and only if the request is the one journaled, so a run that diverges is
+//! refused rather than silently given another run's answer. At most `step_limit` calls a session.
+//!
+//! The gateway never launches a cage, so it may use threads: one per connection, a few at once.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::Session;
+use crate::repository::workspace::{write_durably, RepoError};
+
+/// The largest request head.
+const MAX_HEAD_BYTES: usize = 64 << 10;
+/// The largest request body.
+const MAX_BODY_BYTES: usize = 8 << 20;
+/// The largest provider answer.
+const MAX_ANSWER_BYTES: u64 = 16 << 20;
+/// Connections served at once.
+const MAX_CONNECTIONS: usize = 4;
+/// How long one provider call may take.
+const PROVIDER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One journaled call.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournaledCall {
+    /// Its place in the run (0-based).
+    pub ordinal: u64,
+    /// SHA-256 of the request body's canonical JSON.
+    pub request_sha256: String,
+    /// The provider's HTTP status.
+    pub status: u16,
+    /// The provider's answer.
+    pub response: String,
+}
+
+struct Journal {
+    dir: PathBuf,
+    next: u64,
+    limit: u64,
+}
+
+impl Journal {
+    fn path(&self, n: u64) -> PathBuf {
+        self.dir.join(format!("{n:06}.json"))
+    }
+
+    fn load(&self, n: u64) -> Result<Option<JournaledCall>, RepoError> {
+        match fs::read(self.path(n)) {
+            Ok(b) => {
+                Ok(Some(serde_json::from_slice(&b).map_err(|e| RepoError::Mismatch(format!("model call {n}: {e}")))?))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+struct Provider {
+    url: String,
+    bearer: String,
+    agent: ureq::Agent,
+}
+
+/// Serve until killed. Prints `ready` on stdout once the socket listens.
+pub fn serve(s: &Session, credential: String) -> Result<(), RepoError> {
+    s.check_authorized()?;
+    let calls = s.calls_dir();
+    fs::create_dir_all(&calls)?;
+    let socket = s.dir.join("run").join("model.sock");
+    let _ = fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)?;
+    // Only the worker's cage can reach this path (STATE is root's, 0700); the worker runs as an
+    // unprivileged uid and must be able to connect.
+    fs::set_permissions(&socket, fs::Permissions::from_mode(0o666))?;
+    let journal = Arc::new(Mutex::new(Journal { dir: calls, next: 0, limit: u64::from(s.config.agent.step_limit) }));
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().timeout_global(Some(PROVIDER_TIMEOUT)).http_status_as_error(false).build().into();
+    let base = s.config.model.base_url.trim_end_matches('/');
+    let provider =
+        Arc::new(Provider { url: format!("{base}/chat/completions"), bearer: format!("Bearer {credential}"), agent });
+    println!("ready");
+    std::io::stdout().flush()?;
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::SeqCst);
+            let _ = respond(&mut conn, 503, &error_body("too many connections to the model gateway"));
+            continue;
+        }
+        let (journal, provider, active) = (journal.clone(), provider.clone(), active.clone());
+        std::thread::spawn(move || {
+            let _ = handle(conn, &journal, &provider);
+            active.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+    Ok(())
+}
+
+fn error_body(message: &str) -> Vec<u8> {
+    json!({"error": {"message": message, "type": "chio_gateway"}}).to_string().into_bytes()
+}
+
+fn handle(conn: UnixStream, journal: &Mutex<Journal>, provider: &Provider) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut out = conn.try_clone()?;
+    let (status, body) = match read_request(conn) {
+        Ok(body) => match journal.lock() {
+            Ok(mut j) => call(&mut j, provider, &body).unwrap_or_else(|e| (500, error_body(&e.to_string()))),
+            Err(_) => (500, error_body("the gateway's journal is poisoned")),
+        },
+        Err((status, message)) => (status, error_body(&message)),
+    };
+    respond(&mut out, status, &body)
+}
+
+/// Read one HTTP/1.1 request: only `POST …/chat/completions` with a Content-Length body.
+fn read_request(conn: UnixStream) -> Result<Vec<u8>, (u16, String)> {
+    let mut r = BufReader::new(conn.take((MAX_HEAD_BYTES + MAX_BODY_BYTES) as u64));
+    let mut head_bytes = 0;
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = r.read_line(&mut line).map_err(|e| (400, format!("reading the request: {e}")))?;
+        head_bytes += n;
+        if n == 0 || head_bytes > MAX_HEAD_BYTES {
+            return Err((400, "an incomplete or oversized request head".into()));
+        }
+        let line = line.trim_end_matches(['\r', '\n']).to_string();
+        if line.is_empty() {
+            break;
+        }
+        lines.push(line);
+    }
+    let request_line = lines.first().cloned().unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method != "POST" || !path.ends_with("/chat/completions") {
+        return Err((404, format!("the gateway serves POST …/chat/completions only, not {method} {path}")));
+    }
+    let mut length = None;
+    for h in &lines[1..] {
+        let Some((name, value)) = h.split_once(':') else { continue };
+        match name.trim().to_ascii_lowercase().as_str() {
+            "content-length" => length = value.trim().parse::<usize>().ok(),
+            "transfer-encoding" => return Err((501, "chunked request bodies are not served".into())),
+            _ => {}
+        }
+    }
+    let length = length.ok_or((411, "a request without Content-Length".to_string()))?;
+    if length > MAX_BODY_BYTES {
+        return Err((413, format!("a request body of {length} bytes (at most {MAX_BODY_BYTES})")));
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).map_err(|e| (400, format!("reading the request body: {e}")))?;
+    Ok(body)
+}
+
+fn respond(out: &mut UnixStream, status: u16, body: &[u8]) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        403 => "Forbidden",
+        404 => "Not Found",
+        _ => "Error",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    out.write_all(head.as_bytes())?;
+    out.write_all(body)?;
+    out.flush()
+}
+
+/// One model call: from the journal when it holds this call, else from the provider (journaled
+/// before it is answered).
+fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u8>), RepoError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| RepoError::Usage(format!("the request is not JSON: {e}")))?;
+    let digest = super::config::digest_of(&value)?;
+    let n = j.next;
+    if let Some(done) = j.load(n)? {
+        if done.request_sha256 != digest {
+            // 403: mini-swe-agent gives up at once instead of retrying.
+            return Ok((
+                403,
+                error_body(&format!(
+                    "model call {n} differs from the one this session journaled: the run diverged from its journal"
+                )),
+            ));
+        }
+        j.next += 1;
+        return Ok((done.status, done.response.into_bytes()));
+    }
+    if n >= j.limit {
+        return Ok((403, error_body(&format!("the session's step limit of {} model calls is reached", j.limit))));
+    }
+    let answer = provider
+        .agent
+        .post(&provider.url)
+        .header("Authorization", &provider.bearer)
+        .header("Content-Type", "application/json")
+        .send(body);
+    let mut answer = match answer {
+        Ok(a) => a,
+        Err(e) => return Ok((502, error_body(&format!("the provider could not be reached: {e}")))),
+    };
+    let status = answer.status().as_u16();
+    let text = answer
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER_BYTES)
+        .read_to_string()
+        .map_err(|e| RepoError::Failed(format!("reading the provider's answer: {e}")))?;
+    if (200..300).contains(&status) {
+        let entry = JournaledCall { ordinal: n, request_sha256: digest, status, response: text.clone() };
+        let bytes = serde_json::to_vec(&entry).map_err(|e| RepoError::Failed(e.to_string()))?;
+        write_durably(&j.path(n), &bytes)?;
+        j.next += 1;
+    }
+    Ok((status, text.into_bytes()))
+}

@@ -1,0 +1,227 @@
+//! `session run`: the gateway and the leg as child processes of this one (each dies with it),
+//! then the worker in its own cage, launched from this single-threaded process. The worker's
+//! cage has its own network namespace with only loopback (landlock: one TCP port, the
+//! forwarder's) and no credential; it gets the task, the two sockets (read-only) and a
+//! directory for its trajectory (read-write), nothing else of the host.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use chio_cage::{Bind, Limits, Sinks, State};
+use serde_json::{json, Value};
+
+use super::config::SessionConfig;
+use super::{Outcome, Session};
+use crate::launch_plan::{self, ImageChoice, PlanOptions};
+use crate::repository::workspace::{write_durably, RepoError, COMMAND_ID};
+
+/// Where the run directory (the sockets, the worker's settings) appears in the worker's cage.
+pub const RUN_MOUNT: &str = "/run/chio-session";
+/// Where the worker's output directory appears in its cage.
+pub const OUT_MOUNT: &str = "/run/chio-session-out";
+/// The loopback port, in the worker's own network namespace, where litellm reaches the
+/// forwarder to the gateway's socket (the only TCP port landlock lets the worker bind or connect).
+pub const MODEL_PORT: u16 = 8000;
+/// The largest trajectory read back.
+const MAX_TRAJECTORY_BYTES: u64 = 64 << 20;
+
+/// The worker's argv.
+pub fn worker_argv(c: &SessionConfig) -> Vec<OsString> {
+    [
+        c.worker.python.as_os_str(),
+        "-m".as_ref(),
+        "chio_minisweagent.worker".as_ref(),
+        "/run/chio-session/worker.json".as_ref(),
+    ]
+    .iter()
+    .map(|s| s.to_os_string())
+    .collect()
+}
+
+/// The worker's environment: chio's fixed part (no network lookups, no cost-table download,
+/// no bytecode written) and the configured variables.
+pub fn worker_env(c: &SessionConfig) -> Vec<(String, String)> {
+    let fixed = [
+        ("HOME", "/tmp"),
+        ("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
+        ("MSWEA_COST_TRACKING", "ignore_errors"),
+        ("MSWEA_SILENT_STARTUP", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+    ];
+    let mut env: Vec<(String, String)> = fixed.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    env.extend(c.worker.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// The worker cage's ceilings: the leg's defaults with room for the Python agent.
+pub fn worker_limits(c: &SessionConfig) -> Limits {
+    Limits {
+        memory_bytes: Some(1 << 30),
+        wall_ms: c.agent.wall_time_s * 1000,
+        output_bytes: 16 << 20,
+        ..Limits::default()
+    }
+}
+
+/// Run the session's agent once (or, when a run completed, return its outcome: nothing runs).
+pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
+    let s = super::open(dir)?;
+    s.check_authorized()?;
+    if let Some(done) = s.outcome()? {
+        return Ok(done);
+    }
+    if s.running() {
+        return Err(RepoError::Refused(
+            "a run of this session is in progress or was interrupted; run `chio session recover` first".into(),
+        ));
+    }
+    let credential_env = &s.config.model.credential_env;
+    let credential = std::env::var(credential_env)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| RepoError::Usage(format!("{credential_env} (the provider credential) is not set")))?;
+    write_durably(&s.dir.join("running"), b"")?;
+    prepare_dirs(&s)?;
+    let mut children = Vec::new();
+    let result = start_and_launch(&s, &credential, &mut children);
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = fs::remove_dir_all(s.dir.join("run"));
+    let rec = result?;
+    if rec.state != State::FullyEnforced {
+        fs::remove_file(s.dir.join("running"))?;
+        let why = rec.failure.as_ref().map_or(format!("{:?}", rec.state), |f| format!("{}: {}", f.code, f.detail));
+        return Err(RepoError::Failed(format!("the worker's cage did not run: {why}")));
+    }
+    let trajectory = read_worker_file(&s.dir.join("out").join("trajectory.json"), MAX_TRAJECTORY_BYTES)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    let status = trajectory.as_ref().and_then(|t| t["info"]["exit_status"].as_str()).map(str::to_string);
+    let outcome = Outcome {
+        submitted: status.as_deref() == Some("Submitted"),
+        agent_exit_status: status,
+        worker_exit_status: rec.exit_status(),
+        model_calls: s.model_calls()?,
+    };
+    let bytes = serde_json::to_vec_pretty(&outcome).map_err(|e| RepoError::Failed(e.to_string()))?;
+    write_durably(&s.dir.join("outcome.json"), &bytes)?;
+    fs::remove_file(s.dir.join("running"))?;
+    Ok(outcome)
+}
+
+fn prepare_dirs(s: &Session) -> Result<(), RepoError> {
+    let run = s.dir.join("run");
+    let _ = fs::remove_dir_all(&run);
+    fs::DirBuilder::new().mode(0o755).create(&run)?;
+    let out = s.dir.join("out");
+    if !out.exists() {
+        fs::DirBuilder::new().mode(0o700).create(&out)?;
+        nix::unistd::chown(&out, Some(COMMAND_ID.into()), Some(COMMAND_ID.into())).map_err(io::Error::from)?;
+    }
+    let settings = json!({
+        "task": s.task,
+        "run_id": s.request.session_id,
+        "model_name": s.config.model.name,
+        "model_socket": format!("{RUN_MOUNT}/model.sock"),
+        "model_port": MODEL_PORT,
+        "leg_socket": format!("{RUN_MOUNT}/leg.sock"),
+        "command_timeout_s": s.config.command_timeout_s,
+        "step_limit": s.config.agent.step_limit,
+        "wall_time_s": s.config.agent.wall_time_s,
+        "trajectory": format!("{OUT_MOUNT}/trajectory.json"),
+    });
+    let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(run.join("worker.json"))?;
+    io::Write::write_all(&mut f, settings.to_string().as_bytes())?;
+    Ok(())
+}
+
+/// Start a helper (`chio session gateway|leg`) and wait for its `ready`.
+fn start_helper(s: &Session, role: &str, env: &[(&str, &str)]) -> Result<Child, RepoError> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["session", role, "--state"]).arg(&s.dir).env_clear().envs(env.iter().copied());
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    // SAFETY: between fork and exec only prctl, which is async-signal-safe; the helper dies
+    // with this process, so a crashed run leaves no server behind.
+    unsafe {
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(io::Error::from));
+    }
+    let mut child = cmd.spawn()?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        BufReader::new(out).read_line(&mut line)?;
+    }
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let status = child.wait()?;
+        return Err(RepoError::Failed(format!("the session's {role} did not start ({status})")));
+    }
+    Ok(child)
+}
+
+fn start_and_launch(
+    s: &Session,
+    credential: &str,
+    children: &mut Vec<Child>,
+) -> Result<chio_cage::LaunchRecord, RepoError> {
+    children.push(start_helper(s, "gateway", &[(s.config.model.credential_env.as_str(), credential)])?);
+    children.push(start_helper(s, "leg", &[])?);
+    let mut o = PlanOptions::new(worker_argv(&s.config));
+    o.uid = Some(COMMAND_ID);
+    o.gid = Some(COMMAND_ID);
+    o.limits = worker_limits(&s.config);
+    o.cwd = Some(PathBuf::from("/tmp"));
+    // Its own network namespace with only `lo`: the forwarder to the gateway's socket.
+    o.net = chio_cage::NetMode::Loopback;
+    o.env = worker_env(&s.config).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    o.binds.push(Bind { source: s.dir.join("run"), dest: RUN_MOUNT.into(), writable: false });
+    o.binds.push(Bind { source: s.dir.join("out"), dest: OUT_MOUNT.into(), writable: true });
+    for p in &s.config.worker.read_only_paths {
+        o.binds.push(Bind { source: p.clone(), dest: p.clone(), writable: false });
+    }
+    if let Some(id) = &s.request.worker.image_id {
+        let store_dir = workspace_image_store(s)?;
+        o.image = Some(ImageChoice { store_dir, reference: id.clone(), entrypoint: Some(String::new()) });
+    }
+    let mut planned = launch_plan::build(&o).map_err(|e| RepoError::Usage(e.to_string()))?;
+    planned.plan.tcp_bind = vec![MODEL_PORT];
+    planned.plan.tcp_connect = vec![MODEL_PORT];
+    planned.plan.annotations.insert("session.id".into(), s.request.session_id.clone());
+    planned.plan.annotations.insert("session.role".into(), "worker".into());
+    let stdout = io::stderr();
+    let mut sinks = Sinks::new(stdout.as_fd(), stdout.as_fd());
+    let rec = chio_cage::launch(&planned.plan, &mut sinks);
+    let record = serde_json::to_vec_pretty(&rec).map_err(|e| RepoError::Failed(e.to_string()))?;
+    write_durably(&s.dir.join("worker-launch.json"), &record)?;
+    Ok(rec)
+}
+
+/// The image store the worker image was found in at init.
+fn workspace_image_store(s: &Session) -> Result<PathBuf, RepoError> {
+    let path = fs::read(s.dir.join("image-store"))
+        .map_err(|e| RepoError::Failed(format!("the session's image-store file: {e}")))?;
+    Ok(PathBuf::from(std::ffi::OsString::from(String::from_utf8_lossy(&path).into_owned())))
+}
+
+/// Read a file the worker wrote: no link followed, no FIFO waited on, a regular file only, bounded.
+pub fn read_worker_file(path: &Path, max: u64) -> Result<Vec<u8>, RepoError> {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| RepoError::Refused(format!("{}: {e}", path.display())))?;
+    let meta = f.metadata()?;
+    if !meta.is_file() || meta.len() > max {
+        return Err(RepoError::Refused(format!("{}: not a regular file of at most {max} bytes", path.display())));
+    }
+    let mut bytes = Vec::new();
+    File::take(f, max).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
