@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
-use chio_tests::{calculator_repo, chio_bin, git, privileged, skip, Scratch};
+use chio_tests::{calculator_repo, chio_bin, git, privileged, skip, wait_gone, Scratch};
 use serde_json::{json, Value};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -34,23 +34,40 @@ fn chio(args: &[&str], env: &[(&str, &str)]) -> Output {
 /// What the scripted provider saw: (Authorization header, request body) per call.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
-/// An OpenAI-compatible provider on loopback answering call N with a bash tool call running
-/// `commands[N]`.
-fn scripted_provider(commands: &'static [&'static str]) -> (String, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let log = log.clone();
-            std::thread::spawn(move || serve_provider(conn, commands, &log));
-        }
-    });
-    (url, seen)
+/// An OpenAI-compatible provider on loopback. Its answer depends on the conversation, not on
+/// how often it was called: step N (N tool results so far) gets a bash tool call running
+/// `commands[N]`. While `hold` names a step, a call for that step is not answered.
+struct Provider {
+    url: String,
+    seen: Seen,
+    hold: Arc<Mutex<Option<usize>>>,
 }
 
-fn serve_provider(conn: TcpStream, commands: &[&str], log: &Mutex<Vec<(String, String)>>) {
+fn scripted_provider(commands: &'static [&'static str]) -> Provider {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let (seen, hold): (Seen, Arc<Mutex<Option<usize>>>) = Default::default();
+    let (log, held) = (seen.clone(), hold.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let (log, held) = (log.clone(), held.clone());
+            std::thread::spawn(move || serve_provider(conn, commands, &log, &held));
+        }
+    });
+    Provider { url, seen, hold }
+}
+
+/// The steps the provider was asked for, in order.
+fn steps(seen: &Seen) -> Vec<usize> {
+    seen.lock().unwrap().iter().map(|(_, body)| step_of(body)).collect()
+}
+
+fn step_of(body: &str) -> usize {
+    let v: Value = serde_json::from_str(body).unwrap();
+    v["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "tool").count()
+}
+
+fn serve_provider(conn: TcpStream, commands: &[&str], log: &Mutex<Vec<(String, String)>>, hold: &Mutex<Option<usize>>) {
     let mut out = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     loop {
@@ -75,11 +92,12 @@ fn serve_provider(conn: TcpStream, commands: &[&str], log: &Mutex<Vec<(String, S
         }
         let mut body = vec![0; length];
         r.read_exact(&mut body).unwrap();
-        let n = {
-            let mut l = log.lock().unwrap();
-            l.push((auth, String::from_utf8_lossy(&body).into_owned()));
-            l.len() - 1
-        };
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let n = step_of(&body);
+        log.lock().unwrap().push((auth, body));
+        while *hold.lock().unwrap() == Some(n) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let command = commands.get(n).copied().unwrap_or("echo the script is over");
         let answer = json!({
             "id": format!("chatcmpl-{n}"), "object": "chat.completion", "created": 0, "model": "scripted",
@@ -149,9 +167,10 @@ fn python_calculator_session_with_a_caged_worker_and_a_gateway() {
     for who in ["kernel", "operator", "stranger"] {
         assert!(chio(&["keys", "generate", "--out", s(&dir.join(who))], &[]).status.success());
     }
-    let (url, seen) = scripted_provider(FIX);
+    let provider = scripted_provider(FIX);
+    let seen = provider.seen.clone();
     let config = dir.join("session.json");
-    std::fs::write(&config, session_config(&repo, &url, &python, &package).to_string()).unwrap();
+    std::fs::write(&config, session_config(&repo, &provider.url, &python, &package).to_string()).unwrap();
     let task = dir.join("issue.md");
     std::fs::write(&task, "add() subtracts; make the tests in package/ pass.\n").unwrap();
     let state = dir.join("state");
@@ -276,4 +295,84 @@ fn python_calculator_session_with_a_caged_worker_and_a_gateway() {
     assert!(out.status.success());
     assert_eq!(seen.lock().unwrap().len(), 4, "a completed session called the model again");
     assert_eq!(receipts(&state), before, "a completed session launched again");
+}
+
+/// Keys, configuration, task, init, the operator's authorization, prepare: a session ready to run.
+fn prepared(dir: &Scratch, repo: &Path, provider: &Provider) -> Option<PathBuf> {
+    let (python, package) = venv()?;
+    for who in ["kernel", "operator"] {
+        assert!(chio(&["keys", "generate", "--out", s(&dir.join(who))], &[]).status.success());
+    }
+    let (config, task, state) = (dir.join("session.json"), dir.join("issue.md"), dir.join("state"));
+    std::fs::write(&config, session_config(repo, &provider.url, &python, &package).to_string()).unwrap();
+    std::fs::write(&task, "make the tests in package/ pass\n").unwrap();
+    let seed = dir.join("kernel/signing.seed");
+    let init = ["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state)];
+    assert!(chio(&[&init[..], &["--kernel-key", s(&seed)]].concat(), &[]).status.success());
+    let (auth, request) = (dir.join("auth.json"), state.join("provisioning-request.json"));
+    let operator = dir.join("operator/signing.seed");
+    let out = chio(&["session", "authorize", "--key", s(&operator), "--request", s(&request), "--out", s(&auth)], &[]);
+    assert!(out.status.success());
+    let key = dir.join("operator/public.key");
+    let out =
+        chio(&["session", "prepare", "--state", s(&state), "--authorization", s(&auth), "--trusted-key", s(&key)], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some(state)
+}
+
+fn session_state(state: &Path) -> (String, u64) {
+    let out = chio(&["session", "status", "--state", s(state), "--json"], &[]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["state"].as_str().unwrap().to_string(), v["workspace"]["receipts"].as_u64().unwrap_or(0))
+}
+
+/// A run killed while the model is thinking: nothing of it is left running; it must be
+/// recovered before anything else; the next run gets the journaled answers and the retained
+/// command results again (no new model call, no new launch for them) and finishes the task.
+#[test]
+fn a_killed_run_recovers_and_replays_without_new_model_work() {
+    if !privileged("session_crash") {
+        return;
+    }
+    let dir = Scratch::new("session-crash");
+    let repo = calculator_repo(&dir.0);
+    let provider = scripted_provider(FIX);
+    let Some(state) = prepared(&dir, &repo, &provider) else { return };
+    *provider.hold.lock().unwrap() = Some(2);
+    let mut run = Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(["session", "run", "--state", s(&state)])
+        .env("CHIO_TEST_PROVIDER_KEY", SECRET)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !steps(&provider.seen).contains(&2) {
+        assert!(std::time::Instant::now() < until, "the agent never reached step 2: {:?}", steps(&provider.seen));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    *provider.hold.lock().unwrap() = None;
+    // The gateway, the leg and the worker died with the run.
+    assert_eq!(wait_gone(s(&state), std::time::Duration::from_secs(10)), Vec::<u32>::new());
+    let (st, _) = session_state(&state);
+    assert_eq!(st, "running_or_interrupted");
+    let again = chio(&["session", "run", "--state", s(&state)], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert_eq!(again.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("session recover"));
+    assert!(chio(&["session", "recover", "--state", s(&state)], &[]).status.success());
+    let (_, receipts) = session_state(&state);
+
+    let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["submitted"], true, "{outcome}");
+    // Steps 0 and 1 came from the journal; 2 was in flight at the kill (never answered), so it
+    // is asked again.
+    assert_eq!(steps(&provider.seen), vec![0, 1, 2, 2, 3]);
+    // Commands 0 and 1 replayed their retained results: only 2 and 3 launched (three receipts
+    // each: enforcement, terminal, tool_call).
+    let (st, after) = session_state(&state);
+    assert_eq!((st.as_str(), after - receipts), ("completed", 6));
 }
