@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{build_rootfs, chio_bin, oci_layout_with, parse, privileged, Scratch};
+use chio_tests::{build_rootfs, chio_bin, oci_layout_with, parse, privileged, programs_rootfs, Scratch};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -165,4 +165,54 @@ fn import_refusals_name_the_problem() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("OS/ARCH"));
     assert!(!state.exists(), "a refused import creates no store");
+}
+
+/// `packaging/images/build-images.py --pack` (the packer behind the session images, which are
+/// made with debootstrap) writes a `docker save` archive chio imports and runs: here from a
+/// root of the host's own programs, which is what a test can build quickly.
+#[test]
+fn the_image_packer_writes_an_archive_chio_imports_and_runs() {
+    if !privileged("image_packer") {
+        return;
+    }
+    let dir = Scratch::new("packer");
+    let root = dir.join("root");
+    programs_rootfs(&root, &["/bin/sh", "/bin/cat"]);
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/motd"), "packed\n").unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/images/build-images.py");
+    let archive = dir.join("packed.tar");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--pack", root.to_str().unwrap(), "--tag", "chio/packed:1", "--out", archive.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let state = dir.join("state");
+    let s = state.to_str().unwrap();
+    let out = chio(&["image", "import", archive.to_str().unwrap(), "--state-dir", s]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = parse(chio(&[
+        "cage",
+        "run",
+        "--json",
+        "--state-dir",
+        s,
+        "--image",
+        "chio/packed:1",
+        "--",
+        "/bin/cat",
+        "/etc/motd",
+    ]));
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(run.stdout, "packed\n");
+    // The same root packs to the same image id: the archive is deterministic.
+    let again = dir.join("again.tar");
+    let ok = Command::new("python3")
+        .arg(&script)
+        .args(["--pack", root.to_str().unwrap(), "--tag", "chio/packed:1", "--out", again.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    assert_eq!(std::fs::read(&archive).unwrap(), std::fs::read(&again).unwrap());
 }
