@@ -31,7 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MINI_SWE_AGENT = "mini-swe-agent>=2,<3"
 PACKAGES = {
     "python": ["bash", "coreutils", "git", "python3"],
-    "rust": ["bash", "coreutils", "git", "python3", "cargo", "rustc"],
+    # debootstrap resolves no virtual packages: libc6-dev stands for the libc-dev rustc needs.
+    "rust": ["bash", "coreutils", "git", "python3", "libc6-dev", "gcc", "cargo", "rustc"],
     "worker": ["bash", "coreutils", "python3", "python3-venv", "ca-certificates"],
 }
 PATH = "/opt/msa/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

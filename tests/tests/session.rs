@@ -136,7 +136,8 @@ fn venv() -> Option<(PathBuf, PathBuf)> {
     Some((python, repo.join("packaging/mini-swe-agent")))
 }
 
-fn session_config(repo: &Path, url: &str, python: &Path, package: &Path) -> Value {
+/// A session over `repo`'s `package/`; `extra` fields (an image, scratch paths) replace the defaults.
+fn session_config(repo: &Path, url: &str, python: &Path, package: &Path, extra: &Value) -> Value {
     let venv = python.parent().unwrap().parent().unwrap();
     // The interpreter behind the venv (pyenv's, say) must be in the worker's root too.
     let real = std::fs::canonicalize(python).unwrap();
@@ -145,7 +146,7 @@ fn session_config(repo: &Path, url: &str, python: &Path, package: &Path) -> Valu
     if !prefix.starts_with("/usr") {
         read_only.push(prefix);
     }
-    json!({
+    let mut c = json!({
         "schema": "chio.session.v1",
         "repository": repo, "revision": "HEAD", "source_paths": ["package"],
         "scratch_paths": ["package/__pycache__"],
@@ -153,162 +154,170 @@ fn session_config(repo: &Path, url: &str, python: &Path, package: &Path) -> Valu
         "agent": {"step_limit": 8, "wall_time_s": 240},
         "model": {"name": "scripted", "base_url": url, "credential_env": "CHIO_TEST_PROVIDER_KEY"},
         "worker": {"python": python, "read_only_paths": read_only, "env": {"PYTHONPATH": package}}
-    })
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c
 }
 
+/// Nothing runs before an admitted authorization: init writes a request that grants nothing; a
+/// stranger's signature is refused; a run without the credential is refused.
 #[test]
-fn python_calculator_session_with_a_caged_worker_and_a_gateway() {
-    if !privileged("session") {
+fn a_session_runs_nothing_until_the_operator_authorizes_its_exact_request() {
+    if !privileged("session_refusals") {
         return;
     }
     let Some((python, package)) = venv() else { return };
-    let dir = Scratch::new("session-calc");
+    let dir = Scratch::new("session-refusals");
     let repo = calculator_repo(&dir.0);
     for who in ["kernel", "operator", "stranger"] {
         assert!(chio(&["keys", "generate", "--out", s(&dir.join(who))], &[]).status.success());
     }
     let provider = scripted_provider(FIX);
-    let seen = provider.seen.clone();
-    let config = dir.join("session.json");
-    std::fs::write(&config, session_config(&repo, &provider.url, &python, &package).to_string()).unwrap();
-    let task = dir.join("issue.md");
-    std::fs::write(&task, "add() subtracts; make the tests in package/ pass.\n").unwrap();
-    let state = dir.join("state");
-    let out = chio(
-        &["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state), "--kernel-key"],
-        &[],
-    );
-    assert_eq!(out.status.code(), Some(2), "--kernel-key needs a value");
-    let out = chio(
-        &[
-            "session",
-            "init",
-            "--config",
-            s(&config),
-            "--task-file",
-            s(&task),
-            "--state",
-            s(&state),
-            "--kernel-key",
-            s(&dir.join("kernel/signing.seed")),
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
+    let (config, task, state) = (dir.join("session.json"), dir.join("issue.md"), dir.join("state"));
+    std::fs::write(&config, session_config(&repo, &provider.url, &python, &package, &json!({})).to_string()).unwrap();
+    std::fs::write(&task, "fix add\n").unwrap();
+    let init = ["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state)];
+    assert_eq!(chio(&init, &[]).status.code(), Some(2), "--kernel-key is required");
+    assert!(chio(&[&init[..], &["--kernel-key", s(&dir.join("kernel/signing.seed"))]].concat(), &[]).status.success());
     let request_path = state.join("provisioning-request.json");
     let request: Value = serde_json::from_slice(&std::fs::read(&request_path).unwrap()).unwrap();
     assert_eq!(request["commands"]["argv_prefix"], json!(["/bin/bash", "--noprofile", "--norc", "-c"]));
     assert!(request["worker"]["network"].as_str().unwrap().starts_with("loopback only"));
+    assert!(!request.to_string().contains(SECRET));
 
-    // Nothing runs before an admitted authorization; a stranger's signature is not one.
-    let run = |env: &[(&str, &str)]| chio(&["session", "run", "--state", s(&state), "--json"], env);
+    let run = |env: &[(&str, &str)]| chio(&["session", "run", "--state", s(&state)], env);
     let with_key = [("CHIO_TEST_PROVIDER_KEY", SECRET)];
     let out = run(&with_key);
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not prepared"));
     let auth = dir.join("auth.json");
-    let authorize = |who: &str| {
-        let seed = dir.join(who).join("signing.seed");
-        let out =
-            chio(&["session", "authorize", "--key", s(&seed), "--request", s(&request_path), "--out", s(&auth)], &[]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
-    let prepare = || {
-        let key = dir.join("operator/public.key");
-        chio(&["session", "prepare", "--state", s(&state), "--authorization", s(&auth), "--trusted-key", s(&key)], &[])
-    };
-    authorize("stranger");
-    let out = prepare();
+    let seed = dir.join("stranger/signing.seed");
+    let out = chio(&["session", "authorize", "--key", s(&seed), "--request", s(&request_path), "--out", s(&auth)], &[]);
+    assert!(out.status.success());
+    let key = dir.join("operator/public.key");
+    let out =
+        chio(&["session", "prepare", "--state", s(&state), "--authorization", s(&auth), "--trusted-key", s(&key)], &[]);
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the pinned key"));
-    authorize("operator");
-    assert!(prepare().status.success());
-    // The credential must be there (and only the gateway gets it).
-    assert_eq!(run(&[]).status.code(), Some(2));
+    assert_eq!(run(&with_key).status.code(), Some(3), "still not prepared");
+    assert!(provider.seen.lock().unwrap().is_empty(), "nothing reached the model");
+}
 
-    let out = run(&with_key);
-    assert!(
-        out.status.success(),
-        "run: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// The seed's claims about a finished walkthrough.
+#[derive(Debug, Default)]
+struct Claims {
+    verified_transitions: u64,
+    verified_receipts: u64,
+    source_unchanged: bool,
+    recipient_tests_passed: bool,
+    wrong_recipient_key_refused: bool,
+    completed_replay_did_no_new_model_work: bool,
+    offline_combined_export: bool,
+}
+
+/// A walkthrough end to end: init → authorize → prepare → run (the worker caged, the scripted
+/// provider behind the gateway) → result → verify-export in a recipient clone with the chosen
+/// key → `git apply` → the recipient's tests (`test` run in its `package/`) pass.
+fn walkthrough(dir: &Scratch, repo: &Path, commands: &'static [&'static str], extra: &Value, test: &[&str]) -> Claims {
+    let provider = scripted_provider(commands);
+    let source_before = (git(repo, &["rev-parse", "HEAD"]), git(repo, &["status", "--porcelain"]));
+    let Some(state) = prepared(dir, repo, &provider, extra) else { return Claims::default() };
+    let with_key = [("CHIO_TEST_PROVIDER_KEY", SECRET)];
+    let out = chio(&["session", "run", "--state", s(&state), "--json"], &with_key);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "run: {}\n{stderr}", String::from_utf8_lossy(&out.stdout));
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(outcome["submitted"], true, "{outcome}");
-    assert_eq!(outcome["model_calls"], 4, "{outcome}");
+    assert_eq!((outcome["submitted"].as_bool(), outcome["model_calls"].as_u64()), (Some(true), Some(4)), "{outcome}");
     {
-        let calls = seen.lock().unwrap();
-        assert_eq!(calls.len(), 4);
-        for (auth, body) in calls.iter() {
-            assert_eq!(auth, &format!("Bearer {SECRET}"), "the gateway adds the credential");
-            assert!(!body.contains(SECRET));
-        }
-        // The agent saw the failing test, then the passing one.
-        assert!(calls[1].1.contains("FAILED") && calls[3].1.contains("OK"), "{}", calls[3].1);
+        let calls = provider.seen.lock().unwrap();
+        assert!(calls.iter().all(|(auth, body)| *auth == format!("Bearer {SECRET}") && !body.contains(SECRET)));
     }
-    // The worker's cage: no network, and nothing of the credential in its environment.
     let worker: Value = serde_json::from_slice(&std::fs::read(state.join("worker-launch.json")).unwrap()).unwrap();
     assert_eq!(worker["state"], "FullyEnforced", "{worker}");
     assert!(!worker.to_string().contains(SECRET) && !worker.to_string().contains("CHIO_TEST_PROVIDER_KEY"));
 
-    // The result, verified and applied by a recipient with its own checkout and key.
     let result = dir.join("result");
     let out = chio(&["session", "result", "--state", s(&state), "--out", s(&result)], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let trajectory: Value = serde_json::from_slice(&std::fs::read(result.join("trajectory.json")).unwrap()).unwrap();
     assert_eq!(trajectory["info"]["exit_status"], "Submitted");
     let recipient = dir.join("recipient");
-    git(&dir.0, &["clone", "-q", s(&repo), s(&recipient)]);
-    let out = chio(
-        &[
-            "repository",
-            "verify-export",
-            "--bundle",
-            s(&result.join("bundle")),
-            "--repository",
-            s(&recipient),
-            "--revision",
-            "HEAD",
-            "--source-path",
-            "package",
-            "--kernel-key",
-            s(&dir.join("kernel/public.key")),
-        ],
-        &[],
-    );
+    git(&dir.0, &["clone", "-q", s(repo), s(&recipient)]);
+    let verify = |key: &Path| {
+        let bundle = result.join("bundle");
+        let args = ["repository", "verify-export", "--bundle", s(&bundle), "--repository", s(&recipient)];
+        let rest = ["--revision", "HEAD", "--source-path", "package", "--kernel-key", s(key)];
+        chio(&[&args[..], &rest].concat(), &[])
+    };
+    let out = verify(&dir.join("kernel/public.key"));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert!(out.status.success(), "{report} {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(report["verified_transitions"], 4, "one a command: {report}");
+    let wrong = verify(&dir.join("operator/public.key"));
     git(&recipient, &["apply", s(&result.join("bundle/changes.patch"))]);
-    let t = Command::new("python3").args(["-m", "unittest"]).current_dir(recipient.join("package")).output().unwrap();
-    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let tested = Command::new(test[0]).args(&test[1..]).current_dir(recipient.join("package")).output().unwrap();
 
-    // A rerun of the completed session: no new model call, no new launch.
-    let receipts = |st: &Path| {
-        let out = chio(&["session", "status", "--state", s(st), "--json"], &[]);
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = |st: &Path| {
+        let v: Value =
+            serde_json::from_slice(&chio(&["session", "status", "--state", s(st), "--json"], &[]).stdout).unwrap();
         (v["state"].as_str().unwrap().to_string(), v["workspace"]["receipts"].as_u64().unwrap())
     };
-    let before = receipts(&state);
-    assert_eq!(before.0, "completed");
-    let out = run(&with_key);
-    assert!(out.status.success());
-    assert_eq!(seen.lock().unwrap().len(), 4, "a completed session called the model again");
-    assert_eq!(receipts(&state), before, "a completed session launched again");
+    let before = status(&state);
+    let rerun = chio(&["session", "run", "--state", s(&state)], &with_key);
+    let mut names: Vec<String> =
+        std::fs::read_dir(&result).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    Claims {
+        verified_transitions: report["verified_transitions"].as_u64().unwrap(),
+        verified_receipts: report["verified_receipts"].as_u64().unwrap(),
+        source_unchanged: (git(repo, &["rev-parse", "HEAD"]), git(repo, &["status", "--porcelain"])) == source_before,
+        recipient_tests_passed: tested.status.success(),
+        wrong_recipient_key_refused: wrong.status.code() == Some(5),
+        completed_replay_did_no_new_model_work: rerun.status.success()
+            && provider.seen.lock().unwrap().len() == 4
+            && status(&state) == before,
+        offline_combined_export: names == ["bundle", "outcome.json", "trajectory.json"]
+            && ["changes.patch", "receipts.ndjson"].iter().all(|f| result.join("bundle").join(f).exists()),
+    }
+}
+
+fn assert_claims(c: &Claims, receipts_at_least: u64) {
+    eprintln!("claims: {c:?}");
+    assert_eq!(c.verified_transitions, 4, "one a command: {c:?}");
+    assert!(c.verified_receipts >= receipts_at_least, "{c:?}");
+    assert!(c.source_unchanged && c.recipient_tests_passed && c.wrong_recipient_key_refused, "{c:?}");
+    assert!(c.completed_replay_did_no_new_model_work && c.offline_combined_export, "{c:?}");
+}
+
+/// The Python walkthrough: `python3 -m unittest` fails, `add` is fixed, it passes, submitted.
+#[test]
+fn python_calculator_walkthrough() {
+    if !privileged("python_walkthrough") {
+        return;
+    }
+    let dir = Scratch::new("session-python");
+    let repo = calculator_repo(&dir.0);
+    let claims = walkthrough(&dir, &repo, FIX, &json!({}), &["python3", "-m", "unittest"]);
+    if venv().is_some() {
+        assert_claims(&claims, 12);
+    }
 }
 
 /// Keys, configuration, task, init, the operator's authorization, prepare: a session ready to run.
-fn prepared(dir: &Scratch, repo: &Path, provider: &Provider) -> Option<PathBuf> {
+fn prepared(dir: &Scratch, repo: &Path, provider: &Provider, extra: &Value) -> Option<PathBuf> {
     let (python, package) = venv()?;
     for who in ["kernel", "operator"] {
         assert!(chio(&["keys", "generate", "--out", s(&dir.join(who))], &[]).status.success());
     }
     let (config, task, state) = (dir.join("session.json"), dir.join("issue.md"), dir.join("state"));
-    std::fs::write(&config, session_config(repo, &provider.url, &python, &package).to_string()).unwrap();
+    std::fs::write(&config, session_config(repo, &provider.url, &python, &package, extra).to_string()).unwrap();
     std::fs::write(&task, "make the tests in package/ pass\n").unwrap();
     let seed = dir.join("kernel/signing.seed");
     let init = ["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state)];
-    assert!(chio(&[&init[..], &["--kernel-key", s(&seed)]].concat(), &[]).status.success());
+    let store = dir.join("images");
+    let out = chio(&[&init[..], &["--kernel-key", s(&seed), "--image-store", s(&store)]].concat(), &[]);
+    assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
     let (auth, request) = (dir.join("auth.json"), state.join("provisioning-request.json"));
     let operator = dir.join("operator/signing.seed");
     let out = chio(&["session", "authorize", "--key", s(&operator), "--request", s(&request), "--out", s(&auth)], &[]);
@@ -337,7 +346,7 @@ fn a_killed_run_recovers_and_replays_without_new_model_work() {
     let dir = Scratch::new("session-crash");
     let repo = calculator_repo(&dir.0);
     let provider = scripted_provider(FIX);
-    let Some(state) = prepared(&dir, &repo, &provider) else { return };
+    let Some(state) = prepared(&dir, &repo, &provider, &json!({})) else { return };
     *provider.hold.lock().unwrap() = Some(2);
     let mut run = Command::new(chio_bin(&PathBuf::from(PROBE)))
         .args(["session", "run", "--state", s(&state)])
