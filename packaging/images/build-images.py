@@ -35,6 +35,12 @@ PACKAGES = {
     "rust": ["bash", "coreutils", "git", "python3", "libc6-dev", "gcc", "cargo", "rustc"],
     "worker": ["bash", "coreutils", "python3", "python3-venv", "ca-certificates"],
 }
+# The image's environment beyond PATH. Rust: cargo's home in /tmp, not in the workspace (HOME is
+# /workspace in the leg, and a new `.cargo` there is outside any scope); test binaries without
+# debuginfo, so the linker's output stays within the leg's 16 MiB file-size ceiling.
+ENV = {
+    "rust": ["CARGO_HOME=/tmp/cargo", "CARGO_PROFILE_DEV_DEBUG=0", "CARGO_PROFILE_DEV_STRIP=debuginfo"],
+}
 PATH = "/opt/msa/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Left out of every image: caches, logs and what only a booted system uses.
 PRUNE = ["var/cache/apt", "var/lib/apt/lists", "var/log", "tmp", "root/.cache", "proc", "sys", "dev", "run"]
@@ -55,10 +61,14 @@ def install_worker(root):
     shutil.copytree(os.path.join(REPO, "packaging", "mini-swe-agent"), src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     shutil.copy("/etc/resolv.conf", os.path.join(root, "etc", "resolv.conf"))
+    # pip in the new root trusts what the host trusts (a host behind a TLS-inspecting proxy has
+    # its CA in its own bundle, not in Debian's); the copy goes with /tmp when the root is pruned.
+    host_ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
+    shutil.copy(host_ca, os.path.join(root, "tmp", "host-ca.crt"))
     try:
         run("chroot", root, "python3", "-m", "venv", "/opt/msa")
-        run("chroot", root, "/opt/msa/bin/pip", "install", "--no-cache-dir", "-q", MINI_SWE_AGENT,
-            "/tmp/chio-minisweagent")
+        run("chroot", root, "/opt/msa/bin/pip", "install", "--no-cache-dir", "-q", "--cert", "/tmp/host-ca.crt",
+            MINI_SWE_AGENT, "/tmp/chio-minisweagent")
     finally:
         os.unlink(os.path.join(root, "etc", "resolv.conf"))
 
@@ -111,7 +121,7 @@ def layer_tar(root, out, epoch):
     return digest.hexdigest()
 
 
-def pack(root, tag, out, cmd=("/bin/bash",)):
+def pack(root, tag, out, cmd=("/bin/bash",), env=()):
     """Write `root` as a one-layer `docker save` archive named `tag` at `out`."""
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out))) as work:
@@ -119,7 +129,7 @@ def pack(root, tag, out, cmd=("/bin/bash",)):
         config = {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Env": [f"PATH={PATH}"], "Cmd": list(cmd), "WorkingDir": "/"},
+            "config": {"Env": [f"PATH={PATH}", *env], "Cmd": list(cmd), "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_sha}"]},
             "history": [{"created_by": "chio packaging/images/build-images.py"}],
         }
@@ -152,7 +162,7 @@ def build(name, out_dir, suite, mirror):
         if name == "worker":
             install_worker(root)
         prune(root)
-        pack(root, f"chio/{name}:{suite}", os.path.join(out_dir, f"{name}.tar"))
+        pack(root, f"chio/{name}:{suite}", os.path.join(out_dir, f"{name}.tar"), env=ENV.get(name, ()))
 
 
 def main():
