@@ -544,3 +544,53 @@ fn attach_nested(root: BorrowedFd<'_>, n: &NestedBind) -> io::Result<()> {
     }
     sys::move_mount_onto(n.tree.as_fd(), target.as_fd()).map_err(|e| err_at("attaching bind at", &n.dest, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A scratch directory under target/ (not /tmp), removed when dropped.
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp").join(name);
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+        fn fd(&self) -> OwnedFd {
+            OwnedFd::from(std::fs::File::open(&self.0).unwrap())
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The host `/etc` copy takes regular files of at most 512 KiB only, never through a link,
+    /// never waiting on a FIFO, never over something already there.
+    #[test]
+    fn copy_file_copies_small_regular_files_only() {
+        let (from, to) = (Dir::new("copy-from"), Dir::new("copy-to"));
+        std::fs::write(from.0.join("hosts"), "127.0.0.1 localhost\n").unwrap();
+        std::fs::write(from.0.join("big"), vec![b'x'; (ETC_FILE_MAX + 1) as usize]).unwrap();
+        std::os::unix::fs::symlink("hosts", from.0.join("link")).unwrap();
+        let (f, t) = (from.fd(), to.fd());
+        sys::mknodat(f.as_fd(), c"fifo", libc::S_IFIFO | 0o644, 0).unwrap();
+        copy_file(f.as_fd(), t.as_fd(), c"hosts", 0o640).unwrap();
+        assert_eq!(std::fs::read_to_string(to.0.join("hosts")).unwrap(), "127.0.0.1 localhost\n");
+        assert_eq!(std::fs::metadata(to.0.join("hosts")).unwrap().permissions().mode() & 0o777, 0o640);
+        // Already there (a second copy, or a planted link): refused, not written through.
+        assert!(copy_file(f.as_fd(), t.as_fd(), c"hosts", 0o640).is_err());
+        std::os::unix::fs::symlink("hosts", to.0.join("planted")).unwrap();
+        std::fs::write(from.0.join("planted"), "x").unwrap();
+        assert!(copy_file(f.as_fd(), t.as_fd(), c"planted", 0o644).is_err());
+        assert_eq!(std::fs::read_to_string(to.0.join("hosts")).unwrap(), "127.0.0.1 localhost\n");
+        for refused in [c"big", c"link", c"fifo"] {
+            assert!(copy_file(f.as_fd(), t.as_fd(), refused, 0o644).is_err(), "{refused:?}");
+            assert!(!to.0.join(refused.to_str().unwrap()).exists(), "{refused:?}");
+        }
+    }
+}
