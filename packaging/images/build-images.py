@@ -65,10 +65,12 @@ def install_worker(root):
     # its CA in its own bundle, not in Debian's); the copy goes with /tmp when the root is pruned.
     host_ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
     shutil.copy(host_ca, os.path.join(root, "tmp", "host-ca.crt"))
+    # In the environment, not a flag: pip's build-isolation subprocess must see it too.
+    env = {**os.environ, "PIP_CERT": "/tmp/host-ca.crt", "SSL_CERT_FILE": "/tmp/host-ca.crt"}
     try:
-        run("chroot", root, "python3", "-m", "venv", "/opt/msa")
-        run("chroot", root, "/opt/msa/bin/pip", "install", "--no-cache-dir", "-q", "--cert", "/tmp/host-ca.crt",
-            MINI_SWE_AGENT, "/tmp/chio-minisweagent")
+        run("chroot", root, "python3", "-m", "venv", "/opt/msa", env=env)
+        run("chroot", root, "/opt/msa/bin/pip", "install", "--no-cache-dir", "-q", MINI_SWE_AGENT,
+            "/tmp/chio-minisweagent", env=env)
     finally:
         os.unlink(os.path.join(root, "etc", "resolv.conf"))
 
