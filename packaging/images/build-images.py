@@ -66,7 +66,8 @@ def install_worker(root):
     host_ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
     shutil.copy(host_ca, os.path.join(root, "tmp", "host-ca.crt"))
     # In the environment, not a flag: pip's build-isolation subprocess must see it too.
-    env = {**os.environ, "PIP_CERT": "/tmp/host-ca.crt", "SSL_CERT_FILE": "/tmp/host-ca.crt"}
+    ca = "/tmp/host-ca.crt"
+    env = {**os.environ, "PIP_CERT": ca, "SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "CURL_CA_BUNDLE": ca}
     try:
         run("chroot", root, "python3", "-m", "venv", "/opt/msa", env=env)
         run("chroot", root, "/opt/msa/bin/pip", "install", "--no-cache-dir", "-q", MINI_SWE_AGENT,
