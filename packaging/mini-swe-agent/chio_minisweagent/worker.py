@@ -1,6 +1,6 @@
 """The worker of a governed session: mini-swe-agent, in its own cage, holding nothing.
 
-`chio session run` launches `python -m chio_minisweagent.worker /run/chio-session/worker.json` in
+`chio session run` launches `python -m chio_minisweagent.worker /chio-session/worker.json` in
 a cage with no network (loopback only) and no credential. It reaches the repository leg through
 the leg's Unix socket (`ChioRepositoryEnvironment(socket=...)`) and the model through the
 gateway's Unix socket: litellm speaks HTTP to a loopback port inside the cage, and this process

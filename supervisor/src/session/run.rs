@@ -21,10 +21,11 @@ use super::{Outcome, Session};
 use crate::launch_plan::{self, ImageChoice, PlanOptions};
 use crate::repository::workspace::{write_durably, RepoError, COMMAND_ID};
 
-/// Where the run directory (the sockets, the worker's settings) appears in the worker's cage.
-pub const RUN_MOUNT: &str = "/run/chio-session";
-/// Where the worker's output directory appears in its cage.
-pub const OUT_MOUNT: &str = "/run/chio-session-out";
+/// Where the run directory (the sockets, the worker's settings) appears in the worker's cage:
+/// top-level, so chio makes the mount point itself whatever the worker image's root holds.
+pub const RUN_MOUNT: &str = "/chio-session";
+/// Where the worker's output directory appears in its cage (top-level for the same reason).
+pub const OUT_MOUNT: &str = "/chio-out";
 /// The loopback port, in the worker's own network namespace, where litellm reaches the
 /// forwarder to the gateway's socket (the only TCP port landlock lets the worker bind or connect).
 pub const MODEL_PORT: u16 = 8000;
@@ -37,7 +38,7 @@ pub fn worker_argv(c: &SessionConfig) -> Vec<OsString> {
         c.worker.python.as_os_str(),
         "-m".as_ref(),
         "chio_minisweagent.worker".as_ref(),
-        "/run/chio-session/worker.json".as_ref(),
+        "/chio-session/worker.json".as_ref(),
     ]
     .iter()
     .map(|s| s.to_os_string())
