@@ -8,6 +8,7 @@ mod policy_launch;
 mod progress;
 mod receipt_cmd;
 mod repository_cmd;
+mod security_cmd;
 mod session_cmd;
 mod units;
 
@@ -67,6 +68,11 @@ enum Command {
         #[command(subcommand)]
         command: session_cmd::SessionCommand,
     },
+    /// Host checks for operators: `preflight` (can this host enforce this launch?).
+    Security {
+        #[command(subcommand)]
+        command: security_cmd::SecurityCommand,
+    },
     /// Ed25519 keys for signing and pinning.
     Keys {
         #[command(subcommand)]
@@ -113,6 +119,7 @@ fn main() {
         Command::Policy { command } => (doc_cmd::policy(command), 1),
         Command::Repository { command } => (repository_cmd::run(command), 1),
         Command::Session { command } => (session_cmd::run(command), 1),
+        Command::Security { command } => (security_cmd::run(command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),

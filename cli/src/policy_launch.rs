@@ -15,34 +15,73 @@ use crate::cage_cmd::RunArgs;
 /// The plan a policy admits (and the image it holds), or the exit status of a refusal.
 pub type Planned = std::result::Result<(CagePlan, Option<std::fs::File>), i32>;
 
-/// Admit the launch `a` asks for under its policy, or refuse it.
-pub fn plan(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path) -> Result<Planned> {
+/// A policy and manifest verified under their pinned keys, and what admission said.
+pub struct Checked {
+    /// The verified policy.
+    pub policy: documents::Policy,
+    /// The verified manifest.
+    pub manifest: documents::Manifest,
+    /// The manifest body's digest.
+    pub digest: String,
+    /// The admitted plan, or every violation (admission's and this launch's).
+    pub admitted: std::result::Result<Box<AdmittedPlan>, Vec<String>>,
+}
+
+/// Verify the policy under `signer` and the manifest under the publisher key the policy names
+/// (`manifest_key`, when given, must be that key), then admit the launch `a` asks for.
+pub fn check(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path, manifest_key: Option<&str>) -> Result<Checked> {
     let p = documents::verify_policy(&crate::doc_cmd::read(policy)?, &crate::receipt_cmd::pinned_key(signer)?)
         .with_context(|| format!("{}", policy.display()))?;
+    if let Some(k) = manifest_key {
+        let pinned = crate::receipt_cmd::pinned_key(k)?;
+        anyhow::ensure!(
+            pinned == p.manifest.publisher_key,
+            "the policy admits manifests of publisher {}, not the pinned manifest key {pinned}",
+            p.manifest.publisher_key
+        );
+    }
     let (m, digest) = documents::verify_manifest(&crate::doc_cmd::read(manifest)?, &p.manifest.publisher_key)
         .with_context(|| format!("{}", manifest.display()))?;
-    let refuse = |violations: Vec<String>| -> Result<Planned> {
-        for v in &violations {
-            eprintln!("refused: {v}");
-        }
-        if let (Some(db), Some(seed)) = (&a.receipt_db, &a.kernel_key) {
-            crate::doc_cmd::record_denial(db, seed, &m.server_id, &p.policy_id, &digest, &violations)?;
-        }
-        eprintln!("chio: launch refused by policy {}: {} violation(s)", p.policy_id, violations.len());
-        Ok(Err(125))
-    };
     let admitted = match documents::admit(&m, &digest, &p) {
-        documents::Admission::Admitted(plan) => plan,
-        documents::Admission::Refused(v) => return refuse(v),
+        documents::Admission::Admitted(plan) => {
+            let v = launch_violations(a, &plan, p.receipts.required);
+            if v.is_empty() {
+                Ok(plan)
+            } else {
+                Err(v)
+            }
+        }
+        documents::Admission::Refused(v) => Err(v),
     };
-    let v = launch_violations(a, &admitted, p.receipts.required);
-    if !v.is_empty() {
-        return refuse(v);
-    }
-    let (mut plan, held) = build(a, &admitted)?;
-    plan.annotations.insert("policy.id".into(), p.policy_id.clone());
-    plan.annotations.insert("policy.manifest_sha256".into(), digest.clone());
-    plan.annotations.insert("policy.server_id".into(), m.server_id.clone());
+    Ok(Checked { policy: p, manifest: m, digest, admitted })
+}
+
+/// Admit the launch `a` asks for under its policy, or refuse it.
+pub fn plan(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path) -> Result<Planned> {
+    let c = check(a, policy, signer, manifest, None)?;
+    let admitted = match &c.admitted {
+        Ok(plan) => plan,
+        Err(violations) => {
+            for v in violations {
+                eprintln!("refused: {v}");
+            }
+            if let (Some(db), Some(seed)) = (&a.receipt_db, &a.kernel_key) {
+                let (server, policy_id) = (&c.manifest.server_id, &c.policy.policy_id);
+                crate::doc_cmd::record_denial(db, seed, server, policy_id, &c.digest, violations)?;
+            }
+            eprintln!("chio: launch refused by policy {}: {} violation(s)", c.policy.policy_id, violations.len());
+            return Ok(Err(125));
+        }
+    };
+    Ok(Ok(admitted_plan(a, &c, admitted)?))
+}
+
+/// The cage plan of a checked, admitted launch, annotated with what admitted it.
+pub fn admitted_plan(a: &RunArgs, c: &Checked, admitted: &AdmittedPlan) -> Result<(CagePlan, Option<std::fs::File>)> {
+    let (mut plan, held) = build(a, admitted)?;
+    plan.annotations.insert("policy.id".into(), c.policy.policy_id.clone());
+    plan.annotations.insert("policy.manifest_sha256".into(), c.digest.clone());
+    plan.annotations.insert("policy.server_id".into(), c.manifest.server_id.clone());
     if a.allow_root_policy {
         plan.annotations.insert("policy.allow_root".into(), "true".into());
     }
@@ -52,7 +91,7 @@ pub fn plan(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path) -> Result
             "admitted destinations are not provided: the cage has no route out".into(),
         );
     }
-    Ok(Ok((plan, held)))
+    Ok((plan, held))
 }
 
 /// What the policy admits but this launch may not do, or what the operator must allow.

@@ -141,6 +141,19 @@ pub struct Appended {
     pub envelope: crate::envelope::Signed,
 }
 
+/// A store's integrity and format, as `Store::health` reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreHealth {
+    /// `PRAGMA quick_check`: `ok`, or what is wrong.
+    pub quick_check: String,
+    /// `PRAGMA journal_mode` (`wal` for a store chio writes).
+    pub journal_mode: String,
+    /// `PRAGMA application_id` ([`APPLICATION_ID`]).
+    pub application_id: i32,
+    /// `PRAGMA user_version` (the schema version).
+    pub user_version: i32,
+}
+
 /// An open store.
 pub struct Store {
     conn: Connection,
@@ -249,6 +262,20 @@ impl Store {
             )));
         }
         Ok(Store { conn })
+    }
+
+    /// What `PRAGMA quick_check`, the journal mode and the schema say about this store (for
+    /// `chio security preflight`; works on a read-only store).
+    pub fn health(&self) -> Result<StoreHealth, StoreError> {
+        let quick_check: Vec<String> =
+            self.conn.prepare("PRAGMA quick_check")?.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        let journal_mode: String = self.conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        let (application_id, user_version): (i32, i32) = self.conn.query_row(
+            "SELECT (SELECT application_id FROM pragma_application_id), (SELECT user_version FROM pragma_user_version)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(StoreHealth { quick_check: quick_check.join("; "), journal_mode, application_id, user_version })
     }
 
     /// Make the store ready for appends signed by `key`, or refuse: a store is bound to the kernel

@@ -4,6 +4,7 @@
 
 pub mod image;
 pub mod launch_plan;
+pub mod preflight;
 pub mod receipts;
 pub mod repository;
 pub mod session;

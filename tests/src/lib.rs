@@ -510,3 +510,83 @@ pub fn calculator_repo(dir: &Path) -> PathBuf {
     std::fs::write(repo.join("package/untracked.py"), "UNTRACKED\n").unwrap();
     repo
 }
+
+/// A signed manifest and cage launch policy for the probe (keys in `dir`).
+pub struct SignedLaunch {
+    /// Holds the keys and documents.
+    pub dir: Scratch,
+    /// The signed policy.
+    pub policy: PathBuf,
+    /// The signed manifest.
+    pub manifest: PathBuf,
+    /// The operator's public key file.
+    pub operator: PathBuf,
+}
+
+/// Keys, a manifest for `/probe ARGV` (`probe`: the probe binary), and a policy in `mode`
+/// admitting it on the probe rootfs as `uid`.
+pub fn signed_launch(probe: &Path, argv: &[&str], uid: u32, mode: &str) -> SignedLaunch {
+    signed_launch_on(probe, argv, uid, mode, shared_rootfs(probe))
+}
+
+/// [`signed_launch`] with the policy's root filesystem at `rootfs`.
+pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootfs: &Path) -> SignedLaunch {
+    let chio = |args: &[&str]| Command::new(chio_bin(probe)).args(args).stdin(Stdio::null()).output().unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let s = |p: PathBuf| -> &'static str { Box::leak(s(&p).into_boxed_str()) };
+    let dir = Scratch::new("policy");
+    for k in ["publisher", "operator"] {
+        assert!(chio(&["keys", "generate", "--out", s(dir.join(k))]).status.success());
+    }
+    let digest = hex(&std::fs::read(probe).unwrap());
+    let manifest = serde_json::json!({
+        "schema": "chio.tool-manifest.v1", "server_id": "probe", "name": "Probe", "version": "1.0.0",
+        "tools": [{"name": "write", "description": "write a file"}],
+        "target": {"path": "/probe", "sha256": digest, "argv": argv},
+        "permissions": {"read_paths": ["/workspace"], "write_paths": ["/workspace/out"], "network": [],
+                        "env": ["LANG"], "syscall_profile": "default"}
+    });
+    std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+    let out = chio(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(dir.join("publisher/signing.seed")),
+        "--in",
+        s(dir.join("manifest.json")),
+        "--out",
+        s(dir.join("manifest.signed.json")),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest_digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let publisher = std::fs::read_to_string(dir.join("publisher/public.key")).unwrap().trim().to_string();
+    let policy = serde_json::json!({
+        "schema": "chio.cage-launch-policy.v1", "policy_id": "probe-policy", "mode": mode,
+        "manifest": {"sha256": manifest_digest, "publisher_key": publisher},
+        "launch": {"path": "/probe", "argv": argv},
+        "ceilings": {"read_paths": ["/workspace"], "write_paths": ["/workspace/out"], "network": [], "env": ["LANG"],
+                     "syscall_profile": "default", "memory_bytes": 268435456, "swap_bytes": 0, "pids": 32,
+                     "cpu_millis": 1000, "wall_ms": 60000, "output_bytes": 65536, "tmp_bytes": 8388608},
+        "identity": {"uid": uid, "gid": uid},
+        "rootfs": {"directory": rootfs},
+        "receipts": {"required": true}
+    });
+    std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
+    let out = chio(&[
+        "policy",
+        "sign",
+        "--key",
+        s(dir.join("operator/signing.seed")),
+        "--in",
+        s(dir.join("policy.json")),
+        "--out",
+        s(dir.join("policy.signed.json")),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    SignedLaunch {
+        policy: dir.join("policy.signed.json"),
+        manifest: dir.join("manifest.signed.json"),
+        operator: dir.join("operator/public.key"),
+        dir,
+    }
+}

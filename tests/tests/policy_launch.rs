@@ -7,8 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{chio_bin, parse, privileged, shared_rootfs, Scratch};
-use sha2::{Digest, Sha256};
+use chio_tests::{chio_bin, parse, privileged, signed_launch, Scratch, SignedLaunch as Signed};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -18,73 +17,6 @@ fn chio(args: &[&str]) -> Output {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-struct Signed {
-    dir: Scratch,
-    policy: PathBuf,
-    manifest: PathBuf,
-    operator: PathBuf,
-}
-
-/// Keys, a manifest for `/probe ARGV`, and a policy admitting it on the probe rootfs as `uid`.
-fn signed(argv: &[&str], uid: u32) -> Signed {
-    let dir = Scratch::new("policy");
-    for k in ["publisher", "operator"] {
-        assert!(chio(&["keys", "generate", "--out", s(&dir.join(k))]).status.success());
-    }
-    let digest: String = Sha256::digest(std::fs::read(PROBE).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
-    let manifest = serde_json::json!({
-        "schema": "chio.tool-manifest.v1", "server_id": "probe", "name": "Probe", "version": "1.0.0",
-        "tools": [{"name": "write", "description": "write a file"}],
-        "target": {"path": "/probe", "sha256": digest, "argv": argv},
-        "permissions": {"read_paths": ["/workspace"], "write_paths": ["/workspace/out"], "network": [],
-                        "env": ["LANG"], "syscall_profile": "default"}
-    });
-    std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
-    let out = chio(&[
-        "manifest",
-        "sign",
-        "--key",
-        s(&dir.join("publisher/signing.seed")),
-        "--in",
-        s(&dir.join("manifest.json")),
-        "--out",
-        s(&dir.join("manifest.signed.json")),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let manifest_digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let publisher = std::fs::read_to_string(dir.join("publisher/public.key")).unwrap().trim().to_string();
-    let rootfs = shared_rootfs(&PathBuf::from(PROBE));
-    let policy = serde_json::json!({
-        "schema": "chio.cage-launch-policy.v1", "policy_id": "probe-policy", "mode": "enforced",
-        "manifest": {"sha256": manifest_digest, "publisher_key": publisher},
-        "launch": {"path": "/probe", "argv": argv},
-        "ceilings": {"read_paths": ["/workspace"], "write_paths": ["/workspace/out"], "network": [], "env": ["LANG"],
-                     "syscall_profile": "default", "memory_bytes": 268435456, "swap_bytes": 0, "pids": 32,
-                     "cpu_millis": 1000, "wall_ms": 60000, "output_bytes": 65536, "tmp_bytes": 8388608},
-        "identity": {"uid": uid, "gid": uid},
-        "rootfs": {"directory": rootfs},
-        "receipts": {"required": true}
-    });
-    std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
-    let out = chio(&[
-        "policy",
-        "sign",
-        "--key",
-        s(&dir.join("operator/signing.seed")),
-        "--in",
-        s(&dir.join("policy.json")),
-        "--out",
-        s(&dir.join("policy.signed.json")),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    Signed {
-        policy: dir.join("policy.signed.json"),
-        manifest: dir.join("manifest.signed.json"),
-        operator: dir.join("operator/public.key"),
-        dir,
-    }
 }
 
 fn launch(p: &Signed, ws: &Path, extra: &[&str], command: &[&str]) -> Output {
@@ -118,7 +50,7 @@ fn a_policy_launch_gets_exactly_the_admitted_plan() {
         return;
     }
     let argv = ["/probe", "write", "/workspace/out/ran"];
-    let p = signed(&argv, 65534);
+    let p = signed_launch(Path::new(PROBE), &argv, 65534, "enforced");
     let ws = Scratch::new("policy-ws");
     ws.give_to_nobody();
     std::fs::create_dir(ws.join("out")).unwrap();
@@ -154,7 +86,7 @@ fn a_root_policy_needs_the_operator_to_allow_it() {
         return;
     }
     let argv = ["/probe", "euid"];
-    let p = signed(&argv, 0);
+    let p = signed_launch(Path::new(PROBE), &argv, 0, "enforced");
     let ws = Scratch::new("policy-root-ws");
     let out = launch(&p, &ws.0, &[], &argv);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,168 @@
+//! `chio security preflight`: can this host enforce this launch? Four probes, in order — the
+//! platform, the bearer roles' tokens, the native launch material (with a trial launch to the
+//! exec observation), the durable stores — each one finding; exit 0 (ok, info, warning), 1
+//! (error) or 2 (fatal) from the worst. The probes are `chio_supervisor::preflight`'s; the launch
+//! material is loaded here exactly as `chio cage run --policy` loads it.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use chio_cage::{Mode, State};
+use chio_supervisor::preflight::{self, Finding, Severity};
+use clap::{Args, FromArgMatches, Subcommand};
+
+use crate::cage_cmd::RunArgs;
+
+/// `chio security` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SecurityCommand {
+    /// Check that this host can enforce (and, given launch material, this exact launch).
+    #[command(after_help = PREFLIGHT_EXAMPLE)]
+    Preflight(Box<PreflightArgs>),
+}
+
+const PREFLIGHT_EXAMPLE: &str = "Examples:\n  chio security preflight --require-enforcement\n  chio security preflight --json --require-enforcement \\\n      --signed-manifest m.json --manifest-public-key publisher.key \\\n      --cage-policy p.json --cage-policy-signer operator.key --server-id repo-files \\\n      --receipt-db /var/lib/chio/receipts.db -- /usr/bin/repo-files --stdio";
+
+/// Flags of `chio security preflight`.
+#[derive(Debug, Args)]
+pub struct PreflightArgs {
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+    /// Treat what only weakens enforcement (a shadow policy, an old landlock ABI) as an error.
+    #[arg(long = "require-enforcement")]
+    require_enforcement: bool,
+    /// The publisher's signed tool manifest (launch material, 1 of 6).
+    #[arg(long = "signed-manifest", value_name = "FILE")]
+    signed_manifest: Option<PathBuf>,
+    /// The publisher's public key the manifest must verify under (2 of 6): hex or a file.
+    #[arg(long = "manifest-public-key", value_name = "HEX|FILE")]
+    manifest_public_key: Option<String>,
+    /// The operator's signed cage launch policy (3 of 6).
+    #[arg(long = "cage-policy", value_name = "FILE")]
+    cage_policy: Option<PathBuf>,
+    /// The operator's public key the policy must verify under (4 of 6): hex or a file.
+    #[arg(long = "cage-policy-signer", value_name = "HEX|FILE")]
+    cage_policy_signer: Option<String>,
+    /// The server id the manifest must name (5 of 6).
+    #[arg(long = "server-id", value_name = "ID")]
+    server_id: Option<String>,
+    /// A receipt store to check (repeat for more).
+    #[arg(long = "receipt-db", value_name = "DB")]
+    receipt_db: Vec<PathBuf>,
+    /// The exact command the launch runs (6 of 6).
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// Run a `chio security` subcommand; returns the exit code.
+pub fn run(cmd: &SecurityCommand) -> Result<i32> {
+    match cmd {
+        SecurityCommand::Preflight(a) => preflight(a),
+    }
+}
+
+fn preflight(a: &PreflightArgs) -> Result<i32> {
+    let findings = vec![
+        preflight::platform(a.require_enforcement),
+        preflight::bearer_roles(|k| std::env::var_os(k)),
+        native_launch(a),
+        preflight::durable_stores(&a.receipt_db),
+    ];
+    let worst = preflight::worst(&findings);
+    if a.json {
+        let doc = serde_json::json!({"schema": "chio.security.preflight.v1", "worst": worst, "findings": findings});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        for f in &findings {
+            println!("{:<8} {}: {}", format!("{:?}", f.severity).to_lowercase(), f.probe, f.summary);
+            for (k, v) in &f.context {
+                println!("           {k}: {v}");
+            }
+        }
+    }
+    Ok(worst.exit_code())
+}
+
+/// `security.native_launch`: all six parts of the launch material or none; loaded and admitted
+/// as `chio cage run --policy` would, then a trial launch to the exec observation.
+fn native_launch(a: &PreflightArgs) -> Finding {
+    const PROBE: &str = "security.native_launch";
+    let parts = [
+        ("--signed-manifest", a.signed_manifest.is_some()),
+        ("--manifest-public-key", a.manifest_public_key.is_some()),
+        ("--cage-policy", a.cage_policy.is_some()),
+        ("--cage-policy-signer", a.cage_policy_signer.is_some()),
+        ("--server-id", a.server_id.is_some()),
+        ("-- COMMAND", !a.command.is_empty()),
+    ];
+    let missing: Vec<&str> = parts.iter().filter(|(_, given)| !given).map(|(n, _)| *n).collect();
+    if missing.len() == parts.len() {
+        return Finding::new(PROBE, Severity::Info, "no launch material given: only the platform was checked");
+    }
+    if !missing.is_empty() {
+        return Finding::new(
+            PROBE,
+            Severity::Error,
+            format!("launch material is all six parts or none: missing {}", missing.join(", ")),
+        );
+    }
+    match load_and_trial(a) {
+        Ok(f) => f,
+        Err(e) => Finding::new(PROBE, Severity::Error, format!("{e:#}")),
+    }
+}
+
+fn load_and_trial(a: &PreflightArgs) -> Result<Finding> {
+    const PROBE: &str = "security.native_launch";
+    let (Some(manifest), Some(manifest_key), Some(policy), Some(signer), Some(server)) =
+        (&a.signed_manifest, &a.manifest_public_key, &a.cage_policy, &a.cage_policy_signer, &a.server_id)
+    else {
+        anyhow::bail!("launch material is incomplete");
+    };
+    // The launch as `chio cage run --policy` parses it. Preflight writes no receipt (the trial
+    // stops before the target runs), so a store is named only to satisfy a policy that requires
+    // one; it is never opened.
+    let unused = OsString::from("/nonexistent/chio-preflight-trial");
+    let mut argv: Vec<OsString> = ["run", "--policy"].map(OsString::from).to_vec();
+    argv.extend([policy.into(), "--policy-signer".into(), signer.into(), "--manifest".into(), manifest.into()]);
+    argv.extend(["--receipt-db".into(), unused.clone(), "--kernel-key".into(), unused, "--".into()]);
+    argv.extend(a.command.iter().cloned());
+    let matches = RunArgs::augment_args(clap::Command::new("run")).try_get_matches_from(&argv)?;
+    let run = RunArgs::from_arg_matches(&matches)?;
+    let checked = crate::policy_launch::check(&run, policy, signer, manifest, Some(manifest_key))?;
+    let mut f = Finding::new(PROBE, Severity::Ok, "this exact launch reaches FullyEnforced on this host");
+    f.context.insert("policy_id".into(), checked.policy.policy_id.clone());
+    f.context.insert("manifest_sha256".into(), checked.digest.clone());
+    f.context.insert("receipts_required".into(), checked.policy.receipts.required.to_string());
+    anyhow::ensure!(
+        &checked.manifest.server_id == server,
+        "the manifest is for server {:?}, not --server-id {server:?}",
+        checked.manifest.server_id
+    );
+    let admitted = checked.admitted.as_ref().map_err(|v| anyhow::anyhow!("the launch is refused: {}", v.join("; ")))?;
+    let (plan, _held) = crate::policy_launch::admitted_plan(&run, &checked, admitted)?;
+    Ok(trial(a, f, &plan))
+}
+
+/// The trial launch of `plan`, judged.
+fn trial(a: &PreflightArgs, mut f: Finding, plan: &chio_cage::CagePlan) -> Finding {
+    let rec = preflight::trial_launch(plan);
+    f.context.insert("trial_launch".into(), format!("{:?}", rec.state));
+    f.context.insert("mode".into(), format!("{:?}", plan.mode));
+    if plan.mode == Mode::Shadow {
+        let s = if a.require_enforcement { Severity::Error } else { Severity::Warning };
+        f.severity = s;
+        f.summary = "the policy is in shadow mode: violations are recorded, not refused".into();
+    } else if rec.state != State::FullyEnforced {
+        f.severity = Severity::Error;
+        f.summary = match &rec.failure {
+            Some(x) => {
+                format!("the trial launch did not reach FullyEnforced: {} at {}: {}", x.code, x.stage.name(), x.detail)
+            }
+            None => format!("the trial launch ended {:?}", rec.state),
+        };
+    }
+    f
+}

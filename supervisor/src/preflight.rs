@@ -1,0 +1,324 @@
+//! `chio security preflight`: can this host enforce? Each probe is one finding with a severity
+//! and its context; the worst finding is the exit status (0 ok, info or warning; 1 error;
+//! 2 fatal: this host cannot build a cage at all).
+//!
+//! The platform probe asks the kernel for each mechanism the cage uses and then proves it the
+//! only way that counts: a trial cage (`/bin/true` on the host's system directories) launched to
+//! the exec observation and killed there, before the target runs.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use chio_cage::cgroup::Hierarchy;
+use chio_cage::{CagePlan, LaunchRecord, Mode, Sinks, State};
+use serde::Serialize;
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// As required.
+    Ok,
+    /// Worth knowing; nothing to do.
+    Info,
+    /// Works, but weaker than it could be.
+    Warning,
+    /// A requirement is not met.
+    Error,
+    /// Nothing can be enforced on this host.
+    Fatal,
+}
+
+impl Severity {
+    /// The exit status a run whose worst finding is this one ends with.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Severity::Ok | Severity::Info | Severity::Warning => 0,
+            Severity::Error => 1,
+            Severity::Fatal => 2,
+        }
+    }
+}
+
+/// One probe's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// `security.platform`, `security.bearer_roles`, `security.native_launch`,
+    /// `security.durable_stores`.
+    pub probe: &'static str,
+    /// How bad.
+    pub severity: Severity,
+    /// One line an operator can act on.
+    pub summary: String,
+    /// What was checked and what was found.
+    pub context: BTreeMap<String, String>,
+}
+
+impl Finding {
+    /// A finding with no context yet.
+    pub fn new(probe: &'static str, severity: Severity, summary: impl Into<String>) -> Finding {
+        Finding { probe, severity, summary: summary.into(), context: BTreeMap::new() }
+    }
+
+    fn note(&mut self, key: &str, value: impl Into<String>) {
+        self.context.insert(key.to_string(), value.into());
+    }
+
+    /// Raise the severity to `s` (never lower it), keeping the first summary of that level.
+    fn raise(&mut self, s: Severity, summary: impl Into<String>) {
+        if s > self.severity {
+            self.severity = s;
+            self.summary = summary.into();
+        }
+    }
+}
+
+/// The minimum landlock ABI for enforced launches (network rules and scoping need 4 and up).
+pub const MIN_LANDLOCK_ABI: u32 = 4;
+
+/// `security.platform`: kernel, landlock, seccomp, no_new_privs, the fd and exec syscalls the
+/// launch uses, cgroups, ptrace, and a trial cage.
+pub fn platform(require_enforcement: bool) -> Finding {
+    let mut f = Finding::new("security.platform", Severity::Ok, "this host can build and observe a cage");
+    f.note("kernel", nix::sys::utsname::uname().map_or("?".into(), |u| u.release().to_string_lossy().into_owned()));
+    let abi = chio_cage::landlock::abi();
+    f.note("landlock_abi", abi.to_string());
+    if abi < MIN_LANDLOCK_ABI {
+        let s = if require_enforcement { Severity::Error } else { Severity::Warning };
+        f.raise(s, format!("landlock ABI {abi}: enforced launches need {MIN_LANDLOCK_ABI} or later (kernel 6.7+)"));
+    }
+    syscalls(&mut f);
+    cgroups(&mut f);
+    ptrace_scope(&mut f);
+    let rec = trial_launch(&CagePlan::new(vec![OsString::from("/bin/true")]));
+    f.note("trial_launch", format!("{:?}", rec.state));
+    if rec.state != State::FullyEnforced {
+        let why =
+            rec.failure.as_ref().map_or(String::new(), |x| format!(": {} at {}: {}", x.code, x.stage.name(), x.detail));
+        f.raise(Severity::Fatal, format!("a trial cage did not reach FullyEnforced{why}"));
+    }
+    f
+}
+
+/// The syscalls a launch needs, each asked of the kernel.
+fn syscalls(f: &mut Finding) {
+    // SAFETY: prctl queries with no pointers.
+    let (seccomp, nnp) =
+        unsafe { (libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0), libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)) };
+    f.note("seccomp_mode_of_chio", seccomp.to_string());
+    f.note("no_new_privs_of_chio", nnp.to_string());
+    if seccomp < 0 {
+        f.raise(Severity::Fatal, "seccomp is not available in this kernel");
+    } else if seccomp == 2 {
+        f.raise(
+            Severity::Warning,
+            "chio itself runs under a seccomp filter: it may refuse what a cage needs (ptrace, clone3)",
+        );
+    }
+    let pidfd = chio_cage::sys::pidfd_open(std::process::id() as libc::pid_t);
+    f.note("pidfd_open", if pidfd.is_ok() { "yes" } else { "no" });
+    let root = std::fs::File::open("/");
+    let openat2 = root.as_ref().ok().map(|r| chio_cage::sys::openat2(r.as_fd(), c".", libc::O_PATH, 0, 0x04));
+    f.note("openat2", if matches!(openat2, Some(Ok(_))) { "yes" } else { "no" });
+    // SAFETY: close_range over descriptors this process cannot have; execveat on fd -1 fails
+    // with EBADF where it exists (ENOSYS where not), executing nothing.
+    let (close_range, execveat) = unsafe {
+        let c = libc::syscall(libc::SYS_close_range, u32::MAX - 1, u32::MAX, 0);
+        let argv: [*const libc::c_char; 1] = [std::ptr::null()];
+        let e = libc::syscall(libc::SYS_execveat, -1, c"".as_ptr(), argv.as_ptr(), argv.as_ptr(), libc::AT_EMPTY_PATH);
+        (c == 0, e == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF))
+    };
+    f.note("close_range", if close_range { "yes" } else { "no" });
+    f.note("execveat_empty_path", if execveat { "yes" } else { "no" });
+    for (name, ok) in [
+        ("pidfd_open", pidfd.is_ok()),
+        ("openat2", matches!(openat2, Some(Ok(_)))),
+        ("close_range", close_range),
+        ("execveat(AT_EMPTY_PATH)", execveat),
+    ] {
+        if !ok {
+            f.raise(Severity::Fatal, format!("{name} is not available: a launch needs it"));
+        }
+    }
+}
+
+/// The cgroup version and the controllers the ceilings need.
+fn cgroups(f: &mut Finding) {
+    const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
+    match Hierarchy::detect(None) {
+        Hierarchy::V2(root) => {
+            f.note("cgroup", "v2");
+            let parent = root.parent().unwrap_or(Path::new("/sys/fs/cgroup"));
+            let have = std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+            let missing: Vec<&str> =
+                WANTED.iter().copied().filter(|c| !have.split_whitespace().any(|h| h == *c)).collect();
+            f.note("cgroup_controllers", have.trim().to_string());
+            if !missing.is_empty() {
+                f.raise(
+                    Severity::Error,
+                    format!("cgroup v2 controllers {missing:?} are not delegated to {}", parent.display()),
+                );
+            }
+        }
+        Hierarchy::V1 => {
+            f.note("cgroup", "v1");
+            let missing: Vec<&str> =
+                WANTED.iter().copied().filter(|c| !Path::new("/sys/fs/cgroup").join(c).is_dir()).collect();
+            f.note("cgroup_v1_missing", format!("{missing:?}"));
+            if !missing.is_empty() {
+                f.raise(Severity::Error, format!("cgroup v1 hierarchies {missing:?} are not mounted"));
+            }
+        }
+    }
+}
+
+/// Yama's ptrace_scope: 3 forbids ptrace altogether, and the exec observation is ptrace.
+fn ptrace_scope(f: &mut Finding) {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().map(|s| s.trim().to_string());
+    f.note("yama_ptrace_scope", scope.clone().unwrap_or_else(|| "absent".into()));
+    if scope.as_deref() == Some("3") {
+        f.raise(Severity::Fatal, "Yama ptrace_scope is 3: the exec observation (ptrace) is impossible");
+    }
+}
+
+/// Launch `plan` to the exec observation and stop it there: the target never runs. Returns the
+/// record as it stood at the exec stop (its state is what the launch would have reached).
+pub fn trial_launch(plan: &CagePlan) -> LaunchRecord {
+    // The target never runs, so it never writes: stderr stands for both sinks.
+    let err = std::io::stderr();
+    let mut at_exec: Option<LaunchRecord> = None;
+    let mut stop_here = |r: &LaunchRecord| -> Result<(), String> {
+        at_exec = Some(r.clone());
+        Err("preflight: a trial launch stops at the exec observation".into())
+    };
+    let mut sinks = Sinks::new(err.as_fd(), err.as_fd());
+    sinks.on_enforced = Some(&mut stop_here);
+    let after = chio_cage::launch(plan, &mut sinks);
+    at_exec.unwrap_or(after)
+}
+
+/// True when a launch in `mode` with this record would count as enforced.
+pub fn enforced(rec: &LaunchRecord, mode: Mode) -> bool {
+    rec.state == State::FullyEnforced && mode == Mode::Enforced
+}
+
+/// The credential variables of the edge's roles.
+pub const BEARER_ROLES: [&str; 4] =
+    ["CHIO_AUTH_TOKEN", "CHIO_ADMIN_TOKEN", "CHIO_CONTROL_TOKEN", "CHIO_REMOTE_AUTHORITY_WORKLOAD_TOKEN"];
+
+/// `security.bearer_roles`: each role's token, from `get` (the environment): empty, padded, with
+/// control characters, or shared by two roles is an error; none set is info. Values are never
+/// printed.
+pub fn bearer_roles(get: impl Fn(&str) -> Option<OsString>) -> Finding {
+    let mut f = Finding::new("security.bearer_roles", Severity::Ok, "every role's token is well-formed and its own");
+    let mut seen: Vec<(&str, OsString)> = Vec::new();
+    for role in BEARER_ROLES {
+        let Some(v) = get(role) else { continue };
+        let text = v.to_string_lossy();
+        let problem = if v.is_empty() {
+            Some("set but empty")
+        } else if text.trim() != text {
+            Some("padded with whitespace")
+        } else if text.chars().any(char::is_control) {
+            Some("holds control characters")
+        } else if v.to_str().is_none() {
+            Some("not UTF-8")
+        } else {
+            None
+        };
+        f.note(role, problem.unwrap_or("set").to_string());
+        if let Some(p) = problem {
+            f.raise(Severity::Error, format!("{role} is {p}"));
+        }
+        if let Some((other, _)) = seen.iter().find(|(_, w)| *w == v && !v.is_empty()) {
+            f.raise(Severity::Error, format!("{role} and {other} share one value: each role needs its own token"));
+        }
+        seen.push((role, v));
+    }
+    if seen.is_empty() {
+        f.severity = Severity::Info;
+        f.summary = "no bearer-role token is set".into();
+    }
+    f
+}
+
+/// `security.durable_stores`: each receipt store opened read-only and checked (`quick_check`,
+/// journal mode, application id and schema version).
+pub fn durable_stores(paths: &[PathBuf]) -> Finding {
+    let mut f = Finding::new("security.durable_stores", Severity::Ok, "every receipt store is healthy");
+    if paths.is_empty() {
+        f.severity = Severity::Info;
+        f.summary = "no receipt store named (--receipt-db)".into();
+    }
+    for p in paths {
+        let key = p.display().to_string();
+        let (s, what) = store_health(p);
+        f.note(&key, what.clone());
+        f.raise(s, format!("{key}: {what}"));
+    }
+    f
+}
+
+fn store_health(p: &Path) -> (Severity, String) {
+    match std::fs::symlink_metadata(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (Severity::Error, "absent".into()),
+        Err(e) => return (Severity::Error, format!("unreadable: {e}")),
+        Ok(m) if !m.is_file() => return (Severity::Error, "not a regular file".into()),
+        Ok(_) => {}
+    }
+    let store = match chio_kernel::store::Store::open_read_only(p) {
+        Ok(s) => s,
+        Err(e) => return (Severity::Error, format!("unreadable or foreign: {e}")),
+    };
+    match store.health() {
+        Err(e) => (Severity::Error, format!("corrupt: {e}")),
+        Ok(h) if h.quick_check != "ok" => (Severity::Error, format!("corrupt: quick_check says {}", h.quick_check)),
+        Ok(h) if h.journal_mode != "wal" => {
+            (Severity::Warning, format!("healthy, but journal mode {} (chio writes wal)", h.journal_mode))
+        }
+        Ok(h) => (Severity::Ok, format!("healthy (schema {}, journal {})", h.user_version, h.journal_mode)),
+    }
+}
+
+/// The worst severity of `findings`.
+pub fn worst(findings: &[Finding]) -> Severity {
+    findings.iter().map(|f| f.severity).max().unwrap_or(Severity::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_roles_name_each_problem_without_printing_values() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
+        };
+        assert_eq!(bearer_roles(env(&[])).severity, Severity::Info);
+        let ok = bearer_roles(env(&[("CHIO_AUTH_TOKEN", "a1"), ("CHIO_ADMIN_TOKEN", "b2")]));
+        assert_eq!(ok.severity, Severity::Ok);
+        for (pairs, why) in [
+            (&[("CHIO_AUTH_TOKEN", "")][..], "empty"),
+            (&[("CHIO_AUTH_TOKEN", " t")][..], "padded"),
+            (&[("CHIO_ADMIN_TOKEN", "t\u{7}x")][..], "control"),
+            (&[("CHIO_AUTH_TOKEN", "same"), ("CHIO_CONTROL_TOKEN", "same")][..], "share one value"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] = Box::leak(pairs.to_vec().into_boxed_slice());
+            let f = bearer_roles(env(pairs));
+            assert_eq!(f.severity, Severity::Error, "{pairs:?}");
+            assert!(f.summary.contains(why), "{}", f.summary);
+            let shown = serde_json::to_string(&f).unwrap();
+            assert!(!shown.contains("same") || why != "share one value", "a value was printed: {shown}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_worst_finding() {
+        let f = |s| Finding::new("p", s, "");
+        assert_eq!(worst(&[f(Severity::Ok), f(Severity::Warning)]).exit_code(), 0);
+        assert_eq!(worst(&[f(Severity::Info), f(Severity::Error)]).exit_code(), 1);
+        assert_eq!(worst(&[f(Severity::Fatal), f(Severity::Error)]).exit_code(), 2);
+    }
+}
