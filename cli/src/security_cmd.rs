@@ -1,4 +1,5 @@
-//! `chio security preflight`: can this host enforce this launch? Four probes, in order — the
+//! `chio security supervise` (credentials, readiness, sd_notify, signals: `chio_supervisor::service`)
+//! and `chio security preflight`: can this host enforce this launch? Four probes, in order — the
 //! platform, the bearer roles' tokens, the native launch material (with a trial launch to the
 //! exec observation), the durable stores — each one finding; exit 0 (ok, info, warning), 1
 //! (error) or 2 (fatal) from the worst. The probes are `chio_supervisor::preflight`'s; the launch
@@ -20,6 +21,55 @@ pub enum SecurityCommand {
     /// Check that this host can enforce (and, given launch material, this exact launch).
     #[command(after_help = PREFLIGHT_EXAMPLE)]
     Preflight(Box<PreflightArgs>),
+    /// Run a command as a systemd service: credentials into variables, readiness, sd_notify,
+    /// signal forwarding, stop grace (or `--exec`).
+    #[command(after_help = SUPERVISE_EXAMPLE)]
+    Supervise(Box<SuperviseArgs>),
+}
+
+const SUPERVISE_EXAMPLE: &str = "Examples (in a unit with LoadCredential=api-token:/etc/chio/credentials/api-token):\n  chio security supervise --exec --credential-env CHIO_AUTH_TOKEN=api-token -- /usr/bin/chio-edge\n  chio security supervise --credential-env CHIO_AUTH_TOKEN=api-token \\\n      --ready-unix-socket /run/chio/edge.sock --ready-timeout 30s --stop-grace 10s -- /usr/bin/chio-edge";
+
+/// Flags of `chio security supervise`.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// Set the variables and exec the command (no readiness, no supervision).
+    #[arg(long, conflicts_with_all = ["ready_unix_socket", "ready_http", "ready_timeout", "stop_grace"])]
+    exec: bool,
+    /// Where the credential files are (default $CREDENTIALS_DIRECTORY, systemd's LoadCredential=).
+    #[arg(long = "credentials-dir", value_name = "DIR")]
+    credentials_dir: Option<PathBuf>,
+    /// Set VAR from the credential file NAME (repeat for more).
+    #[arg(long = "credential-env", value_name = "VAR=NAME", value_parser = var_eq_name)]
+    credential_env: Vec<(String, String)>,
+    /// Ready once this Unix socket accepts a connection.
+    #[arg(long = "ready-unix-socket", value_name = "PATH", conflicts_with = "ready_http")]
+    ready_unix_socket: Option<PathBuf>,
+    /// Ready once a GET of this URL answers 2xx.
+    #[arg(long = "ready-http", value_name = "URL")]
+    ready_http: Option<String>,
+    /// The variable holding the bearer token for --ready-http (a credential's VAR, say).
+    #[arg(long = "ready-http-bearer-env", value_name = "VAR", requires = "ready_http")]
+    ready_http_bearer_env: Option<String>,
+    /// How long readiness may take.
+    #[arg(long = "ready-timeout", value_name = "DUR", default_value = "90s", value_parser = crate::units::arg::duration)]
+    ready_timeout: String,
+    /// How long a stopping command may take before SIGKILL.
+    #[arg(long = "stop-grace", value_name = "DUR", default_value = "10s", value_parser = crate::units::arg::duration)]
+    stop_grace: String,
+    /// The command.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+fn var_eq_name(s: &str) -> std::result::Result<(String, String), String> {
+    let (var, name) = s.split_once('=').ok_or_else(|| format!("{s:?}: give VAR=NAME"))?;
+    let ok = !var.is_empty()
+        && !var.starts_with(|c: char| c.is_ascii_digit())
+        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok || name.is_empty() {
+        return Err(format!("{s:?}: give VAR=NAME (a variable name, a credential file name)"));
+    }
+    Ok((var.to_string(), name.to_string()))
 }
 
 const PREFLIGHT_EXAMPLE: &str = "Examples:\n  chio security preflight --require-enforcement\n  chio security preflight --json --require-enforcement \\\n      --signed-manifest m.json --manifest-public-key publisher.key \\\n      --cage-policy p.json --cage-policy-signer operator.key --server-id repo-files \\\n      --receipt-db /var/lib/chio/receipts.db -- /usr/bin/repo-files --stdio";
@@ -60,6 +110,7 @@ pub struct PreflightArgs {
 pub fn run(cmd: &SecurityCommand) -> Result<i32> {
     match cmd {
         SecurityCommand::Preflight(a) => preflight(a),
+        SecurityCommand::Supervise(a) => supervise(a),
     }
 }
 
@@ -165,4 +216,61 @@ fn trial(a: &PreflightArgs, mut f: Finding, plan: &chio_cage::CagePlan) -> Findi
         };
     }
     f
+}
+
+fn supervise(a: &SuperviseArgs) -> Result<i32> {
+    use chio_supervisor::service::{self, Ended, Readiness, RunOptions};
+    let said = |e: service::ServiceError| {
+        eprintln!("chio: {e}");
+        Ok(e.exit_code())
+    };
+    let dir = a.credentials_dir.clone().or_else(|| std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
+    let credentials = match (&dir, a.credential_env.is_empty()) {
+        (_, true) => Vec::new(),
+        (None, false) => {
+            return said(service::ServiceError::Refused(
+                "--credential-env needs --credentials-dir or $CREDENTIALS_DIRECTORY (systemd's LoadCredential=)".into(),
+            ))
+        }
+        (Some(d), false) => match service::read_credentials(d, &a.credential_env) {
+            Ok(c) => c,
+            Err(e) => return said(e),
+        },
+    };
+    if a.exec {
+        return said(service::exec(&a.command, &credentials));
+    }
+    let bearer = match &a.ready_http_bearer_env {
+        Some(var) => {
+            let from_credentials = credentials.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone());
+            match from_credentials.or_else(|| std::env::var(var).ok()) {
+                Some(v) => Some(v),
+                None => {
+                    return said(service::ServiceError::Refused(format!("--ready-http-bearer-env {var} is not set")))
+                }
+            }
+        }
+        None => None,
+    };
+    let readiness = match (&a.ready_unix_socket, &a.ready_http) {
+        (Some(p), _) => Readiness::UnixSocket(p.clone()),
+        (None, Some(url)) => Readiness::Http { url: url.clone(), bearer },
+        (None, None) => Readiness::Started,
+    };
+    let ms = |s: &str| crate::units::parse_duration_ms(s).map_err(anyhow::Error::msg);
+    let options = RunOptions {
+        argv: a.command.clone(),
+        credentials,
+        readiness,
+        ready_timeout: std::time::Duration::from_millis(ms(&a.ready_timeout)?),
+        stop_grace: std::time::Duration::from_millis(ms(&a.stop_grace)?),
+    };
+    match service::run(&options) {
+        Ok(Ended::Exited(status)) => service::exit_like(status),
+        Ok(Ended::NotReady(why, _)) => {
+            eprintln!("chio: {why}");
+            Ok(1)
+        }
+        Err(e) => said(e),
+    }
 }

@@ -7,4 +7,5 @@ pub mod launch_plan;
 pub mod preflight;
 pub mod receipts;
 pub mod repository;
+pub mod service;
 pub mod session;

@@ -1,0 +1,230 @@
+//! `chio security supervise`: credentials from a systemd credentials directory into variables
+//! (strict file checks), `--exec`, readiness (Unix socket, HTTP with a bearer token) reported
+//! with sd_notify, signals forwarded, the stop grace, and the child's status (or signal) as ours.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use chio_tests::{chio_bin, processes_tagged, wait_gone, Scratch};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn supervise(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(chio_bin(&PathBuf::from(PROBE)));
+    c.args(["security", "supervise"]).args(args).env_remove("CREDENTIALS_DIRECTORY").envs(env.iter().copied());
+    c.stdin(Stdio::null());
+    c
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    supervise(args, env).output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn credential(dir: &Path, name: &str, bytes: &[u8], mode: u32) {
+    std::fs::write(dir.join(name), bytes).unwrap();
+    std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn credentials_become_variables_only_from_strict_files() {
+    let dir = Scratch::new("supervise-creds");
+    credential(&dir.0, "api", b"tok-1\n", 0o600);
+    let print = ["--", "/bin/sh", "-c", "printf '%s' \"$TOKEN\""];
+    let args = |extra: &[&'static str]| -> Vec<String> {
+        let mut v = vec!["--exec".to_string(), "--credentials-dir".into(), s(&dir.0).into()];
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v.extend(print.iter().map(|x| x.to_string()));
+        v
+    };
+    fn argv(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let out = run(&argv(&args(&["--credential-env", "TOKEN=api"])), &[]);
+    assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()), (Some(0), "tok-1"));
+    // $CREDENTIALS_DIRECTORY (systemd's) is the default.
+    let out = run(
+        &["--exec", "--credential-env", "TOKEN=api", print[0], print[1], print[2], print[3]],
+        &[("CREDENTIALS_DIRECTORY", s(&dir.0))],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "tok-1");
+
+    credential(&dir.0, "group-readable", b"x\n", 0o640);
+    credential(&dir.0, "padded", b" x\n", 0o600);
+    credential(&dir.0, "two-newlines", b"x\n\n", 0o600);
+    credential(&dir.0, "control", b"x\x1by\n", 0o600);
+    std::os::unix::fs::symlink(dir.join("api"), dir.join("link")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("device-link")).unwrap();
+    for (name, why) in [
+        ("group-readable", "readable by group or others"),
+        ("padded", "padded"),
+        ("two-newlines", "padded"),
+        ("control", "control character"),
+        ("link", "link is never followed"),
+        ("missing", "No such file"),
+    ] {
+        let spec = format!("TOKEN={name}");
+        let mut a = args(&[]);
+        a.splice(3..3, ["--credential-env".to_string(), spec]);
+        let out = run(&argv(&a), &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(why), "{name}: {err}");
+        assert!(out.stdout.is_empty(), "{name}: the command ran");
+    }
+    // A variable already set is never overridden.
+    let out = run(&argv(&args(&["--credential-env", "TOKEN=api"])), &[("TOKEN", "from-the-unit")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already set"));
+    // Without a directory, credentials cannot be found: refused, nothing runs.
+    let out = run(&["--credential-env", "TOKEN=api", "--", "/bin/true"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// A NOTIFY_SOCKET for the test, and what arrives on it.
+struct Notify {
+    sock: UnixDatagram,
+    path: PathBuf,
+}
+
+impl Notify {
+    fn new(dir: &Scratch) -> Notify {
+        let path = dir.join("notify.sock");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Notify { sock, path }
+    }
+
+    /// Wait for a message containing `what`; returns when it arrived.
+    fn wait_for(&self, what: &str) -> Instant {
+        let mut buf = [0u8; 512];
+        loop {
+            let n = self.sock.recv(&mut buf).unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
+            if String::from_utf8_lossy(&buf[..n]).contains(what) {
+                return Instant::now();
+            }
+        }
+    }
+}
+
+fn sigterm(child: &Child) {
+    // SAFETY: kill on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
+#[test]
+fn unix_socket_readiness_then_a_forwarded_sigterm() {
+    let dir = Scratch::new("supervise-ready");
+    let notify = Notify::new(&dir);
+    let ready_sock = dir.join("service.sock");
+    let script = format!(
+        "import socket,signal,sys,time\ntime.sleep(0.4)\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(4)\n\
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\ntime.sleep(60)\n",
+        s(&ready_sock)
+    );
+    let started = Instant::now();
+    let child = supervise(
+        &["--ready-unix-socket", s(&ready_sock), "--ready-timeout", "20s", "--", "python3", "-c", &script],
+        &[("NOTIFY_SOCKET", s(&notify.path))],
+    )
+    .spawn()
+    .unwrap();
+    let ready_at = notify.wait_for("READY=1");
+    assert!(ready_at - started >= Duration::from_millis(400), "ready before the socket existed");
+    assert!(ready_sock.exists());
+    sigterm(&child);
+    notify.wait_for("STOPPING=1");
+    let status = child.wait_with_output().unwrap().status;
+    assert_eq!(status.code(), Some(3), "the child's own exit status: {status:?}");
+}
+
+#[test]
+fn the_stop_grace_ends_in_sigkill_and_the_signal_is_ours() {
+    let dir = Scratch::new("supervise-grace");
+    let notify = Notify::new(&dir);
+    let ignore = "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n";
+    let child =
+        supervise(&["--stop-grace", "600ms", "--", "python3", "-c", ignore], &[("NOTIFY_SOCKET", s(&notify.path))])
+            .spawn()
+            .unwrap();
+    notify.wait_for("READY=1");
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Instant::now();
+    sigterm(&child);
+    let status = child.wait_with_output().unwrap().status;
+    let took = sent.elapsed();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert!(took >= Duration::from_millis(600) && took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn not_ready_in_time_or_exited_first_is_a_failure_and_leaves_nothing() {
+    let tag = "31.4159";
+    let out = run(
+        &[
+            "--ready-unix-socket",
+            "/nonexistent/chio.sock",
+            "--ready-timeout",
+            "700ms",
+            "--stop-grace",
+            "1s",
+            "--",
+            "sleep",
+            tag,
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not ready within 700 ms"));
+    assert_eq!(wait_gone(tag, Duration::from_secs(5)), Vec::<u32>::new());
+    assert!(processes_tagged(tag).is_empty());
+    let out = run(&["--ready-unix-socket", "/nonexistent/chio.sock", "--", "/bin/sh", "-c", "exit 4"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("before it was ready"));
+}
+
+#[test]
+fn http_readiness_sends_the_bearer_token() {
+    let dir = Scratch::new("supervise-http");
+    credential(&dir.0, "probe-token", b"let-me-in\n", 0o600);
+    let server = "import http.server,sys\n\
+class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        ok = self.headers.get('Authorization') == 'Bearer let-me-in'\n        self.send_response(200 if ok else 401); self.end_headers()\n    def log_message(self, *a): pass\n\
+http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let url = format!("http://127.0.0.1:{port}/ready");
+    let notify = Notify::new(&dir);
+    let common = ["--credentials-dir", s(&dir.0), "--ready-http", &url, "--ready-timeout", "15s", "--stop-grace", "1s"];
+    let with = |bearer_var: &str| {
+        let mut a: Vec<&str> = common.to_vec();
+        a.extend(["--credential-env", "PROBE_TOKEN=probe-token", "--ready-http-bearer-env", bearer_var]);
+        a.extend(["--", "python3", "-c", server, &port]);
+        a.iter().map(|x| x.to_string()).collect::<Vec<_>>()
+    };
+    let args = with("PROBE_TOKEN");
+    let child = supervise(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("NOTIFY_SOCKET", s(&notify.path))])
+        .spawn()
+        .unwrap();
+    notify.wait_for("READY=1");
+    sigterm(&child);
+    let status = child.wait_with_output().unwrap().status;
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "python's default SIGTERM, re-raised: {status:?}");
+
+    // The wrong token never makes it ready.
+    let mut args = with("WRONG");
+    let at = args.iter().position(|a| a == "15s").unwrap();
+    args[at] = "1500ms".into();
+    let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("WRONG", "not-it")]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+}
