@@ -122,6 +122,13 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
             return Err(reject("bad_digest", format!("expected digest {d:?} is not 64 lowercase hex digits")));
         }
     }
+    let missing = missing_supervisor_capabilities(plan).map_err(|e| reject("supervisor_capabilities", e))?;
+    if !missing.is_empty() {
+        return Err(reject(
+            "supervisor_capabilities",
+            format!("chio lacks {} (a unit's CapabilityBoundingSet, or setpriv, dropped them)", missing.join(", ")),
+        ));
+    }
     match sys::thread_count() {
         Ok(1) => Ok(()),
         Ok(n) => Err(reject(
@@ -130,6 +137,32 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
         )),
         Err(e) => Err(reject("multithreaded_supervisor", format!("cannot count threads: {e}"))),
     }
+}
+
+/// Capabilities the supervisor must hold in its effective set for `plan`. Most missing ones
+/// would fail a later step with a vaguer error; a missing CAP_KILL would not fail at all: the
+/// deadline's kill of a cage running as another uid would be refused and the target run on.
+fn missing_supervisor_capabilities(plan: &CagePlan) -> Result<Vec<&'static str>, String> {
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| format!("reading /proc/self/status: {e}"))?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .ok_or("no CapEff in /proc/self/status")?;
+    let mut needed = vec![
+        (1, "CAP_DAC_OVERRIDE"),
+        (5, "CAP_KILL"),
+        (6, "CAP_SETGID"),
+        (7, "CAP_SETUID"),
+        (8, "CAP_SETPCAP"),
+        (19, "CAP_SYS_PTRACE"),
+        (21, "CAP_SYS_ADMIN"),
+        (27, "CAP_MKNOD"),
+    ];
+    if plan.net == crate::plan::NetMode::Loopback {
+        needed.push((12, "CAP_NET_ADMIN"));
+    }
+    Ok(needed.into_iter().filter(|(bit, _)| effective & (1u64 << bit) == 0).map(|(_, name)| name).collect())
 }
 
 /// Smallest size of the cage's `/tmp` and `/dev/shm`. tmpfs reads `size=0` as "no limit", so a
@@ -593,9 +626,14 @@ impl Traced<'_> {
 /// Kill a tracee and consume its exit notification. Without this the cage's init could never
 /// finish tearing down its namespace: the zombie tracee waits for its tracer (us) first.
 fn release_tracee(tpid: libc::pid_t) {
-    // SAFETY: kill and wait on our own tracee.
+    // SAFETY: kill, ptrace and wait on our own tracee.
     unsafe {
-        libc::kill(tpid, libc::SIGKILL);
+        // A supervisor without CAP_KILL over the target's uid cannot signal it; as its tracer it
+        // still ends it from the stop it is in, resumed with SIGKILL. When neither works, waiting
+        // would never end: the cage's teardown (the init's death) reaps it instead.
+        if libc::kill(tpid, libc::SIGKILL) != 0 && libc::ptrace(libc::PTRACE_CONT, tpid, 0, libc::SIGKILL) != 0 {
+            return;
+        }
         loop {
             let mut status = 0;
             let r = libc::waitpid(tpid, &mut status, libc::__WALL);

@@ -4,6 +4,7 @@ mod cage_cmd;
 mod doc_cmd;
 mod image_cmd;
 mod keys_cmd;
+mod meta_cmd;
 mod policy_launch;
 mod progress;
 mod receipt_cmd;
@@ -14,7 +15,7 @@ mod units;
 
 use std::ffi::OsString;
 
-use clap::{Args, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// chio: a Linux-native sandbox supervisor with verified launches.
 #[derive(Debug, Parser)]
@@ -78,6 +79,18 @@ enum Command {
         #[command(subcommand)]
         command: keys_cmd::KeysCommand,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = "Example:\n  chio completions bash > /usr/share/bash-completion/completions/chio")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Packaging helpers: man pages, a parse-only check of a command line.
+    #[command(hide = true)]
+    Internal {
+        #[command(subcommand)]
+        command: meta_cmd::InternalCommand,
+    },
 }
 
 const RUN_ABOUT: &str = "Run a command in a cage and report how it was confined and how it ended";
@@ -120,6 +133,8 @@ fn main() {
         Command::Repository { command } => (repository_cmd::run(command), 1),
         Command::Session { command } => (session_cmd::run(command), 1),
         Command::Security { command } => (security_cmd::run(command), 1),
+        Command::Completions { shell } => (meta_cmd::completions(&mut Cli::command(), *shell), 1),
+        Command::Internal { command } => (meta_cmd::internal(Cli::command(), command), 1),
     };
     match code {
         Ok(c) => std::process::exit(c),

@@ -268,3 +268,31 @@ fn limits_below_their_floor_are_refused_naming_the_flag() {
         assert_eq!(run.state(), "FullyEnforced", "{flags:?}: {}", run.stderr);
     }
 }
+
+/// A supervisor without CAP_KILL (a unit's bounding set, setpriv) could not kill a cage running
+/// as another uid at its deadline, and the target would run on: it refuses to launch instead,
+/// naming what it lacks. The control, with CAP_KILL, is killed at its deadline.
+#[test]
+fn a_supervisor_without_cap_kill_refuses_to_launch() {
+    let Some(e) = env("no_cap_kill") else { return };
+    let run = |bounding: &str| {
+        let out = Command::new("setpriv")
+            .arg(format!("--bounding-set={bounding}"))
+            .arg("--")
+            .arg(&e.chio)
+            .args(["cage", "run", "--json", "--timeout", "1s", "--rootfs", e.rootfs.to_str().unwrap()])
+            .args(["--", "/probe", "sleeper", "chio-no-cap-kill"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        parse(out)
+    };
+    let started = std::time::Instant::now();
+    let refused = run("-kill");
+    assert_failed(&refused, "Rejected", "resolve", "supervisor_capabilities", 125);
+    assert!(refused.record["failure"]["detail"].as_str().unwrap().contains("CAP_KILL"), "{}", refused.stderr);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let control = run("+all");
+    assert_eq!(control.state(), "FullyEnforced", "{}", control.stderr);
+    assert_eq!(control.record["outcome"]["limit_hit"], serde_json::json!(["wall_time"]));
+}

@@ -1,0 +1,69 @@
+//! What packaging and operators need from the command line itself: shell completions, man pages
+//! (both generated from the clap definitions) and a parse-only check of a command line (the
+//! packaging test runs every unit's `ExecStart*` through it).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Command, Subcommand};
+
+/// `chio internal …` (hidden: for packaging and its tests).
+#[derive(Debug, Subcommand)]
+pub enum InternalCommand {
+    /// Write a man page for chio and each subcommand into DIR.
+    Man {
+        /// The directory (created).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Parse a chio command line without running it: exit 0 when it parses, 2 (with clap's
+    /// message) when not.
+    Parse {
+        /// The arguments after `chio`.
+        #[arg(last = true, value_name = "ARGS")]
+        args: Vec<OsString>,
+    },
+}
+
+/// Print the completion script for `shell`.
+pub fn completions(cmd: &mut Command, shell: clap_complete::Shell) -> Result<i32> {
+    // Into memory first: a closed pipe (`| head`) is an error to report, not a panic.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, cmd, "chio", &mut script);
+    std::io::Write::write_all(&mut std::io::stdout(), &script).context("writing the completion script")?;
+    Ok(0)
+}
+
+/// Run an internal command against the full command tree `cmd`.
+pub fn internal(cmd: Command, c: &InternalCommand) -> Result<i32> {
+    match c {
+        InternalCommand::Man { out } => {
+            std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
+            man_pages(&cmd, "chio", out)?;
+            Ok(0)
+        }
+        InternalCommand::Parse { args } => {
+            let argv = std::iter::once(OsString::from("chio")).chain(args.iter().cloned());
+            match cmd.try_get_matches_from(argv) {
+                Ok(_) => Ok(0),
+                Err(e) => {
+                    eprint!("{e}");
+                    Ok(2)
+                }
+            }
+        }
+    }
+}
+
+/// `chio.1`, `chio-cage.1`, `chio-cage-run.1`, … for every visible subcommand.
+fn man_pages(cmd: &Command, name: &str, out: &Path) -> Result<()> {
+    let page = cmd.clone().name(name.to_string());
+    let mut bytes = Vec::new();
+    clap_mangen::Man::new(page).render(&mut bytes)?;
+    std::fs::write(out.join(format!("{name}.1")), bytes)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        man_pages(sub, &format!("{name}-{}", sub.get_name()), out)?;
+    }
+    Ok(())
+}

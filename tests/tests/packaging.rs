@@ -1,0 +1,261 @@
+//! `packaging/`: every unit's command lines parse with the real binary; unprivileged units meet
+//! the hardening baseline and privileged ones say why each capability; `systemd-analyze verify`
+//! passes on every unit; the Debian package holds the binary, units, sysusers/tmpfiles files,
+//! man pages and completions, and its binary runs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use chio_tests::{chio_bin, privileged, skip, Scratch};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn units() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(repo().join("packaging/systemd"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "service" || x == "timer"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 4, "{v:?}");
+    v
+}
+
+/// `Key=value` lines of a unit (comments and sections left out), `%i` as `demo`.
+fn directives(unit: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(unit)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with('[') && l.contains('='))
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap();
+            (k.trim().to_string(), v.trim().replace("%i", "demo"))
+        })
+        .collect()
+}
+
+fn comments(unit: &Path) -> String {
+    std::fs::read_to_string(unit).unwrap().lines().filter(|l| l.starts_with('#')).collect::<Vec<_>>().join("\n")
+}
+
+/// Each chio command line in `exec` (an `Exec*=` value): the whole line, and a chio command it
+/// wraps after `--` on its own.
+fn chio_command_lines(exec: &str) -> Vec<Vec<String>> {
+    let words: Vec<String> =
+        exec.trim_start_matches(['-', '@', '+', '!']).split_whitespace().map(String::from).collect();
+    (0..words.len())
+        .filter(|&i| words[i] == "/usr/bin/chio" && (i == 0 || words[i - 1] == "--"))
+        .map(|i| words[i + 1..].to_vec())
+        .collect()
+}
+
+#[test]
+fn every_exec_line_parses_with_the_real_binary() {
+    let chio = chio_bin(Path::new(PROBE));
+    let mut checked = 0;
+    for unit in units() {
+        for (k, v) in directives(&unit).iter().filter(|(k, _)| k.starts_with("Exec")) {
+            let lines = chio_command_lines(v);
+            assert!(!lines.is_empty(), "{}: {k} runs no chio command: {v}", unit.display());
+            for args in lines {
+                let out = Command::new(&chio).args(["internal", "parse", "--"]).args(&args).output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}: {k}: chio {args:?}: {}",
+                    unit.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 5, "{checked}");
+    // The check fails on a line that does not parse.
+    let out =
+        Command::new(&chio).args(["internal", "parse", "--", "security", "preflight", "--bogus"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The hardening every unprivileged unit meets.
+const BASELINE: &[(&str, &str)] = &[
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("PrivateTmp", "yes"),
+    ("PrivateDevices", "yes"),
+    ("ProtectHome", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+    ("UMask", "0077"),
+    ("LimitCORE", "0"),
+];
+
+fn seconds(v: &str) -> u64 {
+    v.trim_end_matches('s').parse().unwrap()
+}
+
+#[test]
+fn unprivileged_units_meet_the_baseline_and_privileged_ones_say_why() {
+    let mut unprivileged = 0;
+    for unit in units().into_iter().filter(|u| u.extension().is_some_and(|x| x == "service")) {
+        let d = directives(&unit);
+        let get = |k: &str| d.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let caps = get("CapabilityBoundingSet").unwrap_or("(unset)");
+        if get("User").is_some_and(|u| u != "root") {
+            unprivileged += 1;
+            for (k, want) in BASELINE {
+                assert_eq!(get(k), Some(*want), "{}: {k}", unit.display());
+            }
+            let grace = d.iter().filter(|(k, _)| k.starts_with("Exec")).find_map(|(_, v)| {
+                let w: Vec<&str> = v.split_whitespace().collect();
+                w.iter().position(|x| *x == "--stop-grace").map(|i| seconds(w[i + 1]))
+            });
+            let timeout = get("TimeoutStopSec").map(seconds).expect("TimeoutStopSec");
+            assert!(
+                timeout >= grace.unwrap_or(10) + 5,
+                "{}: TimeoutStopSec below the stop grace + 5 s",
+                unit.display()
+            );
+        } else {
+            // A privileged unit names its capabilities, and its comments say why each.
+            assert_ne!(caps, "(unset)", "{}: no CapabilityBoundingSet", unit.display());
+            let why = comments(&unit) + &comments(&unit.with_file_name("chio-preflight.service"));
+            for cap in caps.split_whitespace() {
+                assert!(why.contains(cap), "{}: {cap} is granted without a reason", unit.display());
+            }
+            assert_eq!(get("NoNewPrivileges"), Some("yes"), "{}", unit.display());
+        }
+    }
+    assert!(unprivileged >= 1);
+}
+
+#[test]
+fn systemd_analyze_verify_passes_on_every_unit() {
+    if !privileged("systemd_analyze") {
+        return;
+    }
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        skip("systemd_analyze", "systemd-analyze is missing (apt-get install systemd; .ci/run does)");
+        return;
+    }
+    let root = Scratch::new("units-root");
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    std::fs::create_dir_all(root.join("etc/systemd/system")).unwrap();
+    std::fs::create_dir_all(root.join("usr/lib/systemd")).unwrap();
+    // The host's own units (sysinit.target, …) so dependencies resolve inside the root.
+    let cp =
+        Command::new("cp").args(["-a", "/usr/lib/systemd/system"]).arg(root.join("usr/lib/systemd")).status().unwrap();
+    assert!(cp.success());
+    let mut names = Vec::new();
+    for unit in units() {
+        let name = unit.file_name().unwrap().to_string_lossy().replace("@.", "@demo.");
+        std::fs::copy(&unit, root.join("etc/systemd/system").join(unit.file_name().unwrap())).unwrap();
+        names.push(name);
+    }
+    let verify = |names: &[String]| {
+        Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(format!("--root={}", root.0.display()))
+            .args(names)
+            .output()
+            .unwrap()
+    };
+    // Without the binary the verification fails (it checks every ExecStart's executable)...
+    let out = verify(&names);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/usr/bin/chio is not executable"), "{out:?}");
+    // ... and with it, every unit passes.
+    std::fs::copy(chio_bin(Path::new(PROBE)), root.join("usr/bin/chio")).unwrap();
+    let out = verify(&names);
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn the_debian_package_holds_everything_and_its_binary_runs() {
+    if Command::new("dpkg-deb").arg("--version").output().is_err() {
+        skip("debian_package", "dpkg-deb is missing");
+        return;
+    }
+    let out_dir = Scratch::new("deb");
+    let chio = chio_bin(Path::new(PROBE));
+    let built = Command::new(repo().join("packaging/deb/build-deb.sh"))
+        .args(["--binary", chio.to_str().unwrap(), "--out", out_dir.0.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let deb = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    let listing = String::from_utf8(Command::new("dpkg-deb").arg("-c").arg(&deb).output().unwrap().stdout).unwrap();
+    for want in [
+        "-rwxr-xr-x root/root",
+        "./usr/bin/chio",
+        "./usr/lib/systemd/system/chio-preflight.service",
+        "./usr/lib/systemd/system/chio-tool@.service",
+        "./usr/lib/systemd/system/chio-receipts-verify.timer",
+        "./usr/lib/sysusers.d/chio.conf",
+        "./usr/lib/tmpfiles.d/chio.conf",
+        "./usr/share/man/man1/chio.1.gz",
+        "./usr/share/man/man1/chio-security-preflight.1.gz",
+        "./usr/share/man/man1/chio-security-supervise.1.gz",
+        "./usr/share/bash-completion/completions/chio",
+        "./usr/share/zsh/vendor-completions/_chio",
+        "./usr/share/fish/vendor_completions.d/chio.fish",
+    ] {
+        assert!(listing.contains(want), "{want} missing:\n{listing}");
+    }
+    let x = out_dir.join("x");
+    assert!(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x).status().unwrap().success());
+    let v = Command::new(x.join("usr/bin/chio")).arg("--version").output().unwrap();
+    assert!(v.status.success() && String::from_utf8_lossy(&v.stdout).starts_with("chio "), "{v:?}");
+    let completion = std::fs::read_to_string(x.join("usr/share/bash-completion/completions/chio")).unwrap();
+    assert!(completion.contains("preflight") && completion.contains("supervise"));
+}
+
+/// The privileged units' capability set is exactly what a launch needs: preflight passes with
+/// it, and fails without any one of them.
+#[test]
+fn the_privileged_units_grant_exactly_what_a_launch_needs() {
+    if !privileged("unit_capabilities") {
+        return;
+    }
+    let unit = repo().join("packaging/systemd/chio-preflight.service");
+    let d = directives(&unit);
+    let caps: Vec<String> = d
+        .iter()
+        .find(|(k, _)| k == "CapabilityBoundingSet")
+        .unwrap()
+        .1
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect();
+    let chio = chio_bin(Path::new(PROBE));
+    let preflight = |keep: &[&String]| {
+        let set: Vec<String> = keep.iter().map(|c| format!("+{c}")).collect();
+        Command::new("setpriv")
+            .arg(format!("--bounding-set=-all,{}", set.join(",")))
+            .arg("--")
+            .arg(&chio)
+            .args(["security", "preflight", "--require-enforcement", "--json"])
+            .output()
+            .unwrap()
+    };
+    let all: Vec<&String> = caps.iter().collect();
+    let out = preflight(&all);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    for drop in &caps {
+        let fewer: Vec<&String> = caps.iter().filter(|c| *c != drop).collect();
+        let out = preflight(&fewer);
+        assert_ne!(out.status.code(), Some(0), "preflight passed without {drop}: the unit grants it for nothing");
+    }
+}
