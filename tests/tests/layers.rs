@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -147,5 +148,63 @@ fn seccomp_holds_with_capabilities_present() {
         assert!(r.stdout.starts_with("REFUSED") && r.stdout.trim_end().ends_with("errno=1"), "{args:?}: {}", r.stdout);
         // Control: with capabilities and no filter (root on the host) the call works.
         assert_escaped(&format!("{args:?}"), host(&e.probe, &control));
+    }
+}
+
+/// `nosuid` on the root's binds and the workspace holds without no_new_privs (which alone also
+/// makes set-id bits inert): shadow mode with the no_new_privs step skipped. Control: the same
+/// setuid-root file run by uid 65534 on the host becomes root.
+#[test]
+fn nosuid_holds_without_no_new_privs() {
+    let Some(e) = Suite::new("nosuid_without_nnp", PROBE) else { return };
+    let ws = Scratch::new("nosuid-ws");
+    std::fs::set_permissions(&ws.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::copy(PROBE, ws.join("probe-suid")).unwrap();
+    std::fs::set_permissions(ws.join("probe-suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let flags = ["--mode", "shadow", "--workspace", ws.0.to_str().unwrap()];
+    for target in ["/probe-suid", "/workspace/probe-suid"] {
+        let out = Command::new(&e.chio)
+            .args(["cage", "run", "--json", "--rootfs"])
+            .arg(e.rootfs)
+            .args(flags)
+            .args(["--", target, "euid"])
+            .env("CHIO_TEST_HOOK", "no_new_privs")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let r = parse(out);
+        assert_eq!(r.record["observed"]["no_new_privs"], 0, "the hook left no_new_privs on: {}", r.stderr);
+        assert!(r.stdout.starts_with("REFUSED: euid is 65534"), "{target}: {}", r.stdout);
+    }
+    let suid = ws.join("probe-suid");
+    assert_escaped(
+        "setuid without nosuid",
+        host(Path::new(PROBE), &["as-user", "65534", suid.to_str().unwrap(), "euid"]),
+    );
+}
+
+/// `nodev` on the root's binds and the workspace: a device node planted in either (a rootfs
+/// directory, a workspace on the host) does not open in the cage — no other layer stops it.
+/// Control: uid 65534 on the host opens the same nodes.
+#[test]
+fn nodev_holds_in_the_root_and_the_workspace() {
+    let Some(e) = Suite::new("nodev", PROBE) else { return };
+    let (root, ws) = (Scratch::new("nodev-root"), Scratch::new("nodev-ws"));
+    build_rootfs(&root.0, Path::new(PROBE));
+    for dir in [&root.0, &ws.0] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for node in [root.join("lib/null"), ws.join("null")] {
+        let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
+        // SAFETY: mknod of a character device (1:3, what /dev/null is) at a path we own.
+        assert_eq!(unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) }, 0);
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let flags = ["--workspace", ws.0.to_str().unwrap()];
+    for (inside, outside) in [("/lib/null", root.join("lib/null")), ("/workspace/null", ws.join("null"))] {
+        let r = run(&e, &root.0, &[], &flags, &["read", inside]);
+        assert_eq!(r.state(), "FullyEnforced", "{}", r.stderr);
+        assert!(r.stdout.starts_with("REFUSED") && r.stdout.trim_end().ends_with("errno=13"), "{inside}: {}", r.stdout);
+        assert_escaped(inside, host(Path::new(PROBE), &["as-user", "65534", PROBE, "read", outside.to_str().unwrap()]));
     }
 }
