@@ -547,18 +547,15 @@ pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootf
                         "env": ["LANG"], "syscall_profile": "default"}
     });
     std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
-    let out = chio(&[
-        "manifest",
-        "sign",
-        "--key",
-        s(dir.join("publisher/signing.seed")),
-        "--in",
-        s(dir.join("manifest.json")),
-        "--out",
-        s(dir.join("manifest.signed.json")),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let manifest_digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    // `chio manifest|policy sign` of DIR/NAME.json with DIR/SIGNER/signing.seed; prints the digest.
+    let sign = |kind: &str, signer: &str, name: &str| {
+        let key = s(dir.join(signer).join("signing.seed"));
+        let (input, output) = (s(dir.join(&format!("{name}.json"))), s(dir.join(&format!("{name}.signed.json"))));
+        let out = chio(&[kind, "sign", "--key", key, "--in", input, "--out", output]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let manifest_digest = sign("manifest", "publisher", "manifest");
     let publisher = std::fs::read_to_string(dir.join("publisher/public.key")).unwrap().trim().to_string();
     let policy = serde_json::json!({
         "schema": "chio.cage-launch-policy.v1", "policy_id": "probe-policy", "mode": mode,
@@ -572,17 +569,7 @@ pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootf
         "receipts": {"required": true}
     });
     std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
-    let out = chio(&[
-        "policy",
-        "sign",
-        "--key",
-        s(dir.join("operator/signing.seed")),
-        "--in",
-        s(dir.join("policy.json")),
-        "--out",
-        s(dir.join("policy.signed.json")),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    sign("policy", "operator", "policy");
     SignedLaunch {
         policy: dir.join("policy.signed.json"),
         manifest: dir.join("manifest.signed.json"),

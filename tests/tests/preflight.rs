@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{chio_bin, privileged, signed_launch, signed_launch_on, Scratch};
+use chio_tests::{chio_bin, privileged, signed_launch, signed_launch_on, Scratch, SignedLaunch};
 use serde_json::Value;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -71,6 +71,25 @@ fn the_platform_and_the_bearer_roles() {
     }
 }
 
+/// The six parts of launch material for `p` (its command is given after `--` by the caller).
+fn material(p: &SignedLaunch, manifest_key: &Path, server: &str) -> Vec<String> {
+    [
+        "--signed-manifest",
+        s(&p.manifest),
+        "--manifest-public-key",
+        s(manifest_key),
+        "--cage-policy",
+        s(&p.policy),
+        "--cage-policy-signer",
+        s(&p.operator),
+        "--server-id",
+        server,
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect()
+}
+
 #[test]
 fn launch_material_is_all_or_nothing_and_loaded_as_a_launch() {
     if !privileged("preflight_launch") {
@@ -79,23 +98,7 @@ fn launch_material_is_all_or_nothing_and_loaded_as_a_launch() {
     let argv = ["/probe", "euid"];
     let p = signed_launch(Path::new(PROBE), &argv, 65534, "enforced");
     let publisher = p.dir.join("publisher/public.key");
-    let material = |manifest_key: &Path, server: &str| -> Vec<String> {
-        [
-            "--signed-manifest",
-            s(&p.manifest),
-            "--manifest-public-key",
-            s(manifest_key),
-            "--cage-policy",
-            s(&p.policy),
-            "--cage-policy-signer",
-            s(&p.operator),
-            "--server-id",
-            server,
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect()
-    };
+    let ours = |manifest_key: &Path, server: &str| material(&p, manifest_key, server);
     let run = |args: Vec<String>, command: &[&str], extra: &[&str]| {
         let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
         all.extend(extra);
@@ -103,7 +106,7 @@ fn launch_material_is_all_or_nothing_and_loaded_as_a_launch() {
         all.extend(command);
         preflight(&all, &[])
     };
-    let (code, doc) = run(material(&publisher, "probe"), &argv, &["--require-enforcement"]);
+    let (code, doc) = run(ours(&publisher, "probe"), &argv, &["--require-enforcement"]);
     let f = finding(&doc, "security.native_launch");
     assert_eq!((code, &f["severity"]), (0, &Value::from("ok")), "{f}");
     assert_eq!(f["context"]["trial_launch"], "FullyEnforced");
@@ -115,9 +118,9 @@ fn launch_material_is_all_or_nothing_and_loaded_as_a_launch() {
     assert!(f["summary"].as_str().unwrap().contains("missing --signed-manifest, --manifest-public-key"), "{f}");
     // Each part is checked as a launch checks it.
     for (args, command, why) in [
-        (material(&publisher, "other"), &argv[..], "not --server-id"),
-        (material(&p.operator, "probe"), &argv[..], "not the pinned manifest key"),
-        (material(&publisher, "probe"), &["/probe", "egid"][..], "not the admitted argv"),
+        (ours(&publisher, "other"), &argv[..], "not --server-id"),
+        (ours(&p.operator, "probe"), &argv[..], "not the pinned manifest key"),
+        (ours(&publisher, "probe"), &["/probe", "egid"][..], "not the admitted argv"),
     ] {
         let (code, doc) = run(args, command, &[]);
         let f = finding(&doc, "security.native_launch");
@@ -129,22 +132,7 @@ fn launch_material_is_all_or_nothing_and_loaded_as_a_launch() {
     // trial launch says so.
     let empty = Scratch::new("preflight-empty-root");
     let broken = signed_launch_on(Path::new(PROBE), &argv, 65534, "enforced", &empty.0);
-    let key = broken.dir.join("publisher/public.key");
-    let args: Vec<String> = [
-        "--signed-manifest",
-        s(&broken.manifest),
-        "--manifest-public-key",
-        s(&key),
-        "--cage-policy",
-        s(&broken.policy),
-        "--cage-policy-signer",
-        s(&broken.operator),
-        "--server-id",
-        "probe",
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect();
+    let args = material(&broken, &broken.dir.join("publisher/public.key"), "probe");
     let (code, doc) = run(args, &argv, &[]);
     let f = finding(&doc, "security.native_launch");
     assert_eq!(code, 1, "{f}");
@@ -152,22 +140,7 @@ fn launch_material_is_all_or_nothing_and_loaded_as_a_launch() {
 
     // A shadow policy: a warning, an error when enforcement is required.
     let shadow = signed_launch(Path::new(PROBE), &argv, 65534, "shadow");
-    let pubkey = shadow.dir.join("publisher/public.key");
-    let args: Vec<String> = [
-        "--signed-manifest",
-        s(&shadow.manifest),
-        "--manifest-public-key",
-        s(&pubkey),
-        "--cage-policy",
-        s(&shadow.policy),
-        "--cage-policy-signer",
-        s(&shadow.operator),
-        "--server-id",
-        "probe",
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect();
+    let args = material(&shadow, &shadow.dir.join("publisher/public.key"), "probe");
     let (code, doc) = run(args.clone(), &argv, &[]);
     assert_eq!((code, &finding(&doc, "security.native_launch")["severity"]), (0, &Value::from("warning")));
     let (code, doc) = run(args, &argv, &["--require-enforcement"]);
