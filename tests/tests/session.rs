@@ -430,13 +430,19 @@ fn a_killed_run_recovers_and_replays_without_new_model_work() {
         assert!(std::time::Instant::now() < until, "the agent never reached step 2: {:?}", steps(&provider.seen));
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // While it runs: its status says so, and neither a second run nor a recovery may start.
+    assert_eq!(session_state(&state).0, "running");
+    let second = chio(&["session", "run", "--state", s(&state)], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert_eq!(second.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("in progress"));
+    assert_eq!(chio(&["session", "recover", "--state", s(&state)], &[]).status.code(), Some(3));
     run.kill().unwrap();
     run.wait().unwrap();
     *provider.hold.lock().unwrap() = None;
     // The gateway, the leg and the worker died with the run.
     assert_eq!(wait_gone(s(&state), std::time::Duration::from_secs(10)), Vec::<u32>::new());
     let (st, _) = session_state(&state);
-    assert_eq!(st, "running_or_interrupted");
+    assert_eq!(st, "interrupted");
     let again = chio(&["session", "run", "--state", s(&state)], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
     assert_eq!(again.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&again.stderr).contains("session recover"));

@@ -18,6 +18,7 @@
 //! STATE/image-store                the image store of the worker image (when there is one)
 //! STATE/worker-launch.json          the worker cage's launch record
 //! STATE/running                      present while a run is in progress or was interrupted
+//! STATE/run.lock                     held by a live run (flock)
 //! STATE/outcome.json                 a completed run's outcome
 //! ```
 
@@ -26,11 +27,12 @@ pub mod gateway;
 pub mod leg;
 pub mod run;
 
-use std::fs;
+use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::repository::workspace::{self, write_durably, RepoError, COMMAND_ID};
@@ -92,7 +94,8 @@ pub struct Outcome {
 pub struct SessionStatus {
     /// Session id.
     pub session_id: String,
-    /// `initialized`, `prepared`, `running_or_interrupted` or `completed`.
+    /// `initialized`, `prepared`, `running`, `interrupted` (a killed run: recover it) or
+    /// `completed`.
     pub state: String,
     /// Model calls journaled.
     pub model_calls: u64,
@@ -271,6 +274,22 @@ impl Session {
     fn running(&self) -> bool {
         self.dir.join("running").exists()
     }
+
+    /// Hold the session's run lock (`STATE/run.lock`) for as long as the returned value lives;
+    /// `None` when another process holds it (a run in progress).
+    pub(crate) fn try_lock_run(&self) -> Result<Option<Flock<File>>, RepoError> {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.dir.join("run.lock"))?;
+        match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => Ok(Some(l)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(io::Error::from(e).into()),
+        }
+    }
 }
 
 /// Admit the operator's signed authorization (verified under `operator_key_hex`) against the
@@ -289,14 +308,17 @@ pub fn status(dir: &Path) -> Result<SessionStatus, RepoError> {
     let s = open(dir)?;
     let outcome = s.outcome()?;
     let prepared = s.dir.join("authorization.signed.json").exists();
+    // A live run holds the run lock; a marker without one is a run that was killed.
+    let live = s.try_lock_run()?.is_none();
     let state = match (&outcome, s.running(), prepared) {
         (Some(_), _, _) => "completed",
-        (None, true, _) => "running_or_interrupted",
+        (None, true, _) if live => "running",
+        (None, true, _) => "interrupted",
         (None, false, true) => "prepared",
         (None, false, false) => "initialized",
     };
     // A run holds the workspace's lock; its status waits for none.
-    let workspace = if s.running() { None } else { Some(repo_status::status(&workspace::open(&s.workspace_dir())?)?) };
+    let workspace = if live { None } else { Some(repo_status::status(&workspace::open(&s.workspace_dir())?)?) };
     Ok(SessionStatus {
         session_id: s.request.session_id.clone(),
         state: state.into(),
@@ -310,6 +332,9 @@ pub fn status(dir: &Path) -> Result<SessionStatus, RepoError> {
 /// run marked resumable. Completed steps replay from the journals on the next run.
 pub fn recover(dir: &Path) -> Result<recover::RecoverReport, RepoError> {
     let s = open(dir)?;
+    let Some(_run) = s.try_lock_run()? else {
+        return Err(RepoError::Refused("a run of this session is in progress; stop it before recovering".into()));
+    };
     let ws = workspace::open(&s.workspace_dir())?;
     let report = recover::recover(&ws)?;
     let run = s.dir.join("run");

@@ -74,6 +74,9 @@ pub fn worker_limits(c: &SessionConfig) -> Limits {
 pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
     let s = super::open(dir)?;
     s.check_authorized()?;
+    let Some(_run) = s.try_lock_run()? else {
+        return Err(RepoError::Refused("another run of this session is in progress".into()));
+    };
     if let Some(done) = s.outcome()? {
         return Ok(done);
     }
