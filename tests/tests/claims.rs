@@ -144,6 +144,30 @@ fn landlock_scoping_alone_refuses_host_abstract_sockets() {
     assert!(run.stdout.starts_with("ESCAPED"), "control: {}", run.stdout);
 }
 
+/// Landlock's signal scope on its own: the cage's init runs as the target's uid in the target's
+/// pid namespace, so neither the uid nor the namespace stops the target signalling it — only the
+/// scope does (the init is outside the target's landlock domain). Control: landlock capped at ABI
+/// 5, which has no scoping (shadow mode), and the same kill is permitted.
+#[test]
+fn landlock_signal_scope_alone_keeps_the_target_from_its_init() {
+    let Some(e) = env("landlock_signal_scope") else { return };
+    let launch = |env: &[(&str, &str)]| {
+        let out = Command::new(&e.chio)
+            .args(["cage", "run", "--json", "--mode", "shadow", "--rootfs", e.rootfs.to_str().unwrap()])
+            .args(["--", "/probe", "kill", "1"])
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        parse(out)
+    };
+    let run = launch(&[]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(run.stdout.starts_with("REFUSED") && run.stdout.trim_end().ends_with("errno=1"), "{}", run.stdout);
+    let run = launch(&[("CHIO_TEST_LANDLOCK_ABI", "5")]);
+    assert!(run.stdout.starts_with("ESCAPED"), "control: {}", run.stdout);
+}
+
 /// The init sheds its privileges too: the target's uid, no capabilities, no_new_privs and a
 /// seccomp filter of its own.
 #[test]
