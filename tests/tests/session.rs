@@ -461,3 +461,39 @@ fn a_killed_run_recovers_and_replays_without_new_model_work() {
     let (st, after) = session_state(&state);
     assert_eq!((st.as_str(), after - receipts), ("completed", 6));
 }
+
+/// The worker's wall-clock limit ends it in the middle of a command: the run still ends cleanly —
+/// the command's cage is gone, its operation settled as of unknown outcome (never run again),
+/// the workspace back at its last committed snapshot — and the result can be taken.
+#[test]
+fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
+    if !privileged("session_wall_time") {
+        return;
+    }
+    let dir = Scratch::new("session-wall");
+    let repo = calculator_repo(&dir.0);
+    const SLOW: &[&str] = &["echo step-zero > package/zero.txt", "sleep 61.25"];
+    let provider = scripted_provider(SLOW);
+    let extra = json!({"agent": {"step_limit": 8, "wall_time_s": 8}});
+    let Some(state) = prepared(&dir, &repo, &provider, &extra) else { return };
+    let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert_eq!(out.status.code(), Some(1), "not submitted: {}", String::from_utf8_lossy(&out.stderr));
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["worker_limits_hit"], json!(["wall_time"]), "{outcome}");
+    assert_eq!(outcome["submitted"], false);
+    assert_eq!(
+        wait_gone("61.25", std::time::Duration::from_secs(10)),
+        Vec::<u32>::new(),
+        "the command outlived the run"
+    );
+    let st: Value =
+        serde_json::from_slice(&chio(&["session", "status", "--state", s(&state), "--json"], &[]).stdout).unwrap();
+    assert_eq!(st["state"], "completed", "{st}");
+    let ops = &st["workspace"]["operations"];
+    assert_eq!((ops["completed"].as_u64(), ops["outcome_unknown"].as_u64()), (Some(1), Some(1)), "{st}");
+    let result = dir.join("result");
+    let out = chio(&["session", "result", "--state", s(&state), "--out", s(&result)], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let patch = std::fs::read_to_string(result.join("bundle/changes.patch")).unwrap();
+    assert!(patch.contains("package/zero.txt"), "the committed step is in the result: {patch}");
+}

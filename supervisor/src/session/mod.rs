@@ -85,6 +85,9 @@ pub struct Outcome {
     pub submitted: bool,
     /// The worker cage's exit status.
     pub worker_exit_status: i32,
+    /// Ceilings the worker's cage hit (`wall_time`: the agent's wall-clock limit).
+    #[serde(default)]
+    pub worker_limits_hit: Vec<String>,
     /// Model calls journaled.
     pub model_calls: u64,
 }

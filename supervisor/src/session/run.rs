@@ -99,6 +99,7 @@ pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
         let _ = c.wait();
     }
     let _ = fs::remove_dir_all(s.dir.join("run"));
+    settle_interrupted_command(&s)?;
     let rec = result?;
     if rec.state != State::FullyEnforced {
         fs::remove_file(s.dir.join("running"))?;
@@ -113,12 +114,26 @@ pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
         submitted: status.as_deref() == Some("Submitted"),
         agent_exit_status: status,
         worker_exit_status: rec.exit_status(),
+        worker_limits_hit: rec.outcome.as_ref().map(|o| o.limit_hit.clone()).unwrap_or_default(),
         model_calls: s.model_calls()?,
     };
     let bytes = serde_json::to_vec_pretty(&outcome).map_err(|e| RepoError::Failed(e.to_string()))?;
     write_durably(&s.dir.join("outcome.json"), &bytes)?;
     fs::remove_file(s.dir.join("running"))?;
     Ok(outcome)
+}
+
+/// A worker stopped mid-command (its deadline, its cage failing) leaves that command's operation
+/// dispatched, and the leg that ran it is gone: settle it as `recover` would (its outcome becomes
+/// unknown and is never run again; the workspace goes back to the last committed snapshot).
+/// This process holds the run lock, so nothing else is running.
+fn settle_interrupted_command(s: &Session) -> Result<(), RepoError> {
+    let ws = crate::repository::workspace::open(&s.workspace_dir())?;
+    let unsettled = chio_kernel::store::Store::open_read_only(&ws.dir.join("receipts.db"))?.op_unsettled()?;
+    if !unsettled.is_empty() {
+        crate::repository::recover::recover(&ws)?;
+    }
+    Ok(())
 }
 
 fn prepare_dirs(s: &Session) -> Result<(), RepoError> {
