@@ -296,3 +296,12 @@ fn a_supervisor_without_cap_kill_refuses_to_launch() {
     assert_eq!(control.state(), "FullyEnforced", "{}", control.stderr);
     assert_eq!(control.record["outcome"]["limit_hit"], serde_json::json!(["wall_time"]));
 }
+
+/// A bind onto the cage's `/` itself is refused before anything is built, and named.
+#[test]
+fn a_bind_onto_the_root_is_refused() {
+    let Some(e) = env("bind_onto_root") else { return };
+    let run = e.run(&[], &["--ro-bind", "/etc:/"], &["/probe", "euid"]);
+    assert_failed(&run, "BootstrapFailed", "resolve", "path_refused", 125);
+    assert!(run.record["failure"]["detail"].as_str().unwrap().contains("absolute path below /"), "{}", run.stderr);
+}

@@ -151,7 +151,7 @@ fn seccomp_holds_with_capabilities_present() {
     }
 }
 
-/// `nosuid` on the root's binds and the workspace holds without no_new_privs (which alone also
+/// `nosuid` on the root's binds, the workspace and an operator's bind holds without no_new_privs (which alone also
 /// makes set-id bits inert): shadow mode with the no_new_privs step skipped. Control: the same
 /// setuid-root file run by uid 65534 on the host becomes root.
 #[test]
@@ -161,8 +161,9 @@ fn nosuid_holds_without_no_new_privs() {
     std::fs::set_permissions(&ws.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::copy(PROBE, ws.join("probe-suid")).unwrap();
     std::fs::set_permissions(ws.join("probe-suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
-    let flags = ["--mode", "shadow", "--workspace", ws.0.to_str().unwrap()];
-    for target in ["/probe-suid", "/workspace/probe-suid"] {
+    let bind = format!("{}:/opt/bound", ws.0.display());
+    let flags = ["--mode", "shadow", "--workspace", ws.0.to_str().unwrap(), "--ro-bind", &bind];
+    for target in ["/probe-suid", "/workspace/probe-suid", "/opt/bound/probe-suid"] {
         let out = Command::new(&e.chio)
             .args(["cage", "run", "--json", "--rootfs"])
             .arg(e.rootfs)
@@ -183,8 +184,8 @@ fn nosuid_holds_without_no_new_privs() {
     );
 }
 
-/// `nodev` on the root's binds and the workspace: a device node planted in either (a rootfs
-/// directory, a workspace on the host) does not open in the cage — no other layer stops it.
+/// `nodev` on the root's binds, the workspace and an operator's bind: a device node planted in
+/// any of them (a rootfs directory, a host directory) does not open in the cage — no other layer stops it.
 /// Control: uid 65534 on the host opens the same nodes.
 #[test]
 fn nodev_holds_in_the_root_and_the_workspace() {
@@ -200,8 +201,13 @@ fn nodev_holds_in_the_root_and_the_workspace() {
         assert_eq!(unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) }, 0);
         std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
     }
-    let flags = ["--workspace", ws.0.to_str().unwrap()];
-    for (inside, outside) in [("/lib/null", root.join("lib/null")), ("/workspace/null", ws.join("null"))] {
+    let bind = format!("{}:/opt/bound", ws.0.display());
+    let flags = ["--workspace", ws.0.to_str().unwrap(), "--bind", &bind];
+    for (inside, outside) in [
+        ("/lib/null", root.join("lib/null")),
+        ("/workspace/null", ws.join("null")),
+        ("/opt/bound/null", ws.join("null")),
+    ] {
         let r = run(&e, &root.0, &[], &flags, &["read", inside]);
         assert_eq!(r.state(), "FullyEnforced", "{}", r.stderr);
         assert!(r.stdout.starts_with("REFUSED") && r.stdout.trim_end().ends_with("errno=13"), "{inside}: {}", r.stdout);
