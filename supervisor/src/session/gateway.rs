@@ -73,6 +73,8 @@ impl Journal {
 struct Provider {
     url: String,
     bearer: String,
+    /// The only model the session may call (the worker cannot pick a costlier one).
+    model: String,
     agent: ureq::Agent,
 }
 
@@ -91,8 +93,12 @@ pub fn serve(s: &Session, credential: String) -> Result<(), RepoError> {
     let agent: ureq::Agent =
         ureq::Agent::config_builder().timeout_global(Some(PROVIDER_TIMEOUT)).http_status_as_error(false).build().into();
     let base = s.config.model.base_url.trim_end_matches('/');
-    let provider =
-        Arc::new(Provider { url: format!("{base}/chat/completions"), bearer: format!("Bearer {credential}"), agent });
+    let provider = Arc::new(Provider {
+        url: format!("{base}/chat/completions"),
+        bearer: format!("Bearer {credential}"),
+        model: s.config.model.name.clone(),
+        agent,
+    });
     println!("ready");
     std::io::stdout().flush()?;
     let active = Arc::new(AtomicUsize::new(0));
@@ -192,6 +198,9 @@ fn respond(out: &mut UnixStream, status: u16, body: &[u8]) -> std::io::Result<()
 fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u8>), RepoError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| RepoError::Usage(format!("the request is not JSON: {e}")))?;
+    if value["model"].as_str() != Some(provider.model.as_str()) {
+        return Ok((403, error_body(&format!("the session calls model {:?} only", provider.model))));
+    }
     let digest = super::config::digest_of(&value)?;
     let n = j.next;
     if let Some(done) = j.load(n)? {
@@ -234,4 +243,34 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
         j.next += 1;
     }
     Ok((status, text.into_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request for another model than the session's is refused before anything reaches the
+    /// provider or the journal (the provider here is unreachable: a call would fail otherwise).
+    #[test]
+    fn only_the_sessions_model_is_called() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-model");
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let provider = Provider {
+            url: "http://127.0.0.1:9/v1/chat/completions".into(),
+            bearer: "Bearer k".into(),
+            model: "m".into(),
+            agent,
+        };
+        let (status, body) = call(&mut j, &provider, br#"{"model":"expensive","messages":[]}"#).unwrap();
+        assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
+        assert!(String::from_utf8_lossy(&body).contains("the session calls model"));
+        assert_eq!((j.next, fs::read_dir(&dir).unwrap().count()), (0, 0), "nothing journaled");
+        // The session's own model goes on to the provider (unreachable here: 502, not journaled).
+        let (status, _) = call(&mut j, &provider, br#"{"model":"m","messages":[]}"#).unwrap();
+        assert_eq!((status, j.next), (502, 0));
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
