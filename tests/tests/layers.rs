@@ -214,3 +214,16 @@ fn nodev_holds_in_the_root_and_the_workspace() {
         assert_escaped(inside, host(Path::new(PROBE), &["as-user", "65534", PROBE, "read", outside.to_str().unwrap()]));
     }
 }
+
+/// A whiteout (char 0:0) is the one device node anyone may make: nothing but landlock's
+/// MAKE_CHAR stops the target making one in a directory it can write (seccomp allows the call,
+/// no capability is needed). Control: landlock off, it is made.
+#[test]
+fn device_nodes_are_refused_by_landlock_alone() {
+    let Some(e) = Suite::new("whiteout", PROBE) else { return };
+    let r = run(&e, e.rootfs, &[], &["--mode", "shadow"], &["create", "whiteout", "/tmp/w"]);
+    assert_eq!(r.state(), "FullyEnforced", "{}", r.stderr);
+    assert!(r.stdout.starts_with("REFUSED") && r.stdout.trim_end().ends_with("errno=13"), "{}", r.stdout);
+    let r = run(&e, e.rootfs, &NO_LANDLOCK, &["--mode", "shadow"], &["create", "whiteout", "/tmp/w"]);
+    assert!(r.stdout.starts_with("ESCAPED"), "control: {}", r.stdout);
+}

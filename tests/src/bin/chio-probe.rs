@@ -738,6 +738,8 @@ fn create(kind: &str, path: &str) -> ! {
             "sym" => libc::symlink(c("target").as_ptr(), p.as_ptr()),
             "chr" => libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)),
             "blk" => libc::mknod(p.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(8, 0)),
+            // A whiteout (char 0:0): the one device node Linux lets anyone make.
+            "whiteout" => libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(0, 0)),
             "sock" => {
                 let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
                 let mut addr: libc::sockaddr_un = std::mem::zeroed();
@@ -748,7 +750,7 @@ fn create(kind: &str, path: &str) -> ! {
                 let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
                 libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len)
             }
-            _ => error("create reg|dir|fifo|sym|sock|chr|blk PATH"),
+            _ => error("create reg|dir|fifo|sym|sock|chr|blk|whiteout PATH"),
         }
     };
     verdict(&format!("create {kind} {path}"), r as libc::c_long)
