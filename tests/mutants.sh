@@ -22,9 +22,11 @@ if [ "${1:-}" = "--e2e" ]; then
     # (with `--test-package chio-tests` alone every mutant would meet the stale-binary guard and
     # count as caught; per-target `--test` filters make cargo refuse packages without those
     # targets). The suite takes about a minute; the auto timeout from the baseline is too short.
-    # CHIO_MUTANTS_FILES narrows the run (e.g. "cage/src/mounts.rs"). The mini-swe-agent suite
-    # is skipped: it drives the same cage through Python for half a minute a mutant, and a skipped
-    # test can only turn a caught mutant into a missed one, never the other way.
+    # CHIO_MUTANTS_FILES narrows the run (e.g. "cage/src/mounts.rs"). The slowest suites are
+    # skipped — mini-swe-agent's, the session walkthroughs (the Rust one builds and imports an
+    # image), the packaging suite's .deb and systemd-analyze: they drive the same cage for a
+    # minute and more a mutant, and a skipped test can only turn a caught mutant into a missed
+    # one, never the other way.
     files=""
     for f in ${CHIO_MUTANTS_FILES:-cage/src/identity.rs cage/src/landlock.rs cage/src/mounts.rs}; do
         files="$files -f $f"
@@ -32,7 +34,9 @@ if [ "${1:-}" = "--e2e" ]; then
     # shellcheck disable=SC2086
     cargo mutants $files \
         --test-package=chio-cage,chio-cli,chio-tests \
-        --timeout 240 -o target/mutants-e2e -j 1 "$@" -- -- --skip mini_swe_agent_environments
+        --timeout 240 -o target/mutants-e2e -j 1 "$@" -- -- --skip mini_swe_agent_environments \
+        --skip walkthrough --skip session_runs_nothing --skip killed_run --skip worker_stopped \
+        --skip debian_package --skip systemd_analyze --skip privileged_units_grant
 else
     cargo mutants -f cage/src/observe.rs -f cage/src/seccomp.rs -o target/mutants -j 2
 fi
