@@ -145,7 +145,7 @@ macro_rules! say {
     }};
 }
 
-fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
+pub(crate) fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
     let s = serde_json::to_string_pretty(v).map_err(|e| RepoError::Failed(e.to_string()))?;
     say!("{s}")
 }

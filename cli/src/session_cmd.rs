@@ -12,6 +12,7 @@ use chio_supervisor::session::{self, config, gateway, leg, run};
 use clap::Subcommand;
 
 use crate::receipt_cmd::pinned_key;
+use crate::repository_cmd::print_json;
 
 /// `chio session` subcommands.
 #[derive(Debug, Subcommand)]
@@ -132,12 +133,6 @@ fn failed(e: impl std::fmt::Display) -> RepoError {
     RepoError::Failed(e.to_string())
 }
 
-fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
-    let s = serde_json::to_string_pretty(v).map_err(failed)?;
-    println!("{s}");
-    Ok(())
-}
-
 fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
     match cmd {
         SessionCommand::Init { config, task_file, state, kernel_key, image_store } => {
@@ -166,7 +161,11 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             let signed = envelope::sign(&seed, body).map_err(failed)?;
             let text = serde_json::to_vec_pretty(&signed).map_err(failed)?;
             std::fs::write(out, text).map_err(|e| RepoError::Usage(format!("{}: {e}", out.display())))?;
-            eprintln!("chio: authorized session {} (request {})", req.session_id, config::digest_of(&req)?);
+            eprintln!(
+                "chio: authorized session {} (request {})",
+                req.session_id,
+                chio_supervisor::repository::workspace::json_digest(&req)?
+            );
             Ok(0)
         }
         SessionCommand::Prepare { state, authorization, trusted_key } => {

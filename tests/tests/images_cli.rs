@@ -181,13 +181,16 @@ fn the_image_packer_writes_an_archive_chio_imports_and_runs() {
     std::fs::create_dir_all(root.join("etc")).unwrap();
     std::fs::write(root.join("etc/motd"), "packed\n").unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/images/build-images.py");
+    let pack = |archive: &Path| {
+        let out = Command::new("python3")
+            .arg(&script)
+            .args(["--pack", root.to_str().unwrap(), "--tag", "chio/packed:1", "--out", archive.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
     let archive = dir.join("packed.tar");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args(["--pack", root.to_str().unwrap(), "--tag", "chio/packed:1", "--out", archive.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    pack(&archive);
     let state = dir.join("state");
     let s = state.to_str().unwrap();
     let out = chio(&["image", "import", archive.to_str().unwrap(), "--state-dir", s]);
@@ -208,11 +211,6 @@ fn the_image_packer_writes_an_archive_chio_imports_and_runs() {
     assert_eq!(run.stdout, "packed\n");
     // The same root packs to the same image id: the archive is deterministic.
     let again = dir.join("again.tar");
-    let ok = Command::new("python3")
-        .arg(&script)
-        .args(["--pack", root.to_str().unwrap(), "--tag", "chio/packed:1", "--out", again.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    pack(&again);
     assert_eq!(std::fs::read(&archive).unwrap(), std::fs::read(&again).unwrap());
 }

@@ -101,9 +101,7 @@ fn failed(e: impl std::fmt::Display) -> RepoError {
 
 /// The request's digest as the journal keeps it.
 fn request_digest(r: &ExecRequest) -> Result<String, RepoError> {
-    let v = serde_json::to_value(r).map_err(failed)?;
-    let canon = chio_kernel::canonical::to_canonical(&v).map_err(|e| failed(format!("{e:?}")))?;
-    Ok(snapshot::hex_sha256(canon.as_bytes()))
+    Ok(snapshot::hex_sha256(&super::workspace::canonical_json(r)?))
 }
 
 /// Run one command in the workspace (see the module docs).

@@ -143,15 +143,12 @@ pub struct Config {
 impl Config {
     /// The canonical bytes (what is stored and digested).
     pub fn canonical(&self) -> Result<Vec<u8>, RepoError> {
-        let v = serde_json::to_value(self).map_err(|e| RepoError::Failed(e.to_string()))?;
-        chio_kernel::canonical::to_canonical(&v)
-            .map(String::into_bytes)
-            .map_err(|e| RepoError::Failed(format!("{e:?}")))
+        canonical_json(self)
     }
 
     /// `sha256:` of the canonical bytes.
     pub fn digest(&self) -> Result<String, RepoError> {
-        Ok(format!("sha256:{}", snapshot::hex_sha256(&self.canonical()?)))
+        json_digest(self)
     }
 
     /// Parse stored bytes (refusing unknown fields and other schemas).
@@ -163,6 +160,17 @@ impl Config {
         }
         Ok(c)
     }
+}
+
+/// RFC 8785 bytes of a serializable value (what is stored, signed over and digested).
+pub fn canonical_json(v: &impl Serialize) -> Result<Vec<u8>, RepoError> {
+    let v = serde_json::to_value(v).map_err(|e| RepoError::Failed(e.to_string()))?;
+    chio_kernel::canonical::to_canonical(&v).map(String::into_bytes).map_err(|e| RepoError::Failed(format!("{e:?}")))
+}
+
+/// `sha256:` over [`canonical_json`].
+pub fn json_digest(v: &impl Serialize) -> Result<String, RepoError> {
+    Ok(format!("sha256:{}", snapshot::hex_sha256(&canonical_json(v)?)))
 }
 
 /// Host settings of a workspace (not evidence).

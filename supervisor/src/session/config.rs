@@ -6,12 +6,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use chio_cage::Limits;
-use chio_kernel::{canonical, envelope};
+use chio_kernel::envelope;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::repository::snapshot::hex_sha256;
-use crate::repository::workspace::RepoError;
+use crate::repository::workspace::{json_digest, RepoError};
 
 /// Schema of a session configuration.
 pub const CONFIG_SCHEMA: &str = "chio.session.v1";
@@ -146,7 +145,7 @@ impl SessionConfig {
 
     /// The configuration's digest (`sha256:` over its RFC 8785 bytes).
     pub fn digest(&self) -> Result<String, RepoError> {
-        digest_of(self)
+        json_digest(self)
     }
 }
 
@@ -159,17 +158,6 @@ fn check_env_name(what: &str, k: &str) -> Result<(), RepoError> {
     } else {
         Err(usage(format!("{what}: {k:?} is not a variable name")))
     }
-}
-
-/// `sha256:` over the RFC 8785 bytes of a serializable value.
-pub fn digest_of(v: &impl Serialize) -> Result<String, RepoError> {
-    Ok(format!("sha256:{}", hex_sha256(&canonical_bytes(v)?)))
-}
-
-/// RFC 8785 bytes of a serializable value.
-pub fn canonical_bytes(v: &impl Serialize) -> Result<Vec<u8>, RepoError> {
-    let v = serde_json::to_value(v).map_err(|e| RepoError::Failed(e.to_string()))?;
-    canonical::to_canonical(&v).map(String::into_bytes).map_err(|e| RepoError::Failed(format!("{e:?}")))
 }
 
 /// What running the session needs: the exact commands, images, limits and digests. Written at
@@ -274,7 +262,7 @@ pub fn authorization_for(request: &ProvisioningRequest) -> Result<Authorization,
     Ok(Authorization {
         schema: AUTHORIZATION_SCHEMA.into(),
         mode: "enforced".into(),
-        request_sha256: digest_of(request)?,
+        request_sha256: json_digest(request)?,
         request: request.clone(),
     })
 }
@@ -296,8 +284,8 @@ pub fn admit(signed: &[u8], operator_key_hex: &str, request: &ProvisioningReques
             auth.mode
         ));
     }
-    let ours = digest_of(request)?;
-    if auth.request_sha256 != digest_of(&auth.request)? {
+    let ours = json_digest(request)?;
+    if auth.request_sha256 != json_digest(&auth.request)? {
         violations.push("request_sha256 is not the digest of the request it carries".into());
     }
     if auth.request_sha256 != ours {

@@ -201,7 +201,7 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     if value["model"].as_str() != Some(provider.model.as_str()) {
         return Ok((403, error_body(&format!("the session calls model {:?} only", provider.model))));
     }
-    let digest = super::config::digest_of(&value)?;
+    let digest = crate::repository::workspace::json_digest(&value)?;
     let n = j.next;
     if let Some(done) = j.load(n)? {
         if done.request_sha256 != digest {

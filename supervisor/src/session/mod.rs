@@ -198,7 +198,7 @@ fn init_in(state: &Path, r: &InitRequest, config: SessionConfig, task: String) -
         write_durably(&state.join("image-store"), std::path::absolute(&r.image_store)?.as_os_str().as_encoded_bytes())?;
     }
     write_durably(&state.join("task.md"), task.as_bytes())?;
-    write_durably(&state.join("session.json"), &config::canonical_bytes(&config)?)?;
+    write_durably(&state.join("session.json"), &workspace::canonical_json(&config)?)?;
     // Written last, and pretty: the operator reads it before signing.
     let pretty = serde_json::to_vec_pretty(&request).map_err(|e| RepoError::Failed(e.to_string()))?;
     write_durably(&state.join("provisioning-request.json"), &pretty)?;
