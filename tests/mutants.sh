@@ -22,7 +22,8 @@ if [ "${1:-}" = "--e2e" ]; then
     # (with `--test-package chio-tests` alone every mutant would meet the stale-binary guard and
     # count as caught; per-target `--test` filters make cargo refuse packages without those
     # targets). The suite takes about a minute; the auto timeout from the baseline is too short.
-    # CHIO_MUTANTS_FILES narrows the run (e.g. "cage/src/mounts.rs"). The slowest suites are
+    # CHIO_MUTANTS_FILES narrows the run (e.g. "cage/src/mounts.rs"), CHIO_MUTANTS_OUT names its
+    # output directory (so one file's run does not replace another's). The slowest suites are
     # skipped — mini-swe-agent's, the session walkthroughs (the Rust one builds and imports an
     # image), the packaging suite's .deb and systemd-analyze: they drive the same cage for a
     # minute and more a mutant, and a skipped test can only turn a caught mutant into a missed
@@ -34,7 +35,7 @@ if [ "${1:-}" = "--e2e" ]; then
     # shellcheck disable=SC2086
     cargo mutants $files \
         --test-package=chio-cage,chio-cli,chio-tests \
-        --timeout 240 -o target/mutants-e2e -j 1 "$@" -- -- --skip mini_swe_agent_environments \
+        --timeout 240 -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- -- --skip mini_swe_agent_environments \
         --skip walkthrough --skip session_runs_nothing --skip killed_run --skip worker_stopped \
         --skip debian_package --skip systemd_analyze --skip privileged_units_grant
 else

@@ -371,10 +371,33 @@ impl LaunchCgroup {
     }
 }
 
+/// Remove every launch cgroup whose supervisor is gone, in `hierarchy` (a daemon's start-up
+/// recovery; launches sweep their own parent as they go). Returns how many were removed.
+pub fn sweep(hierarchy: &Hierarchy) -> usize {
+    match hierarchy {
+        Hierarchy::V2(root) => sweep_orphans(root),
+        Hierarchy::V1 => {
+            let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+            let mut seen = Vec::new();
+            let mut removed = 0;
+            for c in [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu] {
+                let Ok(mount) = fs::canonicalize(Path::new("/sys/fs/cgroup").join(c.name())) else { continue };
+                let parent = mount.join(own_path_v1(&own, c.name()).unwrap_or_default().trim_start_matches('/'));
+                if !seen.contains(&parent) {
+                    removed += sweep_orphans(&parent);
+                    seen.push(parent);
+                }
+            }
+            removed
+        }
+    }
+}
+
 /// Remove launch cgroups (`chio-<pid>-<random>`) whose supervisor is gone. Normally the janitor
 /// does this the moment a supervisor dies; this catches the case where both were killed.
-fn sweep_orphans(parent: &Path) {
-    let Ok(entries) = fs::read_dir(parent) else { return };
+fn sweep_orphans(parent: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(parent) else { return 0 };
+    let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("chio-")).and_then(|r| r.split('-').next()) else {
@@ -386,9 +409,10 @@ fn sweep_orphans(parent: &Path) {
                 // SAFETY: killing a process left in an orphaned launch cgroup.
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
-            let _ = fs::remove_dir(&dir);
+            removed += usize::from(fs::remove_dir(&dir).is_ok());
         }
     }
+    removed
 }
 
 /// The supervisor's own path in the v1 hierarchy that carries `controller`.

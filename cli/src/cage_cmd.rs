@@ -103,14 +103,14 @@ pub struct RunArgs {
     mode: ModeArg,
     /// Write the launch record (JSON) to FILE.
     #[arg(long, value_name = "FILE")]
-    record: Option<PathBuf>,
+    pub record: Option<PathBuf>,
     /// Print the launch record as one JSON line, the last line on stderr.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     /// Feed chio's stdin to the command through a pipe. Without it the command's stdin is the
     /// cage's /dev/null; it never gets chio's own stdin (a terminal or pipe) itself.
     #[arg(short = 'i', long)]
-    interactive: bool,
+    pub interactive: bool,
     /// Append this launch's enforcement and terminal receipts to this store (needs --kernel-key).
     #[arg(long = "receipt-db", value_name = "DB", requires = "kernel_key")]
     pub receipt_db: Option<PathBuf>,
@@ -136,6 +136,13 @@ pub struct RunArgs {
     /// Let a policy run as uid/gid 0 or on the host's / (recorded in the launch's receipts).
     #[arg(long = "allow-root-policy", requires = "policy")]
     pub allow_root_policy: bool,
+    /// Send the launch to the supervisor daemon listening on SOCKET (as $CHIO_SUPERVISOR):
+    /// same options, output, exit status and record; receipts go to the daemon's store.
+    #[arg(long, value_name = "SOCKET", env = "CHIO_SUPERVISOR", conflicts_with_all = ["receipt_db", "kernel_key"])]
+    pub supervisor: Option<PathBuf>,
+    /// The signed policy and manifest as a supervisor client sent them (read instead of the files).
+    #[arg(skip)]
+    pub documents: Option<(Vec<u8>, Vec<u8>)>,
     /// Command and arguments. With --image they replace the image's Cmd (after its
     /// Entrypoint), as `docker run` does; without one the image's Entrypoint and Cmd run.
     #[arg(last = true, required_unless_present = "image", value_name = "COMMAND")]
@@ -205,8 +212,39 @@ pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
     Ok((planned.plan, planned.image_hold))
 }
 
+/// The parser of `chio cage run`'s flags alone (`args` without the program name).
+pub fn parser() -> clap::Command {
+    use clap::Args;
+    RunArgs::augment_args(clap::Command::new("run")).bin_name("chio cage run")
+}
+
+/// Parse `chio cage run`'s flags (`args` without the program name).
+pub fn parse_args(args: &[OsString]) -> std::result::Result<RunArgs, clap::Error> {
+    use clap::FromArgMatches;
+    let matches = parser().try_get_matches_from(std::iter::once(OsString::from("run")).chain(args.iter().cloned()))?;
+    RunArgs::from_arg_matches(&matches)
+}
+
+/// A launch's exit status, its record (none when it never got to launching) and receipt ids.
+pub struct Launched {
+    /// What `chio cage run` exits with.
+    pub status: i32,
+    /// The launch record.
+    pub record: Option<LaunchRecord>,
+    /// The ids of the receipts written for it.
+    pub receipts: Vec<String>,
+}
+
 /// Run the command; returns the process exit status.
 pub fn run(a: &RunArgs) -> Result<i32> {
+    if let Some(socket) = &a.supervisor {
+        return crate::daemon::client::cage_run(socket, a);
+    }
+    Ok(launch(a)?.status)
+}
+
+/// Launch the command in this process (the one-shot form, and the daemon's launch child).
+pub fn launch(a: &RunArgs) -> Result<Launched> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -217,22 +255,14 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {
         (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
             Ok(planned) => planned,
-            Err(code) => return Ok(code),
+            Err(status) => return Ok(Launched { status, record: None, receipts: Vec::new() }),
         },
         _ => plan_from(a)?,
     };
     if let Some(ws) = &plan.workspace {
         warn_unwritable(ws, plan.uid, plan.gid);
     }
-    // The record file is created before anything runs, like the receipt store: a path that
-    // cannot be written refuses the launch instead of losing the command's exit status after it.
-    let record_file = match &a.record {
-        Some(path) => Some(
-            std::fs::File::create(path)
-                .with_context(|| format!("--record {}: cannot create the record file", path.display()))?,
-        ),
-        None => None,
-    };
+    let record_file = create_record_file(a)?;
     // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
     let mut receipts = match (&a.receipt_db, &a.kernel_key) {
         (Some(db), Some(seed)) => Some(crate::receipt_cmd::LaunchReceipts::open(db, seed)?),
@@ -260,9 +290,13 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     }
     // A receipt that cannot be written never hides the record: it is still printed and saved.
     let mut unrecorded = false;
+    let mut receipt_ids = Vec::new();
     if let Some(r) = receipts.as_mut() {
         match r.finish(&rec, enforced.take()) {
-            Ok(ids) => eprintln!("chio: receipts {}", ids.join(" ")),
+            Ok(ids) => {
+                eprintln!("chio: receipts {}", ids.join(" "));
+                receipt_ids = ids;
+            }
             Err(e) => {
                 let what = match rec.state {
                     State::FullyEnforced | State::NotConfined => "the command ran but its receipts",
@@ -274,7 +308,8 @@ pub fn run(a: &RunArgs) -> Result<i32> {
         }
     }
     report(a, &rec, record_file)?;
-    Ok(if unrecorded { 125 } else { rec.exit_status() })
+    let status = if unrecorded { 125 } else { rec.exit_status() };
+    Ok(Launched { status, record: Some(rec), receipts: receipt_ids })
 }
 
 /// Say before the run when the command's uid and gid cannot write the workspace (the cage has
@@ -300,7 +335,21 @@ fn warn_unwritable(ws: &Path, uid: u32, gid: u32) {
     }
 }
 
-fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {
+/// Create the `--record` file before anything runs: a path that cannot be written refuses the
+/// launch instead of losing the command's exit status after it.
+pub fn create_record_file(a: &RunArgs) -> Result<Option<std::fs::File>> {
+    a.record
+        .as_ref()
+        .map(|path| {
+            std::fs::File::create(path)
+                .with_context(|| format!("--record {}: cannot create the record file", path.display()))
+        })
+        .transpose()
+}
+
+/// Write the record to the `--record` file, say how the launch failed or ran unconfined, and
+/// print the record with `--json` (the last line on stderr).
+pub fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {
     let json = serde_json::to_string(rec)?;
     if let (Some(mut f), Some(path)) = (record_file, &a.record) {
         f.write_all(format!("{json}\n").as_bytes())

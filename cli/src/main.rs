@@ -1,6 +1,7 @@
 //! The `chio` command.
 
 mod cage_cmd;
+mod daemon;
 mod doc_cmd;
 mod image_cmd;
 mod keys_cmd;
@@ -15,7 +16,7 @@ mod units;
 
 use std::ffi::OsString;
 
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// chio: a Linux-native sandbox supervisor with verified launches.
 #[derive(Debug, Parser)]
@@ -69,6 +70,11 @@ enum Command {
         #[command(subcommand)]
         command: session_cmd::SessionCommand,
     },
+    /// The supervisor daemon: the only root process; unprivileged clients launch through it.
+    Supervisor {
+        #[command(subcommand)]
+        command: daemon::SupervisorCommand,
+    },
     /// Host checks for operators: `preflight` (can this host enforce this launch?).
     Security {
         #[command(subcommand)]
@@ -108,10 +114,7 @@ enum CageCommand {
 fn parse() -> Cli {
     let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "cage") && args.get(2).is_some_and(|a| a == "run") {
-        let cmd = cage_cmd::RunArgs::augment_args(clap::Command::new("run"))
-            .bin_name("chio cage run")
-            .about(RUN_ABOUT)
-            .after_help(RUN_EXAMPLE);
+        let cmd = cage_cmd::parser().about(RUN_ABOUT).after_help(RUN_EXAMPLE);
         let matches = cmd.get_matches_from(&args[2..]);
         let run = cage_cmd::RunArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         return Cli { command: Command::Cage { command: CageCommand::Run(Box::new(run)) } };
@@ -133,6 +136,7 @@ fn main() {
         Command::Repository { command } => (repository_cmd::run(command), 1),
         Command::Session { command } => (session_cmd::run(command), 1),
         Command::Security { command } => (security_cmd::run(command), 1),
+        Command::Supervisor { command } => (daemon::run(command), 1),
         Command::Completions { shell } => (meta_cmd::completions(&mut Cli::command(), *shell), 1),
         Command::Internal { command } => (meta_cmd::internal(Cli::command(), command), 1),
     };

@@ -30,7 +30,11 @@ pub struct Checked {
 /// Verify the policy under `signer` and the manifest under the publisher key the policy names
 /// (`manifest_key`, when given, must be that key), then admit the launch `a` asks for.
 pub fn check(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path, manifest_key: Option<&str>) -> Result<Checked> {
-    let p = documents::verify_policy(&crate::doc_cmd::read(policy)?, &crate::receipt_cmd::pinned_key(signer)?)
+    let (policy_bytes, manifest_bytes) = match &a.documents {
+        Some((p, m)) => (p.clone(), m.clone()),
+        None => (crate::doc_cmd::read(policy)?, crate::doc_cmd::read(manifest)?),
+    };
+    let p = documents::verify_policy(&policy_bytes, &crate::receipt_cmd::pinned_key(signer)?)
         .with_context(|| format!("{}", policy.display()))?;
     if let Some(k) = manifest_key {
         let pinned = crate::receipt_cmd::pinned_key(k)?;
@@ -40,7 +44,7 @@ pub fn check(a: &RunArgs, policy: &Path, signer: &str, manifest: &Path, manifest
             p.manifest.publisher_key
         );
     }
-    let (m, digest) = documents::verify_manifest(&crate::doc_cmd::read(manifest)?, &p.manifest.publisher_key)
+    let (m, digest) = documents::verify_manifest(&manifest_bytes, &p.manifest.publisher_key)
         .with_context(|| format!("{}", manifest.display()))?;
     let admitted = match documents::admit(&m, &digest, &p) {
         documents::Admission::Admitted(plan) => {

@@ -395,7 +395,8 @@ pub fn pty() -> (std::fs::File, std::fs::File) {
     }
 }
 
-/// Live cage inits (`chio-init`) whose parent is no longer a `chio` supervisor: leaked cages
+/// Live cage inits (`chio-init`) whose parent is no longer a `chio` supervisor (a one-shot
+/// `chio` or the daemon's `chio-launch`): leaked cages
 /// (a dead one waiting to be reaped by the host's init is not).
 pub fn orphaned_inits() -> Vec<u32> {
     let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -410,7 +411,7 @@ pub fn orphaned_inits() -> Vec<u32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| {
             comm(pid).trim_end() == "chio-init"
-                && ppid(pid).is_some_and(|p| !matches!(comm(p).trim_end(), "chio" | "chio-init"))
+                && ppid(pid).is_some_and(|p| !matches!(comm(p).trim_end(), "chio" | "chio-init" | "chio-launch"))
         })
         .collect()
 }

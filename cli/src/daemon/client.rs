@@ -1,0 +1,157 @@
+//! `chio cage run --supervisor SOCKET`: the same launch, run by the daemon. The client sends its
+//! arguments, environment, signed documents (read with its own rights) and its stdout, stderr,
+//! working directory (and stdin with `-i`) as descriptors; the daemon's launch child writes the
+//! command's output straight to them. The client writes `--record`, prints `--json` and exits
+//! with the launch's status, so the output and status are the one-shot form's.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use chio_cage::LaunchRecord;
+use serde_json::Value;
+
+use super::wire::{self, Documents, Fds, Request};
+use crate::cage_cmd::RunArgs;
+
+/// Flags the client handles itself and never sends (each takes a value but `--json`).
+const CLIENT_FLAGS: [&str; 3] = ["--supervisor", "--record", "--json"];
+
+/// Send the launch `a` (parsed from this process's arguments) to the daemon at `socket`.
+pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
+    let raw: Vec<OsString> = std::env::args_os().skip(3).collect();
+    let args = forwarded(&raw)?;
+    let record_file = crate::cage_cmd::create_record_file(a)?;
+    let documents = match (&a.policy, &a.manifest) {
+        (Some(p), Some(m)) => Some(Documents { policy: read_text(p)?, manifest: read_text(m)? }),
+        _ => None,
+    };
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !k.starts_with("CHIO_"))
+        .collect();
+    let request = Request {
+        id: random_id()?,
+        op: "launch".into(),
+        args,
+        env,
+        documents,
+        fds: Fds { cwd: true, stdin: a.interactive },
+    };
+    let cwd = nix::fcntl::open(
+        ".",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .context("opening the working directory")?;
+    let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
+    let mut fds: Vec<RawFd> = vec![stdout.as_raw_fd(), stderr.as_raw_fd(), cwd.as_raw_fd()];
+    if a.interactive {
+        fds.push(stdin.as_raw_fd());
+    }
+    let answer = exchange(socket, &request, &fds)?;
+    finish(a, &answer, record_file)
+}
+
+/// Send one request with `fds` and read its answer line.
+pub fn exchange(socket: &Path, request: &Request, fds: &[RawFd]) -> Result<Value> {
+    let conn =
+        UnixStream::connect(socket).with_context(|| format!("connecting to the supervisor at {}", socket.display()))?;
+    let mut line = serde_json::to_vec(request)?;
+    line.push(b'\n');
+    // A peer the daemon refuses is answered at once and disconnected: the answer is read
+    // even when sending failed.
+    let sent = wire::send_line(conn.as_fd(), &line, fds);
+    let mut reply = String::new();
+    let read = BufReader::new(&conn).read_line(&mut reply);
+    if reply.is_empty() {
+        sent.with_context(|| format!("sending to the supervisor at {}", socket.display()))?;
+        read.with_context(|| format!("reading the supervisor's answer ({})", socket.display()))?;
+        bail!("the supervisor at {} closed the connection without an answer", socket.display());
+    }
+    serde_json::from_str(&reply).context("the supervisor's answer is not JSON")
+}
+
+fn finish(a: &RunArgs, answer: &Value, record_file: Option<std::fs::File>) -> Result<i32> {
+    if let Some(e) = answer.get("error").and_then(Value::as_str) {
+        eprintln!("chio: the supervisor refused the launch: {e}");
+        return Ok(answer.get("exit_code").and_then(Value::as_i64).map_or(125, |c| c as i32));
+    }
+    let status =
+        answer.get("exit_status").and_then(Value::as_i64).context("the supervisor's answer has no exit_status")?;
+    if let Some(r) = answer.get("record").filter(|r| !r.is_null()) {
+        let rec: LaunchRecord = serde_json::from_value(r.clone()).context("the supervisor's launch record")?;
+        if let (Some(mut f), Some(path)) = (record_file, &a.record) {
+            f.write_all(format!("{}\n", serde_json::to_string(&rec)?).as_bytes())
+                .and_then(|_| f.sync_all())
+                .with_context(|| format!("writing record {}", path.display()))?;
+        }
+        if a.json {
+            eprintln!("{}", serde_json::to_string(&rec)?);
+        }
+    }
+    Ok(status as i32)
+}
+
+/// 128 random bits in hex: request ids never repeat by accident.
+fn random_id() -> Result<String> {
+    let mut b = [0u8; 16];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b).context("/dev/urandom")?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn read_text(p: &Path) -> Result<String> {
+    String::from_utf8(crate::doc_cmd::read(p)?).with_context(|| format!("{} is not UTF-8", p.display()))
+}
+
+/// The arguments to send: ours without the client's own flags, `--policy-signer` as a key.
+fn forwarded(raw: &[OsString]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut it = raw.iter();
+    while let Some(arg) = it.next() {
+        let s = arg.to_str().with_context(|| format!("the argument {arg:?} is not UTF-8"))?;
+        if s == "--" {
+            out.push(s.to_string());
+            for rest in it.by_ref() {
+                out.push(rest.to_str().with_context(|| format!("the argument {rest:?} is not UTF-8"))?.to_string());
+            }
+            break;
+        }
+        let name = s.split_once('=').map_or(s, |(n, _)| n);
+        if CLIENT_FLAGS.contains(&name) {
+            if name != "--json" && !s.contains('=') {
+                it.next();
+            }
+            continue;
+        }
+        if name == "--policy-signer" {
+            let value = match s.split_once('=') {
+                Some((_, v)) => v.to_string(),
+                None => it.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
+            };
+            out.push(format!("--policy-signer={}", crate::receipt_cmd::pinned_key(&value)?));
+            continue;
+        }
+        out.push(s.to_string());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_flags_are_not_forwarded_and_the_command_is_kept_whole() {
+        let raw: Vec<OsString> =
+            ["--supervisor", "/s", "--json", "--record=r.json", "--pids", "8", "--", "sh", "--json", "--record", "x"]
+                .iter()
+                .map(OsString::from)
+                .collect();
+        assert!(crate::cage_cmd::parse_args(&raw).is_ok());
+        assert_eq!(forwarded(&raw).unwrap(), ["--pids", "8", "--", "sh", "--json", "--record", "x"]);
+    }
+}

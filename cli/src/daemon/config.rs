@@ -1,0 +1,194 @@
+//! The daemon's own configuration (`/etc/chio/supervisor.json`): who may connect and as what,
+//! the keys policies must be signed by, the kernel key, the bounds. Nothing a client sends can
+//! change any of it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// The schema name of the configuration file.
+pub const SCHEMA: &str = "chio.supervisor-config.v1";
+
+/// What a connecting peer may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Any `chio cage run` launch, as root could run it (root is always admin).
+    Admin,
+    /// Launches under a signed policy and manifest only, verified under the pinned signers.
+    Launch,
+}
+
+impl Role {
+    /// The role's name in replies and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Launch => "launch",
+        }
+    }
+}
+
+/// A rule mapping a peer's uid or gid to a role.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Client {
+    /// The peer's uid.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// The peer's primary gid (SO_PEERCRED carries only that one).
+    #[serde(default)]
+    pub gid: Option<u32>,
+    /// What it may do.
+    pub role: Role,
+}
+
+/// The configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Must be [`SCHEMA`].
+    pub schema: String,
+    /// Who may connect. Root may always connect, as admin.
+    #[serde(default)]
+    pub clients: Vec<Client>,
+    /// Operator keys (64 hex digits) a launch policy must be signed by.
+    #[serde(default)]
+    pub policy_signers: Vec<String>,
+    /// The kernel's signing seed: every launch's receipts go to the daemon's store under it.
+    #[serde(default)]
+    pub kernel_key: Option<PathBuf>,
+    /// Launches running at once; more wait their turn.
+    #[serde(default = "default_max_launches")]
+    pub max_launches: usize,
+    /// Connections open at once; more are answered with an error and closed.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Seconds a client has to send its request line.
+    #[serde(default = "default_request_timeout_s")]
+    pub request_timeout_s: u64,
+    /// Seconds running launches get to finish after SIGTERM before their cages are killed.
+    #[serde(default = "default_stop_grace_s")]
+    pub stop_grace_s: u64,
+}
+
+fn default_max_launches() -> usize {
+    8
+}
+fn default_max_connections() -> usize {
+    64
+}
+fn default_request_timeout_s() -> u64 {
+    10
+}
+fn default_stop_grace_s() -> u64 {
+    10
+}
+
+impl Default for Config {
+    /// No configuration file: only root may connect; no receipts (said at start-up).
+    fn default() -> Config {
+        Config {
+            schema: SCHEMA.into(),
+            clients: Vec::new(),
+            policy_signers: Vec::new(),
+            kernel_key: None,
+            max_launches: default_max_launches(),
+            max_connections: default_max_connections(),
+            request_timeout_s: default_request_timeout_s(),
+            stop_grace_s: default_stop_grace_s(),
+        }
+    }
+}
+
+impl Config {
+    /// Read and check `path`: it must be a regular file that only root can write.
+    pub fn load(path: &Path) -> Result<Config> {
+        use std::os::unix::fs::MetadataExt;
+        let meta =
+            std::fs::symlink_metadata(path).with_context(|| format!("supervisor configuration {}", path.display()))?;
+        if !meta.is_file() {
+            bail!("supervisor configuration {}: not a regular file", path.display());
+        }
+        if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            bail!(
+                "supervisor configuration {}: owned by uid {} with mode {:o}; it decides who may launch as root, \
+                 so it must be owned by root and writable by nobody else (chown root: and chmod go-w)",
+                path.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            );
+        }
+        let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let c: Config = serde_json::from_slice(&text).with_context(|| format!("{}", path.display()))?;
+        c.check().with_context(|| format!("{}", path.display()))?;
+        Ok(c)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.schema != SCHEMA {
+            bail!("schema {:?}: expected {SCHEMA:?}", self.schema);
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            if c.uid.is_none() == c.gid.is_none() {
+                bail!("clients[{i}]: give exactly one of uid and gid");
+            }
+        }
+        for k in &self.policy_signers {
+            chio_kernel::keys::public_key(k).with_context(|| format!("policy_signers: {k:?} is not a public key"))?;
+        }
+        if self.max_launches == 0 || self.max_connections == 0 || self.request_timeout_s == 0 {
+            bail!("max_launches, max_connections and request_timeout_s must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The role of a peer, or None: not allowed to connect. A uid rule wins over a gid rule.
+    pub fn role_of(&self, uid: u32, gid: u32) -> Option<Role> {
+        if uid == 0 {
+            return Some(Role::Admin);
+        }
+        let by_uid = self.clients.iter().find(|c| c.uid == Some(uid));
+        by_uid.or_else(|| self.clients.iter().find(|c| c.gid == Some(gid))).map(|c| c.role)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Result<Config> {
+        let c: Config = serde_json::from_str(text)?;
+        c.check()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn roles_come_from_uid_then_gid_and_root_is_always_admin() {
+        let c = config(
+            r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1000,"role":"admin"},{"gid":990,"role":"launch"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.role_of(0, 0), Some(Role::Admin));
+        assert_eq!(c.role_of(1000, 990), Some(Role::Admin));
+        assert_eq!(c.role_of(1001, 990), Some(Role::Launch));
+        assert_eq!(c.role_of(1001, 991), None);
+        assert_eq!(Config::default().role_of(1000, 1000), None);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        for bad in [
+            r#"{"schema":"other"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","clients":[{"role":"admin"}]}"#,
+            r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1,"gid":1,"role":"admin"}]}"#,
+            r#"{"schema":"chio.supervisor-config.v1","policy_signers":["zz"]}"#,
+            r#"{"schema":"chio.supervisor-config.v1","max_launches":0}"#,
+            r#"{"schema":"chio.supervisor-config.v1","surprise":1}"#,
+            r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1,"role":"root"}]}"#,
+        ] {
+            assert!(config(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! One launch, in the launch child the launcher forked for it: the client's descriptors become
+//! this process's 0, 1 and 2 (and, for an admin, its working directory), the client's variables
+//! its environment (chio's own `CHIO_*` settings stay the daemon's), and then it is exactly
+//! `chio cage run` with the client's arguments — same parser, same checks, same output — with
+//! the daemon's receipt store and key. The role's limits are applied before anything runs.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use chio_kernel::journal::Begin;
+use chio_kernel::store::Store;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::config::Role;
+use super::wire::Request;
+use crate::cage_cmd::{self, RunArgs};
+
+/// What the daemon hands the launcher for one launch.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Job {
+    /// The journal key: the peer's uid and its request id.
+    pub key: String,
+    /// SHA-256 of the request (a repeated id must carry the same request).
+    pub request_sha256: String,
+    /// The peer's role.
+    pub role: String,
+    /// The peer's uid, for messages.
+    pub uid: u32,
+    /// The request.
+    pub request: Request,
+    /// The daemon's side: nothing here comes from the client.
+    pub daemon: DaemonSide,
+}
+
+/// What the daemon decides about every launch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonSide {
+    /// Imported images.
+    pub state_dir: PathBuf,
+    /// The receipt store (and the journal of requests).
+    pub receipt_db: PathBuf,
+    /// The kernel's signing seed; without one, launches are not receipted.
+    pub kernel_key: Option<PathBuf>,
+    /// Keys a launch policy must be signed by.
+    pub policy_signers: Vec<String>,
+}
+
+/// An answer saying the launch could not be run, with cage run's cage-failure status.
+pub fn failure(why: &str) -> String {
+    json!({"error": why, "exit_code": 125}).to_string()
+}
+
+/// Run the job `text` with the client's descriptors; returns the answer (JSON).
+pub fn run(text: &[u8], client: Vec<OwnedFd>) -> String {
+    let job: Job = match serde_json::from_slice(text) {
+        Ok(j) => j,
+        Err(e) => return failure(&format!("the launcher received a malformed job: {e}")),
+    };
+    if let Err(e) = take_client_side(&job, client) {
+        return failure(&e);
+    }
+    let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
+    let mut a = match cage_cmd::parse_args(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            // clap's own message and usage status, on the client's stderr, as the one-shot form.
+            let _ = e.print();
+            return json!({"exit_status": e.exit_code(), "record": null, "receipts": []}).to_string();
+        }
+    };
+    if let Err(why) = admit(&job, &mut a) {
+        return failure(&why);
+    }
+    journaled(&job, &a)
+}
+
+/// Descriptors and environment: the client's stdout/stderr (and stdin, cwd) become ours.
+fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
+    let want = job.request.fds;
+    if client.len() != want.count() {
+        return Err(format!("the request announced {} descriptors and carried {}", want.count(), client.len()));
+    }
+    let mut it = client.into_iter();
+    let (Some(out), Some(err)) = (it.next(), it.next()) else {
+        return Err("the request carried no stdout and stderr".into());
+    };
+    let cwd = if want.cwd { it.next() } else { None };
+    let stdin = if want.stdin { it.next() } else { None };
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let taken = match &stdin {
+        Some(f) => nix::unistd::dup2_stdin(f),
+        None => nix::unistd::dup2_stdin(&null),
+    };
+    taken
+        .and_then(|_| nix::unistd::dup2_stdout(&out))
+        .and_then(|_| nix::unistd::dup2_stderr(&err))
+        .map_err(|e| format!("taking the client's descriptors: {e}"))?;
+    // Only an admin's relative paths resolve in the client's directory; everyone else's launch
+    // names no host path at all.
+    match (cwd, job.role.as_str()) {
+        (Some(dir), "admin") => {
+            nix::unistd::fchdir(&dir).map_err(|e| format!("the client's working directory: {e}"))?
+        }
+        _ => std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?,
+    }
+    set_environment(&job.request.env, &job.daemon);
+    Ok(())
+}
+
+/// The client's variables, except chio's own settings, which stay the daemon's.
+fn set_environment(client: &[(String, String)], daemon: &DaemonSide) {
+    let ours: Vec<(OsString, OsString)> = std::env::vars_os().filter(|(k, _)| is_chio_setting(k)).collect();
+    for (k, _) in std::env::vars_os() {
+        // SAFETY (set_var/remove_var): the launch child is single-threaded.
+        std::env::remove_var(k);
+    }
+    for (k, v) in client {
+        if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') && !is_chio_setting(k.as_ref()) {
+            std::env::set_var(k, v);
+        }
+    }
+    for (k, v) in ours {
+        std::env::set_var(k, v);
+    }
+    std::env::set_var("CHIO_STATE_DIR", &daemon.state_dir);
+}
+
+fn is_chio_setting(k: &std::ffi::OsStr) -> bool {
+    k.as_encoded_bytes().starts_with(b"CHIO_")
+}
+
+/// What this role may launch, and the daemon's receipts and keys in place of any the client named.
+fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
+    if a.receipt_db.is_some() || a.kernel_key.is_some() {
+        return Err("--receipt-db and --kernel-key: the supervisor records every launch in its own store".into());
+    }
+    if a.record.is_some() || a.json {
+        return Err("--record and --json are the client's to handle (chio cage run --supervisor does)".into());
+    }
+    if job.role == Role::Launch.name() {
+        if a.policy.is_none() {
+            return Err(format!(
+                "uid {} has the launch role: it may only launch under a signed policy (--policy, --policy-signer, --manifest)",
+                job.uid
+            ));
+        }
+        if a.workspace.is_some() || a.state_dir.is_some() || a.allow_root_policy {
+            return Err(format!(
+                "uid {}: --workspace, --state-dir and --allow-root-policy name host paths or widen a policy; \
+                 only the admin role may give them to the supervisor",
+                job.uid
+            ));
+        }
+    }
+    if a.policy.is_some() {
+        let signer = a.policy_signer.clone().unwrap_or_default();
+        if job.daemon.policy_signers.is_empty() {
+            return Err("this supervisor pins no policy signers (policy_signers in its configuration)".into());
+        }
+        if !job.daemon.policy_signers.contains(&signer) {
+            return Err(format!(
+                "the policy signer {signer} is not one this supervisor pins (policy_signers in its configuration)"
+            ));
+        }
+        let Some(d) = &job.request.documents else {
+            return Err("a policy launch through the supervisor carries its signed documents".into());
+        };
+        a.documents = Some((d.policy.clone().into_bytes(), d.manifest.clone().into_bytes()));
+    }
+    if let Some(key) = &job.daemon.kernel_key {
+        a.receipt_db = Some(job.daemon.receipt_db.clone());
+        a.kernel_key = Some(key.clone());
+    }
+    Ok(())
+}
+
+/// Run the launch once per request id: a repeat of a finished request gets its retained answer.
+fn journaled(job: &Job, a: &RunArgs) -> String {
+    let mut store = match Store::open(&job.daemon.receipt_db, true) {
+        Ok(s) => s,
+        Err(e) => return failure(&format!("the supervisor's store {}: {e}", job.daemon.receipt_db.display())),
+    };
+    match store.op_begin_dispatched(&job.key, &job.request_sha256) {
+        Ok(Begin::Proceed) => {}
+        Ok(Begin::Retained(answer)) => return answer,
+        Ok(Begin::Conflict { .. }) => return failure(&format!("request id {:?} was already used for another request", job.request.id)),
+        Ok(Begin::InProgress) => return failure(&format!("request id {:?} is running", job.request.id)),
+        Ok(Begin::OutcomeUnknown) => {
+            return failure(&format!(
+                "request id {:?} was dispatched before the supervisor stopped and its outcome is unknown; it is not run again",
+                job.request.id
+            ))
+        }
+        Err(e) => return failure(&format!("journaling the request: {e}")),
+    }
+    let answer = match cage_cmd::launch(a) {
+        Ok(l) => json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}),
+        Err(e) => {
+            eprintln!("chio: {e:#}");
+            json!({"exit_status": 125, "record": Value::Null, "receipts": []})
+        }
+    }
+    .to_string();
+    if let Err(e) = store.op_complete(&job.key, &answer) {
+        eprintln!("chio: the launch ended but its outcome could not be journaled: {e}");
+    }
+    answer
+}

@@ -1,0 +1,221 @@
+//! The launcher: a single-threaded process forked before the daemon starts its runtime. The
+//! cage's `launch` forks and must not run in a threaded process, so every launch is a child
+//! forked by this process — one child per launch, so launches run side by side. The daemon
+//! talks to it over a SOCK_SEQPACKET pair: `launch` (with the job and the client's descriptors)
+//! and `kill` (stop every launch now); EOF means the daemon is gone: every launch is killed.
+//!
+//! Each launch child dies with the launcher (PDEATHSIG), and each cage with its launch child
+//! (the cage's own PDEATHSIG, PTRACE_O_EXITKILL and janitor): killing this process ends them all.
+
+use std::collections::HashSet;
+use std::io::{self, IoSlice, IoSliceMut, Read, Seek, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{SockFlag, SockType, UnixAddr};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use super::job;
+
+const LAUNCH: &[u8] = b"launch";
+const KILL: &[u8] = b"kill";
+/// Descriptors on one `launch` message: the job, the result pipe and up to four of the client's.
+const MAX_JOB_FDS: usize = 6;
+
+/// The daemon's handle on its launcher.
+pub struct Launcher {
+    sock: OwnedFd,
+    /// The launcher's pid (the daemon reaps it at exit).
+    pub pid: Pid,
+}
+
+/// Fork the launcher. Must be called while the process is single-threaded.
+pub fn spawn() -> io::Result<Launcher> {
+    let (ours, theirs) =
+        socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).map_err(io::Error::from)?;
+    // SAFETY: the caller is single-threaded (checked by the daemon before it starts tokio);
+    // the child runs only `serve`, which never returns.
+    match unsafe { fork() }.map_err(io::Error::from)? {
+        ForkResult::Child => {
+            drop(ours);
+            serve(theirs)
+        }
+        ForkResult::Parent { child } => Ok(Launcher { sock: ours, pid: child }),
+    }
+}
+
+impl Launcher {
+    /// Hand a job to the launcher: `job` (JSON) travels in a memfd, `result` is the
+    /// write end of the pipe the launch child answers on, `client` the client's descriptors.
+    pub fn submit(&self, job: &[u8], result: &OwnedFd, client: &[OwnedFd]) -> io::Result<()> {
+        let memfd = nix::sys::memfd::memfd_create(c"chio-job", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+        let mut f = std::fs::File::from(memfd);
+        f.write_all(job)?;
+        f.rewind()?;
+        let mut fds: Vec<RawFd> = vec![f.as_raw_fd(), result.as_raw_fd()];
+        fds.extend(client.iter().map(|c| c.as_raw_fd()));
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        sendmsg::<UnixAddr>(self.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
+        Ok(())
+    }
+
+    /// Kill every running launch (their cages die with them).
+    pub fn kill_all(&self) -> io::Result<()> {
+        sendmsg::<UnixAddr>(self.sock.as_raw_fd(), &[IoSlice::new(KILL)], &[], MsgFlags::MSG_NOSIGNAL, None)?;
+        Ok(())
+    }
+}
+
+/// The launcher's loop. Never returns.
+fn serve(sock: OwnedFd) -> ! {
+    set_name(c"chio-launcher");
+    // SAFETY: prctl with plain integer arguments; the launcher dies with the daemon.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    // Systemd's stop (KillMode=mixed) and a terminal's ^C reach the daemon, which decides.
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: setting a disposition to SIG_IGN installs no handler.
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
+    }
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let sfd =
+        chld.thread_block().and_then(|_| SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK));
+    let Ok(sfd) = sfd else {
+        // SAFETY: leaving without running the daemon's destructors.
+        unsafe { libc::_exit(1) }
+    };
+    let mut running: HashSet<Pid> = HashSet::new();
+    loop {
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        if fds[1].any().unwrap_or(false) {
+            while let Ok(Some(_)) = sfd.read_signal() {}
+            reap(&mut running, WaitPidFlag::WNOHANG);
+        }
+        if !fds[0].any().unwrap_or(false) {
+            continue;
+        }
+        match receive(&sock) {
+            Ok(Message::Launch(fds)) => {
+                if let Some(pid) = start(fds, &sock, &sfd, &chld) {
+                    running.insert(pid);
+                }
+            }
+            Ok(Message::Kill) => kill(&running),
+            Ok(Message::Other) => {}
+            Err(_) => {
+                // The daemon is gone: nothing may outlive it.
+                kill(&running);
+                reap(&mut running, WaitPidFlag::empty());
+                // SAFETY: leaving without running the daemon's destructors.
+                unsafe { libc::_exit(0) }
+            }
+        }
+    }
+}
+
+enum Message {
+    Launch(Vec<OwnedFd>),
+    Kill,
+    Other,
+}
+
+fn receive(sock: &OwnedFd) -> io::Result<Message> {
+    let mut buf = [0u8; 16];
+    let mut space = nix::cmsg_space!([RawFd; MAX_JOB_FDS]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    if msg.bytes == 0 {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+    }
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = c {
+            // SAFETY: the kernel just installed these descriptors in our table; we own them.
+            fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    let bytes = msg.bytes;
+    Ok(match &buf[..bytes] {
+        LAUNCH if fds.len() >= 2 => Message::Launch(fds),
+        KILL => Message::Kill,
+        _ => Message::Other,
+    })
+}
+
+/// Fork the launch child for one job; the launcher keeps none of its descriptors.
+fn start(fds: Vec<OwnedFd>, sock: &OwnedFd, sfd: &SignalFd, blocked: &SigSet) -> Option<Pid> {
+    // SAFETY: the launcher is single-threaded; the child runs `launch_child`, which never returns.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            // SAFETY: closing the launcher's own descriptors in the child; prctl with integers.
+            unsafe {
+                libc::close(sock.as_raw_fd());
+                libc::close(sfd.as_raw_fd());
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            }
+            let _ = blocked.thread_unblock();
+            for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+                // SAFETY: restoring the default disposition installs no handler.
+                let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+            }
+            set_name(c"chio-launch");
+            launch_child(fds)
+        }
+        Ok(ForkResult::Parent { child }) => Some(child),
+        // No child: the result pipe closes with `fds` here, and the daemon answers the client.
+        Err(_) => None,
+    }
+}
+
+fn launch_child(mut fds: Vec<OwnedFd>) -> ! {
+    let client = fds.split_off(2);
+    let (job_fd, result_fd) = match (fds.pop(), fds.pop()) {
+        (Some(result), Some(job)) => (job, result),
+        // SAFETY: leaving without running the daemon's destructors.
+        _ => unsafe { libc::_exit(1) },
+    };
+    let mut text = Vec::new();
+    let answer = match std::fs::File::from(job_fd).read_to_end(&mut text) {
+        Ok(_) => job::run(&text, client),
+        Err(e) => job::failure(&format!("reading the job: {e}")),
+    };
+    let mut out = std::fs::File::from(result_fd);
+    let _ = out.write_all(answer.as_bytes());
+    drop(out);
+    let _ = io::stdout().flush();
+    let _ = io::stderr().flush();
+    // SAFETY: leaving without running the launcher's destructors.
+    unsafe { libc::_exit(0) }
+}
+
+fn kill(running: &HashSet<Pid>) {
+    for &pid in running {
+        // The pid is ours and not reaped yet, so it cannot name another process.
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+}
+
+fn reap(running: &mut HashSet<Pid>, flags: WaitPidFlag) {
+    while !running.is_empty() {
+        match waitpid(None, Some(flags)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(s) => {
+                if let Some(pid) = s.pid() {
+                    running.remove(&pid);
+                }
+            }
+        }
+    }
+}
+
+fn set_name(name: &std::ffi::CStr) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}

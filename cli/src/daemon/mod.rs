@@ -1,0 +1,149 @@
+//! `chio supervisor serve`: the privileged supervisor daemon, the only chio process that runs as
+//! root. Clients connect to its Unix socket and are given a role by their peer credentials;
+//! launches run in children of a single-threaded launcher forked before the I/O runtime starts.
+//! It holds the kernel key and the receipt store, recovers what a previous daemon left, and
+//! only then says READY=1.
+
+pub mod client;
+pub mod config;
+pub mod job;
+pub mod launcher;
+mod server;
+pub mod wire;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+
+use config::Config;
+use job::DaemonSide;
+
+/// Where the daemon listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/chio/supervisor.sock";
+/// The daemon's configuration unless told otherwise (absent: only root may connect).
+pub const DEFAULT_CONFIG: &str = "/etc/chio/supervisor.json";
+
+/// `chio supervisor …`.
+#[derive(Debug, Subcommand)]
+pub enum SupervisorCommand {
+    /// Run the supervisor daemon in the foreground (systemd: Type=notify).
+    #[command(
+        after_help = "Example:\n  chio supervisor serve --socket /run/chio/supervisor.sock --config /etc/chio/supervisor.json"
+    )]
+    Serve(ServeArgs),
+}
+
+/// Flags of `chio supervisor serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The Unix socket to listen on (mode 0660, group chio when that group exists).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// The daemon's configuration (default /etc/chio/supervisor.json when it exists; without
+    /// one only root may connect and launches are not receipted).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// State directory: imported images, the receipt store (default $CHIO_STATE_DIR or /var/lib/chio).
+    #[arg(long = "state-dir", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Run `chio supervisor …`.
+pub fn run(cmd: &SupervisorCommand) -> Result<i32> {
+    match cmd {
+        SupervisorCommand::Serve(a) => serve(a),
+    }
+}
+
+fn serve(a: &ServeArgs) -> Result<i32> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "chio supervisor serve needs root: it builds every cage (run it from chio-supervisor.service or with sudo)"
+        );
+    }
+    let config = match &a.config {
+        Some(path) => Config::load(path)?,
+        None if Path::new(DEFAULT_CONFIG).exists() => Config::load(Path::new(DEFAULT_CONFIG))?,
+        None => {
+            eprintln!("chio supervisor: no configuration ({DEFAULT_CONFIG} is absent): only root may connect, launches are not receipted");
+            Config::default()
+        }
+    };
+    let state_dir = crate::image_cmd::state_dir(&a.state_dir);
+    std::fs::create_dir_all(&state_dir).with_context(|| format!("state directory {}", state_dir.display()))?;
+    let daemon = DaemonSide {
+        receipt_db: state_dir.join("receipts.db"),
+        state_dir,
+        kernel_key: config.kernel_key.clone(),
+        policy_signers: config.policy_signers.clone(),
+    };
+    if let Some(seed) = &daemon.kernel_key {
+        // A bad key or a foreign store stops the daemon here, not each launch later.
+        crate::receipt_cmd::LaunchReceipts::open(&daemon.receipt_db, seed)?;
+    }
+    let (unknown, cgroups) = recover(&daemon.receipt_db)?;
+    eprintln!(
+        "chio supervisor: recovered: {unknown} launch(es) dispatched without an outcome are outcome_unknown, {cgroups} cgroup(s) removed"
+    );
+    let listener = listen(&a.socket)?;
+    single_threaded()?;
+    let launcher = launcher::spawn().context("forking the launcher")?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
+    let launcher_pid = launcher.pid;
+    let code = rt.block_on(server::run(listener, &a.socket, config, daemon, launcher));
+    // Dropping the runtime drops the last handle on the launcher's socket: it kills whatever
+    // still runs and exits.
+    drop(rt);
+    let _ = nix::sys::wait::waitpid(launcher_pid, None);
+    let _ = std::fs::remove_file(&a.socket);
+    code
+}
+
+/// What a previous daemon left: dispatched launches without an outcome, launch cgroups. The
+/// cages themselves died with it (each launch's processes die with their launch child).
+fn recover(receipt_db: &Path) -> Result<(usize, usize)> {
+    let mut store = chio_kernel::store::Store::open(receipt_db, true)
+        .with_context(|| format!("the supervisor's store {}", receipt_db.display()))?;
+    let (unknown, _) = store.op_recover().context("recovering the request journal")?;
+    let v2_root = std::env::var_os("CHIO_CGROUP_V2_ROOT").map(PathBuf::from);
+    let hierarchy = chio_cage::cgroup::Hierarchy::detect(v2_root.as_deref());
+    Ok((unknown, chio_cage::cgroup::sweep(&hierarchy)))
+}
+
+/// Bind the socket: a stale socket from a dead daemon is replaced, anything else is refused.
+fn listen(path: &Path) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                bail!("{}: another supervisor is listening there", path.display());
+            }
+            std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+        }
+        Ok(_) => bail!("{}: exists and is not a socket; refusing to replace it", path.display()),
+        Err(_) => {}
+    }
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+    let group = nix::unistd::Group::from_name("chio").ok().flatten().map(|g| g.gid);
+    std::os::unix::fs::chown(path, Some(0), group.map(|g| g.as_raw()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// The launcher must be forked from a single-threaded process.
+fn single_threaded() -> Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
+    if threads != Some("1") {
+        bail!("the supervisor must fork its launcher single-threaded (Threads: {threads:?})");
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! The daemon's I/O: accept, map the peer to a role, read one request line (bounded in size and
+//! time) with its descriptors, hand launches to the launcher, answer. A launch holds a slot of
+//! `max_launches`; a connection a slot of `max_connections`, and one that cannot get one is
+//! answered and closed — a slow or hostile client only ever holds its own slots.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Semaphore;
+
+use super::config::{Config, Role};
+use super::job::{DaemonSide, Job};
+use super::launcher::Launcher;
+use super::wire::{self, Request, MAX_FDS, MAX_REQUEST_BYTES};
+
+/// The longest answer a launch child may give (a launch record is a few KiB).
+const MAX_ANSWER_BYTES: u64 = 4 << 20;
+
+struct Shared {
+    config: Config,
+    daemon: DaemonSide,
+    launcher: Launcher,
+    launches: Semaphore,
+    connections: Arc<Semaphore>,
+    running: AtomicUsize,
+}
+
+/// Serve until SIGTERM or SIGINT; then stop accepting, give running launches the stop grace,
+/// and kill what is left.
+pub async fn run(
+    listener: std::os::unix::net::UnixListener,
+    path: &Path,
+    config: Config,
+    daemon: DaemonSide,
+    launcher: Launcher,
+) -> Result<i32> {
+    let listener = UnixListener::from_std(listener)?;
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let shared = Arc::new(Shared {
+        launches: Semaphore::new(config.max_launches),
+        connections: Arc::new(Semaphore::new(config.max_connections)),
+        running: AtomicUsize::new(0),
+        config,
+        daemon,
+        launcher,
+    });
+    eprintln!("chio supervisor: listening on {}", path.display());
+    chio_supervisor::service::notify(&format!("READY=1\nSTATUS=listening on {}", path.display()));
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => { tokio::spawn(connection(shared.clone(), stream)); }
+                Err(e) => eprintln!("chio supervisor: accept: {e}"),
+            },
+        }
+    }
+    drop(listener);
+    let _ = std::fs::remove_file(path);
+    let grace = Duration::from_secs(shared.config.stop_grace_s);
+    let running = shared.running.load(Ordering::SeqCst);
+    chio_supervisor::service::notify(&format!("STOPPING=1\nSTATUS=stopping: {running} launch(es) running"));
+    eprintln!("chio supervisor: stopping: {running} launch(es) get {} s to finish", grace.as_secs());
+    if !drained(&shared, grace).await {
+        eprintln!("chio supervisor: the stop grace is over: killing the launches still running");
+        shared.launcher.kill_all()?;
+        drained(&shared, Duration::from_secs(5)).await;
+    }
+    Ok(0)
+}
+
+async fn drained(s: &Shared, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while s.running.load(Ordering::SeqCst) > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+fn refusal(id: Option<&str>, why: String, exit_code: i32) -> Value {
+    json!({"id": id, "error": why, "exit_code": exit_code})
+}
+
+async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
+    let Ok(_slot) = s.connections.clone().try_acquire_owned() else {
+        let why = format!("the supervisor is serving its limit of {} connections; try again", s.config.max_connections);
+        let _ = reply(&mut stream, &refusal(None, why, 75)).await;
+        return;
+    };
+    let (uid, gid) = match stream.peer_cred() {
+        Ok(c) => (c.uid(), c.gid()),
+        Err(e) => return eprintln!("chio supervisor: peer credentials: {e}"),
+    };
+    let Some(role) = s.config.role_of(uid, gid) else {
+        let why = format!(
+            "uid {uid} (gid {gid}) may not use this supervisor: it is not among the clients of its configuration \
+             ({}; without one only root may connect)",
+            super::DEFAULT_CONFIG
+        );
+        let _ = reply(&mut stream, &refusal(None, why, 77)).await;
+        return;
+    };
+    let timeout = Duration::from_secs(s.config.request_timeout_s);
+    loop {
+        let (line, fds) = match tokio::time::timeout(timeout, read_request(&stream)).await {
+            Ok(Ok(Some(got))) => got,
+            Ok(Ok(None)) => return,
+            Ok(Err(why)) => return drop(reply(&mut stream, &refusal(None, why, 2)).await),
+            Err(_) => {
+                let why = format!("no complete request within {} s", timeout.as_secs());
+                return drop(reply(&mut stream, &refusal(None, why, 2)).await);
+            }
+        };
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(r) => r,
+            Err(e) => return drop(reply(&mut stream, &refusal(None, format!("not a request: {e}"), 2)).await),
+        };
+        let answer = answer(&s, req, fds, uid, role).await;
+        if reply(&mut stream, &answer).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Value {
+    if req.id.is_empty()
+        || req.id.len() > 128
+        || !req.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return refusal(None, "a request id is 1–128 characters of [A-Za-z0-9._-]".into(), 2);
+    }
+    let id = req.id.clone();
+    let mut v = match req.op.as_str() {
+        "ping" if fds.is_empty() => json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}),
+        "launch" if fds.len() == req.fds.count() => launch(s, req, fds, uid, role).await,
+        "ping" | "launch" => refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2),
+        other => refusal(None, format!("unknown operation {other:?} (ping, launch)"), 2),
+    };
+    v["id"] = json!(id);
+    v
+}
+
+async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Value {
+    let Ok(_slot) = s.launches.acquire().await else {
+        return refusal(None, "the supervisor is stopping".into(), 75);
+    };
+    s.running.fetch_add(1, Ordering::SeqCst);
+    let answer = dispatch(s, req, fds, uid, role).await;
+    s.running.fetch_sub(1, Ordering::SeqCst);
+    answer.unwrap_or_else(|why| refusal(None, why, 125))
+}
+
+async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Result<Value, String> {
+    let digest = chio_kernel::canonical::to_canonical(&serde_json::to_value(&req).map_err(|e| e.to_string())?)
+        .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
+        .map_err(|e| e.to_string())?;
+    let job = Job {
+        key: format!("supervisor:{uid}:{}", req.id),
+        request_sha256: digest,
+        role: role.name().into(),
+        uid,
+        request: req,
+        daemon: s.daemon.clone(),
+    };
+    let text = serde_json::to_vec(&job).map_err(|e| e.to_string())?;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    s.launcher.submit(&text, &write, &fds).map_err(|e| format!("handing the launch to the launcher: {e}"))?;
+    // Only the launch child holds the write end now: EOF is its answer, or its death.
+    drop((write, fds));
+    let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read).map_err(|e| format!("answer pipe: {e}"))?;
+    let mut bytes = Vec::new();
+    (&mut rx)
+        .take(MAX_ANSWER_BYTES)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| format!("reading the launch's answer: {e}"))?;
+    if bytes.is_empty() {
+        return Err(format!(
+            "the launch of {} ended without an answer: its cage was killed (the supervisor is stopping) or its launch process failed",
+            job.key
+        ));
+    }
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("the launch's answer is not JSON: {e}"))?;
+    let state = v.pointer("/record/state").and_then(Value::as_str).unwrap_or("-");
+    eprintln!(
+        "chio supervisor: {} role {} exit {} state {state}",
+        job.key,
+        job.role,
+        v.get("exit_status").or(v.get("exit_code")).unwrap_or(&Value::Null)
+    );
+    Ok(v)
+}
+
+/// Read one request line and the descriptors that came with it. None: the peer closed cleanly.
+async fn read_request(stream: &UnixStream) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>, String> {
+    let mut line = Vec::new();
+    let mut fds = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        stream.readable().await.map_err(|e| e.to_string())?;
+        let n = match stream.try_io(Interest::READABLE, || wire::recv_some(stream.as_raw_fd(), &mut buf, &mut fds)) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        if fds.len() > MAX_FDS {
+            return Err(format!("more than {MAX_FDS} descriptors on one request"));
+        }
+        if n == 0 {
+            return if line.is_empty() && fds.is_empty() { Ok(None) } else { Err("the request ended mid-line".into()) };
+        }
+        line.extend_from_slice(&buf[..n]);
+        if let Some(end) = line.iter().position(|&b| b == b'\n') {
+            if end + 1 != line.len() {
+                return Err("one request at a time: wait for each answer before sending the next".into());
+            }
+            line.truncate(end);
+            return Ok(Some((line, fds)));
+        }
+        if line.len() > MAX_REQUEST_BYTES {
+            return Err(format!("the request is longer than {MAX_REQUEST_BYTES} bytes"));
+        }
+    }
+}
+
+async fn reply(stream: &mut UnixStream, v: &Value) -> std::io::Result<()> {
+    let mut line = v.to_string().into_bytes();
+    line.push(b'\n');
+    match tokio::time::timeout(Duration::from_secs(10), stream.write_all(&line)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+    }
+}

@@ -1,0 +1,421 @@
+//! `chio supervisor serve`: launches through the daemon are the one-shot form's (output, status,
+//! record), peers get the role their credentials map to, the launch role runs only signed
+//! policies under the daemon's pinned signers, every launch is receipted in the daemon's store,
+//! hostile requests are answered without stalling anyone, a SIGKILLed daemon leaves nothing
+//! behind and its launch becomes outcome_unknown, and SIGTERM gives launches their grace.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use chio_tests::{chio_bin, orphaned_inits, privileged, processes_tagged, signed_launch, wait_gone, Scratch};
+use serde_json::{json, Value};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+fn chio() -> PathBuf {
+    chio_bin(&PathBuf::from(PROBE))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Start a daemon on `dir` (socket, state, log) with `config`; its socket is opened to
+    /// everyone so that the daemon's own credential check is what a stranger meets.
+    fn start(dir: &Scratch, config: Value) -> Daemon {
+        let conf = dir.join("supervisor.json");
+        std::fs::write(&conf, config.to_string()).unwrap();
+        let (socket, log) = (dir.join("s.sock"), dir.join("daemon.log"));
+        let before = std::fs::read_to_string(&log).unwrap_or_default().matches("listening on").count();
+        let child = Command::new(chio())
+            .args([
+                "supervisor",
+                "serve",
+                "--socket",
+                s(&socket),
+                "--state-dir",
+                s(&dir.join("state")),
+                "--config",
+                s(&conf),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Daemon { child, socket, log };
+        let until = Instant::now() + Duration::from_secs(10);
+        while d.log().matches("listening on").count() <= before {
+            assert!(Instant::now() < until, "the daemon did not start: {}", d.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        d
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// `chio cage run --supervisor` with `args`, as `uid` (None: root), stdin from `input`.
+    fn run(&self, uid: Option<u32>, args: &[&str], input: Option<&str>) -> Output {
+        let mut c = Command::new(chio());
+        c.args(["cage", "run", "--supervisor", s(&self.socket)]).args(args);
+        if let Some(u) = uid {
+            c.uid(u).gid(u);
+        }
+        c.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        if let Some(text) = input {
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// The daemon's open descriptors (what each points at).
+    fn fds(&self) -> Vec<String> {
+        let dir = format!("/proc/{}/fd", self.pid());
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{} -> {}",
+                    e.file_name().to_string_lossy(),
+                    std::fs::read_link(e.path()).unwrap_or_default().display()
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The record printed by `--json`: the last line on stderr.
+fn record(out: &Output) -> Value {
+    let err = text(&out.stderr);
+    serde_json::from_str(err.lines().last().unwrap_or_default()).unwrap_or_else(|_| panic!("no record: {err}"))
+}
+
+fn config(extra: Value) -> Value {
+    let mut c = json!({"schema": "chio.supervisor-config.v1"});
+    c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    c
+}
+
+#[test]
+fn a_launch_through_the_daemon_is_the_one_shot_launch() {
+    if !privileged("daemon_one_shot") {
+        return;
+    }
+    let dir = Scratch::new("daemon-same");
+    let d = Daemon::start(&dir, config(json!({})));
+    let argv = ["--json", "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 3"];
+    let via = d.run(None, &argv, None);
+    let mut direct = Command::new(chio());
+    let direct = direct.args(["cage", "run"]).args(argv).stdin(Stdio::null()).output().unwrap();
+    assert_eq!((via.status.code(), text(&via.stdout)), (Some(3), "out\n".into()), "{}", text(&via.stderr));
+    assert_eq!((via.status.code(), text(&via.stdout)), (direct.status.code(), text(&direct.stdout)));
+    assert_eq!(text(&via.stderr).lines().next(), Some("err"));
+    let (rv, rd) = (record(&via), record(&direct));
+    assert_eq!(rv["state"], "FullyEnforced");
+    for k in ["state", "argv", "namespaces", "limits", "mode"] {
+        assert_eq!(rv[k], rd[k], "{k}");
+    }
+    assert_eq!(rv["observed"]["fds"], json!([0, 1, 2]));
+    // The launch ran in a child of the daemon's launcher, not in a process of the client's.
+    let own = |r: &Value| r["cgroup"]["paths"][0].as_str().unwrap().rsplit('-').nth(1).unwrap().to_string();
+    assert_ne!(own(&rv), own(&rd));
+    // -i gives the command the client's stdin; --record is written by the client.
+    let rec = dir.join("record.json");
+    let out = d.run(None, &["-i", "--record", s(&rec), "--", "/bin/cat"], Some("fed through\n"));
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "fed through\n".into()), "{}", text(&out.stderr));
+    let written: Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
+    assert_eq!(written["state"], "FullyEnforced");
+    // A relative path resolves in the client's directory, as in the one-shot form.
+    std::fs::create_dir(dir.join("ws")).unwrap();
+    std::fs::write(dir.join("ws/marker"), "here\n").unwrap();
+    let mut c = Command::new(chio());
+    c.current_dir(&dir.0).args([
+        "cage",
+        "run",
+        "--supervisor",
+        s(&d.socket),
+        "--workspace",
+        "ws",
+        "--",
+        "/bin/cat",
+        "marker",
+    ]);
+    let out = c.stdin(Stdio::null()).output().unwrap();
+    assert_eq!(text(&out.stdout), "here\n", "{}", text(&out.stderr));
+    // The daemon's store is the receipt store: the client may not name another.
+    let out = d.run(None, &["--receipt-db", "x.db", "--kernel-key", "k", "--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
+fn peers_get_the_role_their_credentials_map_to() {
+    if !privileged("daemon_roles") {
+        return;
+    }
+    let dir = Scratch::new("daemon-roles");
+    let d = Daemon::start(&dir, config(json!({"clients": [{"uid": 65533, "role": "launch"}]})));
+    // A stranger reaches the daemon (the socket is open to all here) and is refused by it.
+    let out = d.run(Some(65534), &["--", "/bin/true"], None);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(77), "{err}");
+    assert!(err.contains("uid 65534 (gid 65534) may not use this supervisor"), "{err}");
+    // The launch role may not launch anything but a signed policy.
+    let out = d.run(Some(65533), &["--", "/bin/true"], None);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("uid 65533 has the launch role: it may only launch under a signed policy"), "{err}");
+    // Control: root, mapped to admin, runs the same command.
+    assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
+}
+
+#[test]
+fn the_launch_role_runs_signed_policies_under_the_pinned_signers_and_every_launch_is_receipted() {
+    if !privileged("daemon_policy") {
+        return;
+    }
+    let argv = ["/probe", "euid"];
+    let p = signed_launch(Path::new(PROBE), &argv, 65534, "enforced");
+    let operator = std::fs::read_to_string(&p.operator).unwrap().trim().to_string();
+    let kernel_key = p.dir.join("operator/signing.seed");
+    let dir = Scratch::new("daemon-policy");
+    let conf =
+        json!({"clients": [{"uid": 65533, "role": "launch"}], "policy_signers": [operator], "kernel_key": kernel_key});
+    let d = Daemon::start(&dir, config(conf));
+    let policy = |signer: &str, extra: &[&'static str], command: &[&'static str]| -> Vec<String> {
+        let mut v: Vec<String> =
+            ["--json", "--policy", s(&p.policy), "--policy-signer", signer, "--manifest", s(&p.manifest)]
+                .iter()
+                .map(|x| x.to_string())
+                .collect();
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v.push("--".into());
+        v.extend(command.iter().map(|x| x.to_string()));
+        v
+    };
+    let strs = |v: &[String]| -> Vec<String> { v.to_vec() };
+    let run = |args: Vec<String>| d.run(Some(65533), &args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    let out = run(strs(&policy(&operator, &[], &argv)));
+    let err = text(&out.stderr);
+    assert_eq!(record(&out)["state"], "FullyEnforced", "{err}");
+    assert!(text(&out.stdout).contains("euid is 65534"), "{}", text(&out.stdout));
+    assert_eq!(record(&out)["annotations"]["policy.id"], "probe-policy");
+    assert!(err.contains("chio: receipts "), "{err}");
+    let store = chio_kernel::store::Store::open_read_only(&dir.join("state/receipts.db")).unwrap();
+    assert_eq!(store.count().unwrap(), 2, "enforcement and terminal receipts in the daemon's store");
+    // Another argv: refused by admission, with a denial receipt in the daemon's store.
+    let out = run(strs(&policy(&operator, &[], &["/probe", "caps"])));
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is not the admitted argv"), "{}", text(&out.stderr));
+    assert_eq!(store.count().unwrap(), 3);
+    // A signer the daemon does not pin is refused, whatever the client names.
+    let other = Scratch::new("daemon-other-key");
+    let key = other.join("k");
+    assert!(Command::new(chio()).args(["keys", "generate", "--out", s(&key)]).output().unwrap().status.success());
+    let other_key = std::fs::read_to_string(key.join("public.key")).unwrap().trim().to_string();
+    let out = run(strs(&policy(&other_key, &[], &argv)));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("is not one this supervisor pins"), "{}", text(&out.stderr));
+    // Host paths are the admin's to give.
+    let out = run(strs(&policy(&operator, &["--workspace", "/root"], &argv)));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("only the admin role may give them"), "{}", text(&out.stderr));
+    assert_eq!(store.count().unwrap(), 3, "refusals before admission write no receipt");
+}
+
+/// One raw request line on a fresh connection; the answer line (read even when sending failed).
+fn raw(socket: &Path, bytes: &[u8]) -> Value {
+    let mut c = UnixStream::connect(socket).unwrap();
+    let _ = c.write_all(bytes);
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|_| panic!("not an answer: {line:?}"))
+}
+
+#[test]
+fn hostile_requests_are_answered_and_stall_no_one() {
+    if !privileged("daemon_hostile") {
+        return;
+    }
+    let dir = Scratch::new("daemon-hostile");
+    let d = Daemon::start(&dir, config(json!({"max_connections": 2, "request_timeout_s": 1})));
+    let ping = br#"{"id":"p1","op":"ping"}"#.to_vec();
+    assert_eq!(raw(&d.socket, &[&ping[..], b"\n"].concat())["role"], "admin");
+    assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
+    let fds = d.fds();
+    for (bytes, says) in [
+        (b"garbage\n".to_vec(), "not a request"),
+        (br#"{"id":"x","op":"format-disk"}"#.iter().chain(b"\n").copied().collect(), "unknown operation"),
+        (
+            br#"{"id":"x","op":"launch","args":["--","/bin/true"]}"#.iter().chain(b"\n").copied().collect(),
+            "descriptors do not match",
+        ),
+        (br#"{"id":"../x","op":"ping"}"#.iter().chain(b"\n").copied().collect(), "request id"),
+        (vec![b'x'; (1 << 20) + (64 << 10) * 2], "longer than"),
+    ] {
+        let answer = raw(&d.socket, &bytes);
+        assert!(answer["error"].as_str().unwrap().contains(says), "{answer}");
+    }
+    // Two idle clients hold both connection slots: a third is answered at once, not queued…
+    let idle: Vec<UnixStream> = (0..2).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let answer = raw(&d.socket, &[&ping[..], b"\n"].concat());
+    assert!(answer["error"].as_str().unwrap().contains("limit of 2 connections"), "{answer}");
+    // …and the idle ones are dropped after the request timeout, freeing them.
+    for mut c in idle {
+        let mut s = String::new();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.read_to_string(&mut s).unwrap();
+        assert!(s.contains("no complete request within 1 s"), "{s}");
+    }
+    assert_eq!(raw(&d.socket, &[&ping[..], b"\n"].concat())["role"], "admin");
+    assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
+    // (The last connection's descriptor is closed just after its answer.)
+    let until = Instant::now() + Duration::from_secs(2);
+    while d.fds() != fds && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(d.fds(), fds, "the daemon holds no descriptor of a finished request");
+}
+
+#[test]
+fn a_killed_daemon_leaves_nothing_behind_and_its_launch_is_outcome_unknown() {
+    if !privileged("daemon_killed") {
+        return;
+    }
+    let dir = Scratch::new("daemon-killed");
+    let mut d = Daemon::start(&dir, config(json!({})));
+    let tag = format!("daemon-killed-{}", std::process::id());
+    let mut client = Command::new(chio());
+    client.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &format!("sleep 30; : {tag}")]);
+    let client = client.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while processes_tagged(&tag).iter().all(|&p| !is_sh(p)) {
+        assert!(Instant::now() < until, "the launch did not start: {}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.signal(libc::SIGKILL);
+    let _ = d.child.wait();
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("closed the connection without an answer"), "{}", text(&out.stderr));
+    assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new(), "the cage died with the daemon");
+    assert_eq!(orphaned_inits(), Vec::<u32>::new());
+    let restarted = Daemon::start(&dir, config(json!({})));
+    assert!(
+        restarted.log().contains("recovered: 1 launch(es) dispatched without an outcome are outcome_unknown"),
+        "{}",
+        restarted.log()
+    );
+    let launch_cgroups = |pid: u32| -> Vec<PathBuf> {
+        let mut left = Vec::new();
+        for c in ["pids", "memory", "cpu", "cpuacct"] {
+            let root = Path::new("/sys/fs/cgroup").join(c);
+            let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+            let rel = own
+                .lines()
+                .find_map(|l| {
+                    l.split_once(':')
+                        .and_then(|(_, r)| r.split_once(':'))
+                        .filter(|(cs, _)| cs.split(',').any(|x| x == c))
+                        .map(|(_, p)| p.to_string())
+                })
+                .unwrap_or_default();
+            for e in std::fs::read_dir(root.join(rel.trim_start_matches('/'))).into_iter().flatten().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with(&format!("chio-{}-", d.pid())) {
+                    left.push(e.path());
+                }
+            }
+        }
+        left
+    };
+    assert_eq!(
+        launch_cgroups(restarted.pid()),
+        Vec::<PathBuf>::new(),
+        "no launch cgroup of the killed daemon's launches"
+    );
+}
+
+fn is_sh(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| matches!(c.trim_end(), "sleep" | "sh" | "dash"))
+}
+
+#[test]
+fn sigterm_gives_running_launches_the_grace_then_kills_their_cages() {
+    if !privileged("daemon_sigterm") {
+        return;
+    }
+    let dir = Scratch::new("daemon-term");
+    let d = Daemon::start(&dir, config(json!({"stop_grace_s": 2})));
+    let tag = format!("daemon-term-{}", std::process::id());
+    let spawn = |script: String| {
+        let mut c = Command::new(chio());
+        c.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &script]);
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().unwrap()
+    };
+    let short = spawn(format!("sleep 1; echo finished; : {tag}-short"));
+    let long = spawn(format!("sleep 60; : {tag}-long"));
+    let until = Instant::now() + Duration::from_secs(10);
+    while processes_tagged(&format!("{tag}-long")).iter().all(|&p| !is_sh(p))
+        || processes_tagged(&format!("{tag}-short")).iter().all(|&p| !is_sh(p))
+    {
+        assert!(Instant::now() < until, "the launches did not start: {}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    d.signal(libc::SIGTERM);
+    let short = short.wait_with_output().unwrap();
+    assert_eq!((short.status.code(), text(&short.stdout)), (Some(0), "finished\n".into()), "{}", text(&short.stderr));
+    let long = long.wait_with_output().unwrap();
+    assert_eq!(long.status.code(), Some(125), "{}", text(&long.stderr));
+    let mut d = d;
+    let status = d.child.wait().unwrap();
+    let took = t.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", d.log());
+    assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(6), "{took:?}: {}", d.log());
+    assert!(d.log().contains("killing the launches still running"), "{}", d.log());
+    assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
+    assert!(!d.socket.exists(), "the socket is removed at stop");
+}
