@@ -131,8 +131,13 @@ fn listen(path: &Path) -> Result<std::os::unix::net::UnixListener> {
     }
     let listener =
         std::os::unix::net::UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
-    let group = nix::unistd::Group::from_name("chio").ok().flatten().map(|g| g.gid);
-    std::os::unix::fs::chown(path, Some(0), group.map(|g| g.as_raw()))?;
+    // Group chio may connect (the daemon's configuration still decides what each peer may do).
+    // Under the unit (Group=chio) the socket is born in that group; otherwise root gives it.
+    use std::os::unix::fs::MetadataExt;
+    let group = nix::unistd::Group::from_name("chio").ok().flatten().map(|g| g.gid.as_raw());
+    if let Some(gid) = group.filter(|&g| std::fs::metadata(path).is_ok_and(|m| m.gid() != g)) {
+        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("giving {} to group chio", path.display()))?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     listener.set_nonblocking(true)?;
     Ok(listener)
