@@ -162,6 +162,12 @@ impl Store {
         self.op_transition(key, OpState::Dispatched, OpState::Completed, Some(result))
     }
 
+    /// A dispatched operation whose outcome was lost (its worker died without answering):
+    /// `outcome_unknown`, never dispatched again — as after a crash, without one.
+    pub fn op_unknown(&mut self, key: &str) -> Result<(), StoreError> {
+        self.op_transition(key, OpState::Dispatched, OpState::OutcomeUnknown, None)
+    }
+
     /// After a crash: dispatched operations become `outcome_unknown`, pending ones `abandoned`.
     /// Returns (outcome_unknown, abandoned) counts.
     pub fn op_recover(&mut self) -> Result<(usize, usize), StoreError> {
@@ -253,6 +259,18 @@ mod tests {
         assert_eq!(s.op_recover().unwrap(), (1, 0));
         assert_eq!(s.op_begin_dispatched("k", "req").unwrap(), Begin::OutcomeUnknown);
         s.op_complete("x", "r").unwrap_err();
+    }
+
+    #[test]
+    fn a_lost_outcome_is_unknown_at_once_and_only_for_a_dispatched_key() {
+        let mut s = store();
+        s.op_begin_dispatched("k", "req").unwrap();
+        s.op_unknown("k").unwrap();
+        assert_eq!(s.op_begin_dispatched("k", "req").unwrap(), Begin::OutcomeUnknown);
+        s.op_unknown("k").unwrap_err();
+        s.op_unknown("never").unwrap_err();
+        reach(&mut s, "done", OpState::Completed);
+        s.op_unknown("done").unwrap_err();
     }
 
     #[test]

@@ -583,6 +583,15 @@ impl Store {
         &self.conn
     }
 
+    /// Commits on this connection stop waiting for fsync (`synchronous=NORMAL`): for a journal
+    /// whose entries share the WAL with receipts, whose `FULL` commits (on any connection) fsync
+    /// the whole log, every earlier frame with it. A crash of the process loses nothing; a power
+    /// loss loses only what no receipt has made durable since.
+    pub fn defer_sync(&self) -> Result<(), StoreError> {
+        self.conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
+        Ok(())
+    }
+
     /// Mutable access for the operation journal's transactions.
     pub(crate) fn connection_mut(&mut self) -> &mut Connection {
         &mut self.conn

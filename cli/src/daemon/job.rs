@@ -8,8 +8,6 @@ use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-use chio_kernel::journal::Begin;
-use chio_kernel::store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -20,10 +18,6 @@ use crate::cage_cmd::{self, RunArgs};
 /// What the daemon hands the launcher for one launch.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Job {
-    /// The journal key: the peer's uid and its request id.
-    pub key: String,
-    /// SHA-256 of the request (a repeated id must carry the same request).
-    pub request_sha256: String,
     /// The peer's role.
     pub role: String,
     /// The peer's uid, for messages.
@@ -39,7 +33,7 @@ pub struct Job {
 pub struct DaemonSide {
     /// Imported images.
     pub state_dir: PathBuf,
-    /// The receipt store (and the journal of requests).
+    /// The receipt store (the daemon journals requests in it too).
     pub receipt_db: PathBuf,
     /// The kernel's signing seed; without one, launches are not receipted.
     pub kernel_key: Option<PathBuf>,
@@ -73,7 +67,7 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>) -> String {
     if let Err(why) = admit(&job, &mut a) {
         return failure(&why);
     }
-    journaled(&job, &a)
+    launched(&a)
 }
 
 /// Descriptors and environment: the client's stdout/stderr (and stdin, cwd) become ours.
@@ -176,35 +170,14 @@ fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Run the launch once per request id: a repeat of a finished request gets its retained answer.
-fn journaled(job: &Job, a: &RunArgs) -> String {
-    let mut store = match Store::open(&job.daemon.receipt_db, true) {
-        Ok(s) => s,
-        Err(e) => return failure(&format!("the supervisor's store {}: {e}", job.daemon.receipt_db.display())),
-    };
-    match store.op_begin_dispatched(&job.key, &job.request_sha256) {
-        Ok(Begin::Proceed) => {}
-        Ok(Begin::Retained(answer)) => return answer,
-        Ok(Begin::Conflict { .. }) => return failure(&format!("request id {:?} was already used for another request", job.request.id)),
-        Ok(Begin::InProgress) => return failure(&format!("request id {:?} is running", job.request.id)),
-        Ok(Begin::OutcomeUnknown) => {
-            return failure(&format!(
-                "request id {:?} was dispatched before the supervisor stopped and its outcome is unknown; it is not run again",
-                job.request.id
-            ))
-        }
-        Err(e) => return failure(&format!("journaling the request: {e}")),
-    }
-    let answer = match cage_cmd::launch(a) {
+/// Launch; the answer carries cage run's exit status, the record and the receipt ids.
+fn launched(a: &RunArgs) -> String {
+    match cage_cmd::launch(a) {
         Ok(l) => json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}),
         Err(e) => {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []})
         }
     }
-    .to_string();
-    if let Err(e) = store.op_complete(&job.key, &answer) {
-        eprintln!("chio: the launch ended but its outcome could not be journaled: {e}");
-    }
-    answer
+    .to_string()
 }

@@ -72,12 +72,13 @@ fn serve(a: &ServeArgs) -> Result<i32> {
             Config::default()
         }
     };
-    let state_dir = crate::image_cmd::state_dir(&a.state_dir);
+    // Absolute: each launch runs in the client's directory (an admin's) or in /.
+    let state_dir = std::path::absolute(crate::image_cmd::state_dir(&a.state_dir))?;
     std::fs::create_dir_all(&state_dir).with_context(|| format!("state directory {}", state_dir.display()))?;
     let daemon = DaemonSide {
         receipt_db: state_dir.join("receipts.db"),
         state_dir,
-        kernel_key: config.kernel_key.clone(),
+        kernel_key: config.kernel_key.as_deref().map(std::path::absolute).transpose()?,
         policy_signers: config.policy_signers.clone(),
     };
     if let Some(seed) = &daemon.kernel_key {
@@ -134,13 +135,24 @@ fn listen(path: &Path) -> Result<std::os::unix::net::UnixListener> {
     // Group chio may connect (the daemon's configuration still decides what each peer may do).
     // Under the unit (Group=chio) the socket is born in that group; otherwise root gives it.
     use std::os::unix::fs::MetadataExt;
-    let group = nix::unistd::Group::from_name("chio").ok().flatten().map(|g| g.gid.as_raw());
+    let group = local_group("chio");
     if let Some(gid) = group.filter(|&g| std::fs::metadata(path).is_ok_and(|m| m.gid() != g)) {
-        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("giving {} to group chio", path.display()))?;
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("giving {} to group chio", path.display()))?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     listener.set_nonblocking(true)?;
     Ok(listener)
+}
+
+/// A local group's gid from /etc/group (where systemd-sysusers puts `chio`). Not getgrnam: in
+/// the static release binary glibc's NSS would dlopen modules built for another libc.
+fn local_group(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string("/etc/group").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then(|| f.nth(1)?.parse().ok()).flatten()
+    })
 }
 
 /// The launcher must be forked from a single-threaded process.

@@ -6,10 +6,12 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use chio_kernel::journal::Begin;
+use chio_kernel::store::Store;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -25,6 +27,7 @@ use super::wire::{self, Request, MAX_FDS, MAX_REQUEST_BYTES};
 const MAX_ANSWER_BYTES: u64 = 4 << 20;
 
 struct Shared {
+    journal: Arc<Mutex<Store>>,
     config: Config,
     daemon: DaemonSide,
     launcher: Launcher,
@@ -43,8 +46,13 @@ pub async fn run(
     launcher: Launcher,
 ) -> Result<i32> {
     let listener = UnixListener::from_std(listener)?;
+    // The daemon's one connection to its store, for the request journal (opened after the
+    // launcher is forked: no launch child inherits it).
+    let store = Store::open(&daemon.receipt_db, true).context("the supervisor's store")?;
+    store.defer_sync()?;
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let shared = Arc::new(Shared {
+        journal: Arc::new(Mutex::new(store)),
         launches: Semaphore::new(config.max_launches),
         connections: Arc::new(Semaphore::new(config.max_connections)),
         running: AtomicUsize::new(0),
@@ -162,19 +170,65 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
     answer.unwrap_or_else(|why| refusal(None, why, 125))
 }
 
+/// Journal the request, hand it to the launcher, journal its answer. A repeated id gets the
+/// retained answer of a finished request and never runs twice.
 async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Result<Value, String> {
-    let digest = chio_kernel::canonical::to_canonical(&serde_json::to_value(&req).map_err(|e| e.to_string())?)
+    let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
+    let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
         .map_err(|e| e.to_string())?;
-    let job = Job {
-        key: format!("supervisor:{uid}:{}", req.id),
-        request_sha256: digest,
-        role: role.name().into(),
-        uid,
-        request: req,
-        daemon: s.daemon.clone(),
+    let key = format!("supervisor:{uid}:{}", req.id);
+    let id = req.id.clone();
+    match journal(s, {
+        let (key, digest) = (key.clone(), digest.clone());
+        move |st| st.op_begin_dispatched(&key, &digest)
+    })
+    .await?
+    {
+        Begin::Proceed => {}
+        Begin::Retained(answer) => return serde_json::from_str(&answer).map_err(|e| e.to_string()),
+        Begin::Conflict { .. } => return Err(format!("request id {id:?} was already used for another request")),
+        Begin::InProgress => return Err(format!("request id {id:?} is running")),
+        Begin::OutcomeUnknown => {
+            return Err(format!(
+                "request id {id:?} was dispatched before the supervisor stopped and its outcome is unknown; it is not run again"
+            ))
+        }
+    }
+    let job = Job { role: role.name().into(), uid, request: req, daemon: s.daemon.clone() };
+    let bytes = run_job(s, &job, fds).await;
+    let v: Value = match bytes {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("the launch's answer is not JSON: {e}"))?,
+        Err(why) => {
+            journal(s, move |st| st.op_unknown(&key)).await?;
+            return Err(why);
+        }
     };
-    let text = serde_json::to_vec(&job).map_err(|e| e.to_string())?;
+    let answer = v.to_string();
+    journal(s, move |st| st.op_complete(&key, &answer)).await?;
+    let state = v.pointer("/record/state").and_then(Value::as_str).unwrap_or("-");
+    let status = v.get("exit_status").or(v.get("exit_code")).unwrap_or(&Value::Null);
+    eprintln!("chio supervisor: uid {uid} request {id} role {} exit {status} state {state}", role.name());
+    Ok(v)
+}
+
+/// A journal operation on the daemon's store, off the I/O thread.
+async fn journal<T: Send + 'static>(
+    s: &Shared,
+    op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
+) -> Result<T, String> {
+    let store = s.journal.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut st = store.lock().map_err(|_| "the journal's lock is poisoned".to_string())?;
+        op(&mut st).map_err(|e| format!("the request journal: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Hand `job` to the launcher and read the launch child's answer.
+async fn run_job(s: &Shared, job: &Job, fds: Vec<OwnedFd>) -> Result<Vec<u8>, String> {
+    let text = serde_json::to_vec(job).map_err(|e| e.to_string())?;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     s.launcher.submit(&text, &write, &fds).map_err(|e| format!("handing the launch to the launcher: {e}"))?;
     // Only the launch child holds the write end now: EOF is its answer, or its death.
@@ -188,19 +242,12 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: R
         .map_err(|e| format!("reading the launch's answer: {e}"))?;
     if bytes.is_empty() {
         return Err(format!(
-            "the launch of {} ended without an answer: its cage was killed (the supervisor is stopping) or its launch process failed",
-            job.key
+            "the launch of request {} ended without an answer: its cage was killed (the supervisor is stopping) \
+             or its launch process failed; its outcome is unknown",
+            job.request.id
         ));
     }
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("the launch's answer is not JSON: {e}"))?;
-    let state = v.pointer("/record/state").and_then(Value::as_str).unwrap_or("-");
-    eprintln!(
-        "chio supervisor: {} role {} exit {} state {state}",
-        job.key,
-        job.role,
-        v.get("exit_status").or(v.get("exit_code")).unwrap_or(&Value::Null)
-    );
-    Ok(v)
+    Ok(bytes)
 }
 
 /// Read one request line and the descriptors that came with it. None: the peer closed cleanly.

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Daemon benchmark and load test for `chio supervisor serve` (not part of the test run).
+
+  sudo tests/bench/daemon.py [--runs N] [--load SECONDS] [--clients N]
+
+Builds the static release binary and a rootfs holding one static /true, starts the daemon in
+the foreground on a private socket and state directory, and times, interleaved in the same run:
+  - daemon-raw: one request on the daemon's socket from this process (a persistent client such
+                as an agent host: no client process), stdout/stderr passed as descriptors
+  - daemon-cli: chio cage run --supervisor S --rootfs R -- /true   (a client process per launch)
+  - one-shot:   chio cage run --rootfs R -- /true
+  - bwrap:      bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc
+                --dev /dev --tmpfs /tmp /true
+It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
+The load test then runs N clients (default 2 x cores) launching back to back for SECONDS and
+reports launches, failures, the daemon's RSS and descriptors before and after, and what is left
+(processes, launch cgroups).
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch as lb  # noqa: E402  (build_chio, ensure_bwrap, build_rootfs, timed)
+
+
+def request(sock_path, args, rid):
+    """One launch on a fresh connection; returns (ms, answer)."""
+    line = json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
+    null = os.open("/dev/null", os.O_WRONLY)
+    t = time.perf_counter()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sock_path)
+        socket.send_fds(s, [line], [null, null])
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        s.close()
+        os.close(null)
+    ms = (time.perf_counter() - t) * 1000.0
+    return ms, json.loads(buf)
+
+
+def status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cgroups_left():
+    left = []
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        left += [d for d in dirnames if re.fullmatch(r"chio-\d+-[0-9a-f]{16}", d)]
+    return left
+
+
+def pct(v, p):
+    return sorted(v)[min(len(v) - 1, int(len(v) * p))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--load", type=float, default=30.0)
+    ap.add_argument("--clients", type=int, default=2 * os.cpu_count())
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root")
+    chio = lb.build_chio()
+    bwrap = lb.ensure_bwrap()
+    with tempfile.TemporaryDirectory(prefix="chio-bench-daemon-") as tmp:
+        root = lb.build_rootfs(tmp)
+        sock = os.path.join(tmp, "s.sock")
+        conf = os.path.join(tmp, "supervisor.json")
+        with open(conf, "w") as f:
+            json.dump({"schema": "chio.supervisor-config.v1", "max_launches": 64, "max_connections": 256}, f)
+        log = open(os.path.join(tmp, "daemon.log"), "w+")
+        d = subprocess.Popen([chio, "supervisor", "serve", "--socket", sock, "--config", conf,
+                              "--state-dir", os.path.join(tmp, "state")], stderr=log, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 10
+            while "listening on" not in open(log.name).read():
+                if time.time() > deadline:
+                    raise SystemExit("the daemon did not start")
+                time.sleep(0.01)
+            bench(a, chio, bwrap, root, sock, d.pid)
+        finally:
+            d.terminate()
+            d.wait()
+
+
+def bench(a, chio, bwrap, root, sock, dpid):
+    args = ["--rootfs", root, "--", "/true"]
+    cmds = {
+        "daemon-cli": [chio, "cage", "run", "--supervisor", sock] + args,
+        "one-shot": [chio, "cage", "run"] + args,
+    }
+    if bwrap:
+        cmds["bwrap"] = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", root, "/",
+                         "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/true"]
+    n = [0]
+
+    def raw():
+        n[0] += 1
+        ms, ans = request(sock, args, f"bench-{os.getpid()}-{n[0]}")
+        if ans.get("exit_status") != 0:
+            raise SystemExit(f"daemon launch failed: {ans}")
+        return ms, ans["record"]["timings_us"]["exec_observed"] / 1000.0
+
+    for _ in range(5):
+        raw()
+        for cmd in cmds.values():
+            lb.timed(cmd)
+    samples = {k: [] for k in ["daemon-raw"] + list(cmds)}
+    observed = []
+    for _ in range(a.runs):
+        ms, obs = raw()
+        samples["daemon-raw"].append(ms)
+        observed.append(obs)
+        for k, cmd in cmds.items():
+            samples[k].append(lb.timed(cmd))
+    print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p95 ms):")
+    for k, v in samples.items():
+        print(f"  {k:11s} {statistics.median(v):7.2f}  {pct(v, 0.95):7.2f}")
+    print(f"  daemon request to exec observed (record): {statistics.median(observed):.2f}  {pct(observed, 0.95):.2f}")
+    if "bwrap" in samples:
+        b = statistics.median(samples["bwrap"])
+        print(f"  ratio daemon-raw/bwrap = {statistics.median(samples['daemon-raw']) / b:.2f}  "
+              f"one-shot/bwrap = {statistics.median(samples['one-shot']) / b:.2f}")
+    if a.load > 0:
+        load(a, args, sock, dpid)
+
+
+def load(a, args, sock, dpid):
+    time.sleep(0.5)
+    rss0, fds0 = status(dpid)
+    stop = time.time() + a.load
+    counts, failures, lock = [0], [], threading.Lock()
+
+    def client(i):
+        k = 0
+        while time.time() < stop:
+            k += 1
+            try:
+                _, ans = request(sock, args, f"load-{os.getpid()}-{i}-{k}")
+                ok = ans.get("exit_status") == 0
+            except Exception as e:  # noqa: BLE001 — any failure is counted and shown
+                ans, ok = str(e), False
+            with lock:
+                counts[0] += 1
+                if not ok:
+                    failures.append(ans)
+
+    rss_mid = []
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        time.sleep(1.0)
+        rss_mid.append(status(dpid)[0])
+    for t in threads:
+        t.join()
+    time.sleep(1.0)
+    rss1, fds1 = status(dpid)
+    left = [p for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/comm")
+            and open(f"/proc/{p}/comm").read().strip() in ("chio-launch", "chio-init", "true")]
+    print(f"load: {a.clients} clients for {a.load:.0f} s: {counts[0]} launches "
+          f"({counts[0] / a.load:.1f}/s), {len(failures)} failed")
+    print(f"  daemon RSS {rss0} -> {rss1} KiB (max during {max(rss_mid or [rss1])}), fds {fds0} -> {fds1}, "
+          f"processes left {left}, launch cgroups left {cgroups_left()}")
+    if failures:
+        print("  first failure:", failures[0])
+    if failures or fds1 != fds0 or left:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
