@@ -162,6 +162,19 @@ impl Store {
         self.op_transition(key, OpState::Dispatched, OpState::Completed, Some(result))
     }
 
+    /// Forget settled operations (completed or outcome_unknown) under `prefix` last touched
+    /// before `before_ms`: their retained results stop answering repeats. Returns how many.
+    pub fn op_prune(&mut self, prefix: &str, before_ms: i64) -> Result<usize, StoreError> {
+        let tx = self.connection_mut().transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            "DELETE FROM operations WHERE substr(op_key, 1, length(?1)) = ?1 \
+             AND state IN ('completed', 'outcome_unknown') AND updated_at_ms < ?2",
+            params![prefix, before_ms],
+        )?;
+        tx.commit()?;
+        Ok(n)
+    }
+
     /// A dispatched operation whose outcome was lost (its worker died without answering):
     /// `outcome_unknown`, never dispatched again — as after a crash, without one.
     pub fn op_unknown(&mut self, key: &str) -> Result<(), StoreError> {
@@ -271,6 +284,22 @@ mod tests {
         s.op_unknown("never").unwrap_err();
         reach(&mut s, "done", OpState::Completed);
         s.op_unknown("done").unwrap_err();
+    }
+
+    #[test]
+    fn pruning_forgets_only_old_settled_operations_under_the_prefix() {
+        let mut s = store();
+        reach(&mut s, "d:done", OpState::Completed);
+        reach(&mut s, "d:running", OpState::Dispatched);
+        reach(&mut s, "other:done", OpState::Completed);
+        s.op_begin_dispatched("d:lost", "req").unwrap();
+        s.op_unknown("d:lost").unwrap();
+        assert_eq!(s.op_prune("d:", 0).unwrap(), 0, "nothing is older than the epoch");
+        assert_eq!(s.op_prune("d:", time::now_ms() + 1).unwrap(), 2);
+        assert_eq!(s.op_state("d:done").unwrap(), None);
+        assert_eq!(s.op_state("d:lost").unwrap(), None);
+        assert_eq!(s.op_state("d:running").unwrap(), Some(OpState::Dispatched));
+        assert_eq!(s.op_state("other:done").unwrap(), Some(OpState::Completed));
     }
 
     #[test]

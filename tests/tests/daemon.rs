@@ -326,7 +326,7 @@ fn a_killed_daemon_leaves_nothing_behind_and_its_launch_is_outcome_unknown() {
     }
     let dir = Scratch::new("daemon-killed");
     let mut d = Daemon::start(&dir, config(json!({})));
-    let tag = format!("daemon-killed-{}", std::process::id());
+    let tag = format!("killed-tag-{}", std::process::id());
     let mut client = Command::new(chio());
     client.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &format!("sleep 30; : {tag}")]);
     let client = client.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
@@ -389,7 +389,7 @@ fn sigterm_gives_running_launches_the_grace_then_kills_their_cages() {
     }
     let dir = Scratch::new("daemon-term");
     let d = Daemon::start(&dir, config(json!({"stop_grace_s": 2})));
-    let tag = format!("daemon-term-{}", std::process::id());
+    let tag = format!("term-tag-{}", std::process::id());
     let spawn = |script: String| {
         let mut c = Command::new(chio());
         c.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &script]);
@@ -418,4 +418,71 @@ fn sigterm_gives_running_launches_the_grace_then_kills_their_cages() {
     assert!(d.log().contains("killing the launches still running"), "{}", d.log());
     assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
     assert!(!d.socket.exists(), "the socket is removed at stop");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn under_load_no_launch_fails_and_nothing_leaks() {
+    if !privileged("daemon_load") {
+        return;
+    }
+    let dir = Scratch::new("daemon-load");
+    let d = Daemon::start(&dir, config(json!({})));
+    let tag = format!("load-tag-{}", std::process::id());
+    let one = |i: usize| d.run(None, &["--", "/bin/sh", "-c", &format!(": {tag}-{i}")], None);
+    assert_eq!(one(0).status.code(), Some(0));
+    let clients = 2 * std::thread::available_parallelism().map_or(2, usize::from);
+    // Clients launching back to back for `secs`: (launches, failures).
+    let load = |secs: u64| -> (usize, Vec<String>) {
+        let until = Instant::now() + Duration::from_secs(secs);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..clients)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (mut n, mut failed) = (0, Vec::new());
+                        while Instant::now() < until {
+                            let out = one(n);
+                            n += 1;
+                            if out.status.code() != Some(0) {
+                                failed.push(text(&out.stderr));
+                            }
+                        }
+                        (n, failed)
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).fold((0, Vec::new()), |(n, mut f), (m, g)| {
+                f.extend(g);
+                (n + m, f)
+            })
+        })
+    };
+    // A first round brings the daemon to its working size; the second must not grow it.
+    let (warm, failed) = load(2);
+    assert!(failed.is_empty(), "{failed:?}");
+    let (fds, rss) = (d.fds(), rss_kib(d.pid()));
+    let (launches, failed) = load(4);
+    assert!(failed.is_empty(), "{} of {launches} launches failed: {:?}", failed.len(), failed.first());
+    assert!(warm + launches >= clients * 6, "{launches} launches by {clients} clients in 6 s");
+    assert_eq!(wait_gone(&tag, Duration::from_secs(2)), Vec::<u32>::new());
+    let until = Instant::now() + Duration::from_secs(2);
+    while d.fds() != fds && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(d.fds(), fds, "descriptors after {launches} launches");
+    let grown = rss_kib(d.pid()).saturating_sub(rss);
+    assert!(grown < 512, "the daemon's RSS grew {grown} KiB over {launches} launches");
+    eprintln!("load: {clients} clients, {warm} + {launches} launches in 2 + 4 s, RSS {rss} KiB + {grown} KiB");
 }

@@ -71,6 +71,10 @@ pub struct Config {
     /// Seconds running launches get to finish after SIGTERM before their cages are killed.
     #[serde(default = "default_stop_grace_s")]
     pub stop_grace_s: u64,
+    /// Seconds a settled request's answer is kept for repeats of its id (then forgotten, so
+    /// the journal does not grow without bound).
+    #[serde(default = "default_journal_retention_s")]
+    pub journal_retention_s: u64,
 }
 
 fn default_max_launches() -> usize {
@@ -85,6 +89,9 @@ fn default_request_timeout_s() -> u64 {
 fn default_stop_grace_s() -> u64 {
     10
 }
+fn default_journal_retention_s() -> u64 {
+    86_400
+}
 
 impl Default for Config {
     /// No configuration file: only root may connect; no receipts (said at start-up).
@@ -98,6 +105,7 @@ impl Default for Config {
             max_connections: default_max_connections(),
             request_timeout_s: default_request_timeout_s(),
             stop_grace_s: default_stop_grace_s(),
+            journal_retention_s: default_journal_retention_s(),
         }
     }
 }

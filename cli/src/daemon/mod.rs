@@ -92,7 +92,12 @@ fn serve(a: &ServeArgs) -> Result<i32> {
     let listener = listen(&a.socket)?;
     single_threaded()?;
     let launcher = launcher::spawn().context("forking the launcher")?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
+    // One I/O thread; blocking work (the journal, behind one lock) needs at most two more.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(2)
+        .build()
+        .context("starting the I/O runtime")?;
     let launcher_pid = launcher.pid;
     let code = rt.block_on(server::run(listener, &a.socket, config, daemon, launcher));
     // Dropping the runtime drops the last handle on the launcher's socket: it kills whatever

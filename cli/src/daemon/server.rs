@@ -23,6 +23,8 @@ use super::job::{DaemonSide, Job};
 use super::launcher::Launcher;
 use super::wire::{self, Request, MAX_FDS, MAX_REQUEST_BYTES};
 
+/// The daemon's keys in the journal: `supervisor:<peer uid>:<request id>`.
+const JOURNAL_PREFIX: &str = "supervisor:";
 /// The longest answer a launch child may give (a launch record is a few KiB).
 const MAX_ANSWER_BYTES: u64 = 4 << 20;
 
@@ -50,6 +52,8 @@ pub async fn run(
     // launcher is forked: no launch child inherits it).
     let store = Store::open(&daemon.receipt_db, true).context("the supervisor's store")?;
     store.defer_sync()?;
+    // Point lookups by key need little cache: a bounded one keeps the daemon's size flat.
+    store.connection().execute_batch("PRAGMA cache_size=-256;").context("the supervisor's store")?;
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let shared = Arc::new(Shared {
         journal: Arc::new(Mutex::new(store)),
@@ -62,10 +66,12 @@ pub async fn run(
     });
     eprintln!("chio supervisor: listening on {}", path.display());
     chio_supervisor::service::notify(&format!("READY=1\nSTATUS=listening on {}", path.display()));
+    let mut prune = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = prune.tick() => prune_journal(&shared).await,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => { tokio::spawn(connection(shared.clone(), stream)); }
                 Err(e) => eprintln!("chio supervisor: accept: {e}"),
@@ -84,6 +90,17 @@ pub async fn run(
         drained(&shared, Duration::from_secs(5)).await;
     }
     Ok(0)
+}
+
+/// Forget settled requests older than the retention (at start, then hourly).
+async fn prune_journal(s: &Shared) {
+    let keep = i64::try_from(s.config.journal_retention_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let before = chio_kernel::time::now_ms().saturating_sub(keep);
+    match journal(s, move |st| st.op_prune(JOURNAL_PREFIX, before)).await {
+        Ok(0) => {}
+        Ok(n) => eprintln!("chio supervisor: forgot {n} settled request(s) older than the journal's retention"),
+        Err(e) => eprintln!("chio supervisor: pruning the journal: {e}"),
+    }
 }
 
 async fn drained(s: &Shared, within: Duration) -> bool {
@@ -177,7 +194,7 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: R
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
         .map_err(|e| e.to_string())?;
-    let key = format!("supervisor:{uid}:{}", req.id);
+    let key = format!("{JOURNAL_PREFIX}{uid}:{}", req.id);
     let id = req.id.clone();
     match journal(s, {
         let (key, digest) = (key.clone(), digest.clone());
