@@ -416,6 +416,19 @@ pub fn orphaned_inits() -> Vec<u32> {
         .collect()
 }
 
+/// Orphaned inits that are still there after `within`: a cage whose launch process was just
+/// killed is orphaned for the moment its PDEATHSIG takes; a leaked one stays.
+pub fn lasting_orphaned_inits(within: std::time::Duration) -> Vec<u32> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let left = orphaned_inits();
+        if left.is_empty() || std::time::Instant::now() > until {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// `pid (comm) state ppid: cmdline`, for failure messages.
 pub fn describe_process(pid: u32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use chio_tests::{chio_bin, orphaned_inits, privileged, processes_tagged, signed_launch, wait_gone, Scratch};
+use chio_tests::{chio_bin, lasting_orphaned_inits, privileged, processes_tagged, signed_launch, wait_gone, Scratch};
 use serde_json::{json, Value};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -94,6 +94,21 @@ impl Daemon {
             child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
         }
         child.wait_with_output().unwrap()
+    }
+
+    /// The daemon's descriptors once a finished request's connection is closed (just after
+    /// its answer): the same list read twice, 50 ms apart.
+    fn settled_fds(&self) -> Vec<String> {
+        let mut last = self.fds();
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = self.fds();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        last
     }
 
     /// The daemon's open descriptors (what each points at).
@@ -283,7 +298,7 @@ fn hostile_requests_are_answered_and_stall_no_one() {
     let ping = br#"{"id":"p1","op":"ping"}"#.to_vec();
     assert_eq!(raw(&d.socket, &[&ping[..], b"\n"].concat())["role"], "admin");
     assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
-    let fds = d.fds();
+    let fds = d.settled_fds();
     for (bytes, says) in [
         (b"garbage\n".to_vec(), "not a request"),
         (br#"{"id":"x","op":"format-disk"}"#.iter().chain(b"\n").copied().collect(), "unknown operation"),
@@ -311,12 +326,7 @@ fn hostile_requests_are_answered_and_stall_no_one() {
     }
     assert_eq!(raw(&d.socket, &[&ping[..], b"\n"].concat())["role"], "admin");
     assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
-    // (The last connection's descriptor is closed just after its answer.)
-    let until = Instant::now() + Duration::from_secs(2);
-    while d.fds() != fds && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(d.fds(), fds, "the daemon holds no descriptor of a finished request");
+    assert_eq!(d.settled_fds(), fds, "the daemon holds no descriptor of a finished request");
 }
 
 #[test]
@@ -340,8 +350,10 @@ fn a_killed_daemon_leaves_nothing_behind_and_its_launch_is_outcome_unknown() {
     let out = client.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("closed the connection without an answer"), "{}", text(&out.stderr));
-    assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new(), "the cage died with the daemon");
-    assert_eq!(orphaned_inits(), Vec::<u32>::new());
+    let left = wait_gone(&tag, Duration::from_secs(5));
+    let described: Vec<String> = left.iter().map(|&p| chio_tests::describe_process(p)).collect();
+    assert!(left.is_empty(), "the cage died with the daemon: {described:?}");
+    assert_eq!(lasting_orphaned_inits(Duration::from_secs(2)), Vec::<u32>::new());
     let restarted = Daemon::start(&dir, config(json!({})));
     assert!(
         restarted.log().contains("recovered: 1 launch(es) dispatched without an outcome are outcome_unknown"),
@@ -472,16 +484,12 @@ fn under_load_no_launch_fails_and_nothing_leaks() {
     // A first round brings the daemon to its working size; the second must not grow it.
     let (warm, failed) = load(2);
     assert!(failed.is_empty(), "{failed:?}");
-    let (fds, rss) = (d.fds(), rss_kib(d.pid()));
+    let (fds, rss) = (d.settled_fds(), rss_kib(d.pid()));
     let (launches, failed) = load(4);
     assert!(failed.is_empty(), "{} of {launches} launches failed: {:?}", failed.len(), failed.first());
     assert!(warm + launches >= clients * 6, "{launches} launches by {clients} clients in 6 s");
     assert_eq!(wait_gone(&tag, Duration::from_secs(2)), Vec::<u32>::new());
-    let until = Instant::now() + Duration::from_secs(2);
-    while d.fds() != fds && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(d.fds(), fds, "descriptors after {launches} launches");
+    assert_eq!(d.settled_fds(), fds, "descriptors after {launches} launches");
     let grown = rss_kib(d.pid()).saturating_sub(rss);
     assert!(grown < 512, "the daemon's RSS grew {grown} KiB over {launches} launches");
     eprintln!("load: {clients} clients, {warm} + {launches} launches in 2 + 4 s, RSS {rss} KiB + {grown} KiB");
