@@ -8,9 +8,12 @@ machine noise hits all alike, through:
   - local:      mini-swe-agent's LocalEnvironment (no confinement)
   - bubblewrap: mini-swe-agent's BubblewrapEnvironment (its default wrapper arguments)
   - chio:       ChioEnvironment (namespaces, landlock, seccomp, cgroup ceilings, exec observation)
+  - chio-daemon: ChioEnvironment with `supervisor` set: each command one request on the daemon's
+                socket (`chio supervisor serve`, started here), no chio process per command
   - chio-repo:  ChioRepositoryEnvironment (the above plus the workspace walk, snapshot and three
                 durable signed receipts per command)
-Prints median and p95 in ms, and chio's ratio to bubblewrap. Uses the release `chio` (built here).
+Prints median and p95 in ms, and chio's ratio to bubblewrap. Uses the installable static release
+`chio` (packaging/build-release, built here).
 """
 import argparse
 import os
@@ -37,10 +40,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
     a = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "chio-cli"], cwd=REPO, check=True)
-    chio = os.path.join(REPO, "target", "release", "chio")
+    chio = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True,
+                          stdout=subprocess.PIPE).stdout.decode().strip()
     tmp = tempfile.mkdtemp(prefix="chio-bench-agents-")
+    daemon = None
     try:
+        sock = os.path.join(tmp, "s.sock")
+        with open(os.path.join(tmp, "supervisor.json"), "w") as f:
+            f.write('{"schema": "chio.supervisor-config.v1"}')
+        log = open(os.path.join(tmp, "daemon.log"), "w+")
+        daemon = subprocess.Popen([chio, "supervisor", "serve", "--socket", sock, "--config",
+                                   os.path.join(tmp, "supervisor.json"), "--state-dir", os.path.join(tmp, "dstate")],
+                                  stdin=subprocess.DEVNULL, stderr=log)
+        while "listening on" not in open(log.name).read():
+            time.sleep(0.01)
         work = os.path.join(tmp, "work")
         os.makedirs(work)
         for i in range(20):
@@ -60,6 +73,7 @@ def main():
             "local": LocalEnvironment(cwd=work),
             "bubblewrap": BubblewrapEnvironment(cwd=work),
             "chio": ChioEnvironment(chio=chio, cwd=work),
+            "chio-daemon": ChioEnvironment(supervisor=sock, cwd=work),
             "chio-repo": ChioRepositoryEnvironment(chio=chio, state_dir=state, run_id="bench"),
         }
         times = {k: [] for k in envs}
@@ -75,9 +89,13 @@ def main():
         for name, xs in times.items():
             xs.sort()
             med[name] = statistics.median(xs)
-            print(f"{name:11s} median {med[name]:6.1f} ms   p95 {xs[int(len(xs) * 0.95) - 1]:6.1f} ms")
-        print(f"chio / bubblewrap: {med['chio'] / med['bubblewrap']:.2f}")
+            print(f"{name:12s} median {med[name]:6.1f} ms   p95 {xs[int(len(xs) * 0.95) - 1]:6.1f} ms")
+        print(f"chio / bubblewrap: {med['chio'] / med['bubblewrap']:.2f}   "
+              f"chio-daemon / bubblewrap: {med['chio-daemon'] / med['bubblewrap']:.2f}")
     finally:
+        if daemon:
+            daemon.terminate()
+            daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -1,4 +1,5 @@
-"""`ChioEnvironment`: each command in a fresh chio cage (`chio cage run`).
+"""`ChioEnvironment`: each command in a fresh chio cage (`chio cage run`, or a request to the
+supervisor daemon's socket when `supervisor` is set: no chio process per command).
 
 The agent's working directory is bound read-write at /workspace (edits land in place, like the
 local environment); the root is an imported image or the host's system directories, read-only;
@@ -9,6 +10,7 @@ kills everything the command started: the cage's pid namespace and cgroup go wit
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,9 @@ class ChioEnvironmentConfig(BaseModel):
     uid: int | None = None
     """uid in the cage (default: the owner of the workspace, so edits land as the agent's)."""
     gid: int | None = None
+    supervisor: str | None = None
+    """The supervisor daemon's socket (`chio supervisor serve`; this process's uid needs the admin
+    role there, for the workspace): each command is one request on it instead of a chio process."""
 
 
 class ChioEnvironment:
@@ -59,63 +64,106 @@ class ChioEnvironment:
         except ValueError:
             return cwd  # a path of the cage itself (/tmp, /workspace/...)
 
-    def command_line(self, command: str, cwd: str, timeout: int, record: str) -> list[str]:
+    def cage_args(self, command: str, cwd: str, timeout: int) -> list[str]:
+        """The arguments of `chio cage run` for `command`."""
         c = self.config
         ws = self._workspace()
         st = ws.stat()
-        argv = [c.chio, "cage", "run", "--workspace", str(ws), "--cwd", self._inner_cwd(ws, cwd)]
-        argv += ["--uid", str(c.uid if c.uid is not None else st.st_uid)]
-        argv += ["--gid", str(c.gid if c.gid is not None else st.st_gid)]
-        argv += ["--timeout", f"{timeout}s", "--memory", c.memory, "--pids", str(c.pids), "--cpus", c.cpus]
-        argv += ["--net", c.network, "--record", record]
+        args = ["--workspace", str(ws), "--cwd", self._inner_cwd(ws, cwd)]
+        args += ["--uid", str(c.uid if c.uid is not None else st.st_uid)]
+        args += ["--gid", str(c.gid if c.gid is not None else st.st_gid)]
+        args += ["--timeout", f"{timeout}s", "--memory", c.memory, "--pids", str(c.pids), "--cpus", c.cpus]
+        args += ["--net", c.network]
         if c.image:
-            argv += ["--image", c.image, "--entrypoint", ""]
+            args += ["--image", c.image, "--entrypoint", ""]
         if c.state_dir:
-            argv += ["--state-dir", c.state_dir]
+            args += ["--state-dir", c.state_dir]
         for k, v in c.env.items():
-            argv += ["--env", f"{k}={v}"]
-        return argv + ["--", "/bin/bash", "-c", command]
+            args += ["--env", f"{k}={v}"]
+        return args + ["--", "/bin/bash", "-c", command]
+
+    def command_line(self, command: str, cwd: str, timeout: int, record: str) -> list[str]:
+        """The `chio cage run` command line, writing its record to `record`."""
+        args = self.cage_args(command, cwd, timeout)
+        split = args.index("--")
+        return [self.config.chio, "cage", "run"] + args[:split] + ["--record", record] + args[split:]
 
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         command = action.get("command", "")
         timeout = timeout or self.config.timeout
-        # The launch record goes to a memfd, not a file: chio syncs a record file to disk, which
-        # is a quarter of a launch here and buys nothing for a record read back at once.
-        record = os.memfd_create("chio-record")
         try:
-            argv = self.command_line(command, cwd, timeout, f"/dev/fd/{record}")
-            try:
-                # The cage enforces the timeout; the margin only guards against chio itself hanging.
-                done = subprocess.run(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    timeout=timeout + 30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=(record,),
-                )
-            except Exception as e:  # chio missing, or hung past the margin
-                output = common.failed(e)
-                common.check_finished(output)
-                return output
-            text = done.stdout.decode("utf-8", errors="replace")
-            os.lseek(record, 0, os.SEEK_SET)
-            with os.fdopen(os.dup(record), "rb") as f:
-                raw = f.read()
-            try:
-                launch = json.loads(raw or b"{}")
-            except ValueError:
-                launch = {}
-        finally:
-            os.close(record)
+            if self.config.supervisor:
+                returncode, text, launch = self._requested(command, cwd, timeout)
+            else:
+                returncode, text, launch = self._spawned(command, cwd, timeout)
+        except Exception as e:  # chio missing or refusing, the daemon unreachable, or a hang past the margin
+            output = common.failed(e)
+            common.check_finished(output)
+            return output
         hit = (launch.get("outcome") or {}).get("limit_hit", [])
         if "wall_time" in hit:
             output = common.timed_out(command, timeout, text)
         elif launch.get("state") not in ("FullyEnforced", None) or not launch:
             output = common.failed(RuntimeError(f"the cage did not run the command: {launch.get('failure') or text}"), text)
         else:
-            output = {"output": text, "returncode": done.returncode, "exception_info": ""}
+            output = {"output": text, "returncode": returncode, "exception_info": ""}
         common.check_finished(output)
         return output
+
+    def _spawned(self, command: str, cwd: str, timeout: int) -> tuple[int, str, dict]:
+        """A `chio cage run` process: (status, output, launch record)."""
+        # The launch record goes to a memfd, not a file: chio syncs a record file to disk, which
+        # is a quarter of a launch here and buys nothing for a record read back at once.
+        record = os.memfd_create("chio-record")
+        try:
+            argv = self.command_line(command, cwd, timeout, f"/dev/fd/{record}")
+            # The cage enforces the timeout; the margin only guards against chio itself hanging.
+            done = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                timeout=timeout + 30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=(record,),
+            )
+            text = done.stdout.decode("utf-8", errors="replace")
+            try:
+                launch = json.loads(_read_all(record) or b"{}")
+            except ValueError:
+                launch = {}
+        finally:
+            os.close(record)
+        return done.returncode, text, launch
+
+    def _requested(self, command: str, cwd: str, timeout: int) -> tuple[int, str, dict]:
+        """One request to the supervisor daemon: (status, output, launch record). The command's
+        stdout and stderr both go to one memfd (as the chio process's both go to one pipe), read
+        back once the daemon answers: no reader thread, no pipe to fill."""
+        out = os.memfd_create("chio-output")
+        try:
+            request = {"id": os.urandom(16).hex(), "op": "launch", "args": self.cage_args(command, cwd, timeout)}
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout + 30)
+                s.connect(self.config.supervisor)
+                socket.send_fds(s, [json.dumps(request).encode() + b"\n"], [out, out])
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            reply = json.loads(answer or b"{}")
+            if "error" in reply or "exit_status" not in reply:
+                raise RuntimeError(f"the supervisor refused the command: {reply.get('error', reply)}")
+            text = _read_all(out).decode("utf-8", errors="replace")
+        finally:
+            os.close(out)
+        return reply["exit_status"], text, reply.get("record") or {}
 
     def get_template_vars(self, **kwargs) -> dict[str, Any]:
         return common.template_vars(self.config, **kwargs)
 
     def serialize(self) -> dict:
         return common.serialize(self)
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(os.dup(fd), "rb") as f:
+        return f.read()

@@ -96,6 +96,55 @@ class TestChioEnvironment(Base):
         self.assertNotIn("PATH", vars, "the agent's own environment leaked into template variables")
 
 
+class TestChioEnvironmentThroughTheSupervisor(Base):
+    """The same environment with `supervisor` set: each command is a request on the daemon's
+    socket (no chio process per command), with the same results."""
+
+    def setUp(self):
+        super().setUp()
+        self.socket = str(self.tmp / "s.sock")
+        conf = self.tmp / "supervisor.json"
+        conf.write_text(json.dumps({"schema": "chio.supervisor-config.v1"}))
+        log = open(self.tmp / "daemon.log", "w+")
+        self.addCleanup(log.close)
+        daemon = subprocess.Popen([CHIO, "supervisor", "serve", "--socket", self.socket, "--config", str(conf),
+                                   "--state-dir", str(self.tmp / "state")], stdin=subprocess.DEVNULL, stderr=log)
+        self.addCleanup(daemon.wait)
+        self.addCleanup(daemon.terminate)
+        wait_for(lambda: "listening on" in (self.tmp / "daemon.log").read_text())
+
+    def env(self, **kw):
+        return ChioEnvironment(chio="/nonexistent/chio", supervisor=self.socket, cwd=str(self.ws), timeout=20, **kw)
+
+    def test_calculator_fixed_and_submitted(self):
+        agent, result = run_agent(self.env(), [
+            "python3 -m unittest 2>&1 | tail -1",
+            FIX,
+            "python3 -m unittest 2>&1 | tail -1",
+            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+        ])
+        self.assertEqual(result["exit_status"], "Submitted", agent.messages[-1])
+        obs = observations(agent)
+        self.assertIn("FAILED", obs[0])
+        self.assertIn("OK", obs[2])
+        self.assertEqual((self.ws / "calc.py").stat().st_uid, NOBODY, "the edit landed as another user")
+
+    def test_timeout_both_streams_and_no_agent_secret(self):
+        marker = f"sleep 302.{os.getpid()}"
+        out = ChioEnvironment(supervisor=self.socket, cwd=str(self.ws), timeout=2).execute({"command": f"({marker} &) ; {marker}"})
+        self.assertEqual(out["returncode"], -1)
+        self.assertIn("timed out after 2 seconds", out["exception_info"])
+        self.assertEqual(live(marker), [])
+        os.environ["CHIO_MSA_TEST_SECRET"] = "hunter2-from-the-agent"
+        self.addCleanup(os.environ.pop, "CHIO_MSA_TEST_SECRET")
+        out = self.env().execute({"command": "echo one; echo two >&2; echo three; echo \"[$CHIO_MSA_TEST_SECRET]\"; exit 3"})
+        # Both streams reach the output (each in its order; the cage pumps them apart, as the
+        # chio process does) and nothing of the agent's environment.
+        self.assertEqual(out["returncode"], 3)
+        self.assertEqual(sorted(out["output"].splitlines()), ["[]", "one", "three", "two"])
+        self.assertLess(out["output"].index("one"), out["output"].index("three"))
+
+
 class TestHostileActions(Base):
     """Each probe under chio is refused; the same probe under the local environment succeeds."""
 
