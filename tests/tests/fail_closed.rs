@@ -305,3 +305,56 @@ fn a_bind_onto_the_root_is_refused() {
     assert_failed(&run, "BootstrapFailed", "resolve", "path_refused", 125);
     assert!(run.record["failure"]["detail"].as_str().unwrap().contains("absolute path below /"), "{}", run.stderr);
 }
+
+/// Stack `layers` landlock domains on the process about to exec (each handles only TCP bind, so
+/// mounts, ptrace and files stay as they were): a host whose service manager or parent sandbox
+/// already confined chio.
+fn with_landlock_layers(cmd: &mut Command, layers: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let attr: [u64; 2] = [0, 1]; // handled_access_fs: none, handled_access_net: BIND_TCP
+            for _ in 0..layers {
+                let fd = libc::syscall(libc::SYS_landlock_create_ruleset, attr.as_ptr(), 16usize, 0u32);
+                if fd < 0 || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd as i32);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Landlock allows 16 nested domains. A chio already under 16 cannot add the cage's ruleset:
+/// the launch must fail at the landlock stage before the target runs, not go on unconfined by
+/// landlock. The control, one layer fewer, leaves room for the cage's: FullyEnforced.
+#[test]
+fn a_ruleset_that_cannot_be_enforced_fails_the_launch() {
+    let Some(e) = env("landlock_nesting_limit") else { return };
+    let ws = Scratch::new("landlock-limit");
+    ws.give_to_nobody();
+    let launch = |layers: usize| {
+        let mut cmd = Command::new(&e.chio);
+        cmd.args([
+            "cage",
+            "run",
+            "--json",
+            "--rootfs",
+            e.rootfs.to_str().unwrap(),
+            "--workspace",
+            ws.0.to_str().unwrap(),
+        ]);
+        cmd.args(["--", "/probe", "write", "/workspace/ran"]);
+        with_landlock_layers(&mut cmd, layers);
+        parse(cmd.stdin(Stdio::null()).output().unwrap())
+    };
+    let run = launch(16);
+    assert_failed(&run, "BootstrapFailed", "landlock", "landlock_failed", 125);
+    assert!(run.stderr.contains("Argument list too long") || run.stderr.contains("E2BIG"), "{}", run.stderr);
+    assert!(!ws.join("ran").exists(), "the target ran");
+    let control = launch(15);
+    assert_eq!(control.state(), "FullyEnforced", "{}", control.stderr);
+    assert!(ws.join("ran").exists());
+}
