@@ -494,7 +494,8 @@ fn start_cage(
     // and read what the observation compares with.
     let early = prehash::guess(plan);
     let host_ns = observe::own_namespaces();
-    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns }, sock, early.as_ref(), hook)?;
+    let filters = observe::own_seccomp_filters();
+    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns, filters }, sock, early.as_ref(), hook)?;
     Ok((exec_at, pidfd))
 }
 
@@ -557,6 +558,8 @@ fn verify_and_exec(
 struct Host<'a> {
     cg: &'a LaunchCgroup,
     ns: &'a BTreeMap<String, String>,
+    /// Seccomp filters the supervisor itself runs under.
+    filters: u32,
 }
 
 /// The target between PTRACE_SEIZE and detach.
@@ -583,6 +586,7 @@ impl Traced<'_> {
         rec.mark("exec_stop");
         let mut observed = observe::read(self.tpid, self.host.ns);
         observed.status_channel_eof = eof_within(self.sock, 2000);
+        observed.seccomp_filters_inherited = self.host.filters;
         let cwd = plan.cwd.to_string_lossy();
         let expect = Expect {
             exe: self.exe,
@@ -591,6 +595,7 @@ impl Traced<'_> {
             cgroup: Some((self.host.cg.name(), self.host.cg.hierarchies())),
             cwd: &cwd,
             script: self.script,
+            inherited_filters: self.host.filters,
         };
         let mut problems = observe::violations(&observed, &expect);
         for (then, fd) in &self.hashed {

@@ -28,6 +28,14 @@ pub struct Expect<'a> {
     pub cwd: &'a str,
     /// A script kept open for its interpreter: its fd number, device and inode.
     pub script: Option<(i32, u64, u64)>,
+    /// Seccomp filters the supervisor itself runs under (inherited by every process it starts).
+    pub inherited_filters: u32,
+}
+
+/// How many seccomp filters this process runs under (0 without any).
+pub fn own_seccomp_filters() -> u32 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    numbers(field(&status, "Seccomp_filters")).first().copied().unwrap_or(0)
 }
 
 /// The supervisor's own namespaces, read once per launch.
@@ -121,10 +129,12 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
     if o.no_new_privs != 1 {
         v.push(format!("NoNewPrivs is {} (want 1)", o.no_new_privs));
     }
-    if o.seccomp != 2 || o.seccomp_filters != 1 {
+    // Filters only ever narrow what is allowed: the supervisor's own (its service manager's)
+    // stay on everything it starts, and the cage's must be there, once, on top of them.
+    if o.seccomp != 2 || o.seccomp_filters != e.inherited_filters + 1 {
         v.push(format!(
-            "Seccomp is {} with {} filters (want mode 2 with exactly our filter)",
-            o.seccomp, o.seccomp_filters
+            "Seccomp is {} with {} filters (want mode 2 with our filter on top of the {} the supervisor runs under)",
+            o.seccomp, o.seccomp_filters, e.inherited_filters
         ));
     }
     for (name, value) in &o.capabilities {
@@ -204,7 +214,15 @@ mod tests {
     }
 
     fn expect() -> Expect<'static> {
-        Expect { exe: (1, 2), uid: 65534, gid: 65534, cgroup: Some(("chio-1-x", 1)), cwd: "/", script: None }
+        Expect {
+            exe: (1, 2),
+            uid: 65534,
+            gid: 65534,
+            cgroup: Some(("chio-1-x", 1)),
+            cwd: "/",
+            script: None,
+            inherited_filters: 0,
+        }
     }
 
     /// `read` of this very process: every fact comes from the kernel, compared with what the
@@ -247,13 +265,35 @@ mod tests {
             assert_eq!(f.cage, f.host, "{name}: the same process is in its own namespaces");
         }
         // So it fails the checks a cage must pass: its namespaces are the supervisor's.
-        let e = Expect { exe: (o.exe_device, o.exe_inode), uid, gid, cgroup: None, cwd: &o.cwd, script: None };
+        let inherited_filters = own_seccomp_filters();
+        assert_eq!(o.seccomp_filters, inherited_filters, "this process's own filters, as the kernel counts them");
+        let e = Expect {
+            exe: (o.exe_device, o.exe_inode),
+            uid,
+            gid,
+            cgroup: None,
+            cwd: &o.cwd,
+            script: None,
+            inherited_filters,
+        };
         assert!(violations(&o, &e).iter().any(|v| v.contains("mnt namespace")));
     }
 
     #[test]
     fn a_target_meeting_every_fact_has_no_violation() {
         assert_eq!(violations(&good(), &expect()), Vec::<String>::new());
+    }
+
+    /// Under a service manager's filters the target carries them and ours: exactly one more.
+    #[test]
+    fn inherited_filters_count_and_ours_is_still_required_on_top() {
+        let e = Expect { inherited_filters: 5, ..expect() };
+        let with = |n| Observed { seccomp_filters: n, ..good() };
+        assert_eq!(violations(&with(6), &e), Vec::<String>::new());
+        for n in [5, 7, 1] {
+            let v = violations(&with(n), &e);
+            assert!(v.len() == 1 && v[0].contains("on top of the 5 the supervisor runs under"), "{n}: {v:?}");
+        }
     }
 
     /// Each fact, made false on its own, is reported and named.

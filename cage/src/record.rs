@@ -112,6 +112,11 @@ pub struct Observed {
     pub seccomp: u32,
     /// `Seccomp_filters:` of status.
     pub seccomp_filters: u32,
+    /// Of those, the filters the supervisor itself runs under (a service manager's, such as
+    /// systemd's `SystemCallArchitectures=`), which everything it starts inherits: the target
+    /// must have exactly these plus the cage's.
+    #[serde(default)]
+    pub seccomp_filters_inherited: u32,
     /// CapInh, CapPrm, CapEff, CapBnd, CapAmb as hex strings.
     pub capabilities: BTreeMap<String, String>,
     /// Real, effective, saved, filesystem uid.

@@ -358,3 +358,50 @@ fn a_ruleset_that_cannot_be_enforced_fails_the_launch() {
     assert_eq!(control.state(), "FullyEnforced", "{}", control.stderr);
     assert!(ws.join("ran").exists());
 }
+
+/// Install `n` allow-everything seccomp filters on the process about to exec: what a service
+/// manager's `SystemCallArchitectures=`, `LockPersonality=`… leave on chio under systemd.
+fn with_inherited_filters(cmd: &mut Command, n: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe prctl calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let allow = [libc::sock_filter {
+                code: (libc::BPF_RET | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ALLOW,
+            }];
+            let prog = libc::sock_fprog { len: 1, filter: allow.as_ptr() as *mut libc::sock_filter };
+            for _ in 0..n {
+                if libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A supervisor running under its service manager's filters: the target carries those and the
+/// cage's, and the observation accepts exactly that (the cage's filter still refuses).
+#[test]
+fn filters_the_supervisor_runs_under_are_counted_and_ours_still_applies() {
+    let Some(e) = env("inherited_filters") else { return };
+    let launch = |n: usize| {
+        let mut cmd = Command::new(&e.chio);
+        cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--", "/probe", "unshare", "user"]);
+        with_inherited_filters(&mut cmd, n);
+        parse(cmd.stdin(Stdio::null()).output().unwrap())
+    };
+    for n in [0, 3] {
+        let run = launch(n);
+        assert_eq!(run.state(), "FullyEnforced", "{n}: {}", run.stderr);
+        let o = &run.record["observed"];
+        assert_eq!(
+            (o["seccomp_filters"].as_u64(), o["seccomp_filters_inherited"].as_u64()),
+            (Some(n as u64 + 1), Some(n as u64))
+        );
+        assert!(run.stdout.starts_with("REFUSED") && run.stdout.contains("errno=1"), "{n}: {}", run.stdout);
+    }
+}
