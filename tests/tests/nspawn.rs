@@ -1,0 +1,192 @@
+//! The installed host under a real systemd: a Debian root with systemd boots in systemd-nspawn
+//! (`../shared/notes/systemd-in-nspawn.md`), the `.deb` built by `packaging/deb/build-deb.sh`
+//! (the static release binary, as shipped) is installed inside, and then, as the README shows:
+//! the documented wrapped preflight through `systemd-run … -p LoadCredential=… chio security
+//! supervise --exec … -- chio security preflight --require-enforcement …` exits 0 with enforced
+//! launch material and 1 with a shadow policy; `chio-supervisor.service` (Type=notify) is active
+//! only once it listens; an unprivileged user of group chio launches through its socket; and
+//! `systemctl stop` ends the daemon within its grace with no cage left.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chio_tests::{privileged, skip, Scratch};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The unit the image runs at boot: the test's script, bound in at /results/run.sh.
+const RUNNER: &str = "[Unit]\nDescription=chio test script\nConditionPathExists=/results/run.sh\n\
+[Service]\nType=oneshot\nExecStart=/bin/sh /results/run.sh\nStandardOutput=file:/results/out.txt\n\
+StandardError=inherit\n[Install]\nWantedBy=multi-user.target\n";
+
+/// A Debian root with systemd, built once into `target/test-images` (about a minute; needs
+/// debootstrap and the Debian mirror) and reused; each boot runs on a volatile overlay of it.
+fn systemd_image() -> Option<PathBuf> {
+    let dir = repo().join("target/test-images/systemd-bookworm");
+    if dir.join(".complete").exists() {
+        return Some(dir);
+    }
+    let tmp = dir.with_extension("tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    // The root's own mode is the container's `/`: others must be able to enter it.
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("debootstrap")
+        .args(["--variant=minbase", "--include=systemd,systemd-sysv,dbus,util-linux,passwd", "bookworm"])
+        .arg(&tmp)
+        .arg("http://deb.debian.org/debian")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!("debootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    std::fs::write(tmp.join("etc/systemd/system/chio-test-runner.service"), RUNNER).unwrap();
+    let wants = tmp.join("etc/systemd/system/multi-user.target.wants");
+    std::fs::create_dir_all(&wants).unwrap();
+    std::os::unix::fs::symlink("/etc/systemd/system/chio-test-runner.service", wants.join("chio-test-runner.service")).unwrap();
+    std::fs::write(tmp.join(".complete"), "").unwrap();
+    std::fs::rename(&tmp, &dir).unwrap();
+    Some(dir)
+}
+
+/// What the booted container runs (as root, from the runner unit), printing `key=value` lines.
+const SCRIPT: &str = r#"set -u
+cd /
+# nspawn mounts the cgroup v1 hierarchies read-only; the host's are bound at /mnt/hostcg.
+for c in memory cpu cpuacct pids; do mount --bind /mnt/hostcg/$c /sys/fs/cgroup/$c; done
+dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
+echo "group=$(getent group chio | cut -d: -f1)"
+mkdir -p /root/m && cd /root/m
+chio keys generate --out publisher >/dev/null 2>&1
+chio keys generate --out operator >/dev/null 2>&1
+chio keys generate --out /etc/chio/kernel-key >/dev/null 2>&1
+cp publisher/public.key /etc/chio/publisher.key; cp operator/public.key /etc/chio/operator.key
+SHA=$(sha256sum /usr/bin/true | cut -d' ' -f1)
+cat > manifest.json <<M
+{"schema":"chio.tool-manifest.v1","server_id":"true-tool","name":"true","version":"1.0.0",
+ "tools":[{"name":"true","description":"does nothing"}],
+ "target":{"path":"/bin/true","sha256":"$SHA","argv":["/bin/true"]},
+ "permissions":{"read_paths":[],"write_paths":[],"network":[],"env":[],"syscall_profile":"default"}}
+M
+D=$(chio manifest sign --key publisher/signing.seed --in manifest.json --out /etc/chio/manifest.signed.json)
+for mode in enforced shadow; do
+  cat > policy.json <<P
+{"schema":"chio.cage-launch-policy.v1","policy_id":"true-$mode","mode":"$mode",
+ "manifest":{"sha256":"$D","publisher_key":"$(cat publisher/public.key)"},
+ "launch":{"path":"/bin/true","argv":["/bin/true"]},
+ "ceilings":{"read_paths":[],"write_paths":[],"network":[],"env":[],"syscall_profile":"default",
+  "memory_bytes":268435456,"swap_bytes":0,"pids":32,"cpu_millis":1000,"wall_ms":60000,
+  "output_bytes":65536,"tmp_bytes":8388608},
+ "identity":{"uid":65534,"gid":65534},"rootfs":{"directory":"/usr"},"receipts":{"required":false}}
+P
+  chio policy sign --key operator/signing.seed --in policy.json --out /etc/chio/policy-$mode.signed.json >/dev/null
+done
+printf 'session-s3cret\n' > /etc/chio/credentials/session-token
+chmod 600 /etc/chio/credentials/session-token
+# The documented wrapped launch: the token from a systemd credential, never in a unit file.
+for mode in enforced shadow; do
+  systemd-run --wait --pipe --collect -p LoadCredential=session-token:/etc/chio/credentials/session-token \
+    /usr/bin/chio security supervise --exec --credential-env CHIO_AUTH_TOKEN=session-token -- \
+    /usr/bin/chio security preflight --require-enforcement --signed-manifest /etc/chio/manifest.signed.json \
+    --manifest-public-key /etc/chio/publisher.key --cage-policy /etc/chio/policy-$mode.signed.json \
+    --cage-policy-signer /etc/chio/operator.key --server-id true-tool -- /bin/true > /results/preflight-$mode.txt 2>&1
+  echo "preflight_$mode=$?"
+done
+# The daemon, for an unprivileged user of group chio (its role by uid).
+useradd -m -G chio runner
+useradd -m -G chio other
+cat > /etc/chio/supervisor.json <<C
+{"schema":"chio.supervisor-config.v1","clients":[{"uid":$(id -u runner),"role":"admin"}],
+ "kernel_key":"/etc/chio/kernel-key/signing.seed","stop_grace_s":2}
+C
+systemctl start chio-supervisor.service
+echo "supervisor=$(systemctl is-active chio-supervisor.service)"
+echo "socket=$(stat -c '%a %U %G' /run/chio/supervisor.sock)"
+R="setpriv --reuid runner --regid runner --init-groups"
+echo "launch=$($R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/sh -c 'echo as-$(id -u)' 2>/dev/null)"
+# Another member of group chio reaches the socket but not a role; nobody not even the socket.
+echo "stranger=$(setpriv --reuid other --regid other --init-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true >/dev/null 2>&1; echo $?)"
+echo "nobody=$(setpriv --reuid nobody --regid nogroup --clear-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true 2>&1 | grep -c 'Permission denied')"
+$R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/sh -c 'sleep 60; : long-launch' >/dev/null 2>&1 &
+for i in $(seq 100); do grep -lq "[l]ong-launch" /proc/[0-9]*/cmdline 2>/dev/null && break; sleep 0.05; done
+echo "running=$(grep -l '[l]ong-launch' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+T0=$(date +%s%N); systemctl stop chio-supervisor.service; T1=$(date +%s%N)
+echo "stop_ms=$(( (T1 - T0) / 1000000 ))"
+echo "stopped=$(systemctl is-active chio-supervisor.service)"
+sleep 0.5
+echo "left=$(grep -l '[l]ong-launch' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+echo "cgroups=$(ls /sys/fs/cgroup/pids /sys/fs/cgroup/memory | grep -c '^chio-')"
+echo "receipts=$(chio receipt list --receipt-db /var/lib/chio/receipts.db 2>/dev/null | wc -l)"
+echo "done=1"
+systemctl start --no-block poweroff.target
+"#;
+
+#[test]
+fn the_package_under_a_booted_systemd() {
+    if !privileged("nspawn") {
+        return;
+    }
+    for tool in ["systemd-nspawn", "debootstrap"] {
+        if Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| !o.status.success()) {
+            skip("nspawn", &format!("{tool} is missing (apt-get install systemd-container debootstrap; .ci/run does)"));
+            return;
+        }
+    }
+    let Some(image) = systemd_image() else {
+        skip("nspawn", "the systemd image could not be built (debootstrap needs the Debian mirror)");
+        return;
+    };
+    let results = Scratch::new("nspawn");
+    let built = Command::new(repo().join("packaging/deb/build-deb.sh"))
+        .args(["--out", results.0.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let deb = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    std::fs::rename(&deb, results.join("chio.deb")).unwrap();
+    std::fs::write(results.join("run.sh"), SCRIPT).unwrap();
+    let mut boot = Command::new("systemd-nspawn");
+    boot.args(["-b", "--register=no", "--keep-unit", "--volatile=overlay", "--capability=all", "--quiet"])
+        .arg("-D")
+        .arg(&image)
+        .arg(format!("--bind={}:/results", results.0.display()));
+    for c in ["memory", "cpu", "cpuacct", "pids"] {
+        boot.arg(format!("--bind=/sys/fs/cgroup/{c}:/mnt/hostcg/{c}"));
+    }
+    // nspawn's own syscall filter hides landlock from the container ("ABI 0").
+    boot.env("SYSTEMD_SECCOMP", "0").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = boot.spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(300);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("the container did not power off within 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = std::fs::read_to_string(results.join("out.txt")).unwrap_or_default();
+    let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_string();
+    let show = |f: &str| std::fs::read_to_string(results.join(f)).unwrap_or_default();
+    assert_eq!(get("done"), "1", "the script did not finish:\n{out}");
+    assert_eq!((get("installed"), get("group")), ("0".into(), "chio".into()), "{out}");
+    assert_eq!(get("preflight_enforced"), "0", "{}", show("preflight-enforced.txt"));
+    assert_eq!(get("preflight_shadow"), "1", "{}", show("preflight-shadow.txt"));
+    assert!(show("preflight-shadow.txt").contains("error    security.native_launch: the policy is in shadow mode"));
+    assert_eq!(get("supervisor"), "active", "{out}");
+    assert_eq!(get("socket"), "660 root chio", "{out}");
+    assert_eq!(get("launch"), "as-65534", "{out}");
+    assert_eq!(get("stranger"), "77", "a peer outside the configuration is refused by the daemon: {out}");
+    assert_eq!(get("nobody"), "1", "outside group chio the socket itself is closed: {out}");
+    assert_eq!(get("running"), "1", "{out}");
+    let stop_ms: u64 = get("stop_ms").parse().unwrap();
+    assert!((2000..7000).contains(&stop_ms), "the stop took {stop_ms} ms with a 2 s grace: {out}");
+    assert_eq!((get("stopped"), get("left"), get("cgroups")), ("inactive".into(), "0".into(), "0".into()), "{out}");
+    assert!(get("receipts").parse::<u32>().unwrap() >= 2, "the launch's receipts in the daemon's store: {out}");
+}
