@@ -213,6 +213,14 @@ mod tests {
                 && set_caps(0, 0, 1 << 10)
                 && !caps_all_clear(last)
         }));
+        // The permitted and inheritable sets holding the same capability (so no `^` of the
+        // sets can stand in for their union).
+        assert!(in_child(|| {
+            raise_inheritable(10).is_ok()
+                && drop_bounding_and_lock(last).is_ok()
+                && set_caps(0, 1 << 10, 1 << 10)
+                && !caps_all_clear(last)
+        }));
         // Only the bounding set.
         assert!(in_child(|| clear_caps().is_ok() && !caps_all_clear(last)));
         // All of them empty.
