@@ -61,6 +61,10 @@ enum Command {
     /// The repository execution leg: a workspace from one commit, each command in a cage,
     /// signed transitions, export and verify-export.
     Repository {
+        /// Run the operation in the supervisor daemon listening on SOCKET (as $CHIO_SUPERVISOR);
+        /// needs the admin role there.
+        #[arg(long, value_name = "SOCKET", env = "CHIO_SUPERVISOR", global = true)]
+        supervisor: Option<std::path::PathBuf>,
         #[command(subcommand)]
         command: repository_cmd::RepositoryCommand,
     },
@@ -133,7 +137,8 @@ fn main() {
         Command::Manifest { command } => (doc_cmd::manifest(command), 1),
         Command::Image { command } => (image_cmd::run(command), 1),
         Command::Policy { command } => (doc_cmd::policy(command), 1),
-        Command::Repository { command } => (repository_cmd::run(command), 1),
+        Command::Repository { supervisor: Some(socket), .. } => (daemon::client::repository(socket), 1),
+        Command::Repository { command, .. } => (repository_cmd::run(command), 1),
         Command::Session { command } => (session_cmd::run(command), 1),
         Command::Security { command } => (security_cmd::run(command), 1),
         Command::Supervisor { command } => (daemon::run(command), 1),

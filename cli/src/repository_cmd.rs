@@ -127,6 +127,16 @@ pub enum RepositoryCommand {
 }
 
 /// Run a repository subcommand.
+/// The parser of `chio repository`'s subcommands alone (the daemon's launch child parses a
+/// client's arguments with it).
+pub fn parse_args(args: &[std::ffi::OsString]) -> std::result::Result<RepositoryCommand, clap::Error> {
+    use clap::{FromArgMatches, Subcommand};
+    let cmd = RepositoryCommand::augment_subcommands(clap::Command::new("repository").bin_name("chio repository"))
+        .subcommand_required(true);
+    let matches = cmd.try_get_matches_from(std::iter::once("repository".into()).chain(args.iter().cloned()))?;
+    RepositoryCommand::from_arg_matches(&matches)
+}
+
 pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
     match dispatch(cmd) {
         Ok(code) => Ok(code),

@@ -494,3 +494,66 @@ fn under_load_no_launch_fails_and_nothing_leaks() {
     assert!(grown < 512, "the daemon's RSS grew {grown} KiB over {launches} launches");
     eprintln!("load: {clients} clients, {warm} + {launches} launches in 2 + 4 s, RSS {rss} KiB + {grown} KiB");
 }
+
+/// `chio repository --supervisor S …`: the leg's operations run by the daemon for an admin —
+/// init, execute (its output and status), status, export — exactly as the one-shot commands;
+/// the launch role is refused them.
+#[test]
+fn the_repository_leg_through_the_daemon() {
+    if !privileged("daemon_repository") {
+        return;
+    }
+    let dir = Scratch::new("daemon-repo");
+    let d = Daemon::start(&dir, config(json!({"clients": [{"uid": 65533, "role": "launch"}]})));
+    chio_tests::calculator_repo(&dir.0);
+    assert!(Command::new(chio())
+        .args(["keys", "generate", "--out", s(&dir.join("key"))])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let leg = |args: &[&str], uid: Option<u32>| {
+        let mut c = Command::new(chio());
+        c.current_dir(&dir.0).args(["repository", "--supervisor", s(&d.socket)]).args(args);
+        if let Some(u) = uid {
+            c.uid(u).gid(u);
+        }
+        c.stdin(Stdio::null()).output().unwrap()
+    };
+    let init = ["init", "--state", "ws", "--repository", "calc", "--revision", "HEAD", "--source-path", "package"];
+    let out = leg(&[&init[..], &["--kernel-key", "key/signing.seed"]].concat(), None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("ws/workspace.json").exists(), "relative paths resolve in the client's directory");
+    let out = leg(
+        &[
+            "execute",
+            "--state",
+            "ws",
+            "--operation-key",
+            "k1",
+            "--",
+            "cd package && python3 -m unittest 2>&1 | tail -1; exit 4",
+        ],
+        None,
+    );
+    assert_eq!(
+        (out.status.code(), text(&out.stdout)),
+        (Some(4), "FAILED (failures=1)\n".into()),
+        "{}",
+        text(&out.stderr)
+    );
+    let fix = "sed -i 's/a - b/a + b/' package/calc.py";
+    assert_eq!(leg(&["execute", "--state", "ws", "--operation-key", "k2", "--", fix], None).status.code(), Some(0));
+    let out = leg(&["status", "--state", "ws", "--json"], None);
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["operations"]["completed"], 2, "{st}");
+    let out = leg(&["export", "--state", "ws", "--out", "bundle"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(dir.join("bundle/changes.patch")).unwrap().contains("+    return a + b"));
+    // A usage error is clap's, as the one-shot form gives it.
+    assert_eq!(leg(&["execute", "--state", "ws"], None).status.code(), Some(2));
+    // The launch role may not drive the leg.
+    let out = leg(&["status", "--state", "ws"], Some(65533));
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("need the admin role"), "{}", text(&out.stderr));
+}

@@ -50,7 +50,8 @@ fn systemd_image() -> Option<PathBuf> {
     std::fs::write(tmp.join("etc/systemd/system/chio-test-runner.service"), RUNNER).unwrap();
     let wants = tmp.join("etc/systemd/system/multi-user.target.wants");
     std::fs::create_dir_all(&wants).unwrap();
-    std::os::unix::fs::symlink("/etc/systemd/system/chio-test-runner.service", wants.join("chio-test-runner.service")).unwrap();
+    std::os::unix::fs::symlink("/etc/systemd/system/chio-test-runner.service", wants.join("chio-test-runner.service"))
+        .unwrap();
     std::fs::write(tmp.join(".complete"), "").unwrap();
     std::fs::rename(&tmp, &dir).unwrap();
     Some(dir)

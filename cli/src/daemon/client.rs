@@ -17,22 +17,19 @@ use serde_json::Value;
 use super::wire::{self, Documents, Fds, Request};
 use crate::cage_cmd::RunArgs;
 
-/// Flags the client handles itself and never sends (each takes a value but `--json`).
+/// Flags `cage run`'s client handles itself and never sends (each takes a value but `--json`).
 const CLIENT_FLAGS: [&str; 3] = ["--supervisor", "--record", "--json"];
 
 /// Send the launch `a` (parsed from this process's arguments) to the daemon at `socket`.
 pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
     let raw: Vec<OsString> = std::env::args_os().skip(3).collect();
-    let args = forwarded(&raw)?;
+    let args = forwarded(&raw, &CLIENT_FLAGS)?;
     let record_file = crate::cage_cmd::create_record_file(a)?;
     let documents = match (&a.policy, &a.manifest) {
         (Some(p), Some(m)) => Some(Documents { policy: read_text(p)?, manifest: read_text(m)? }),
         _ => None,
     };
-    let env = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| !k.starts_with("CHIO_"))
-        .collect();
+    let env = client_env();
     let request = Request {
         id: random_id()?,
         op: "launch".into(),
@@ -54,6 +51,45 @@ pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
     }
     let answer = exchange(socket, &request, &fds)?;
     finish(a, &answer, record_file)
+}
+
+/// `chio repository [--supervisor SOCKET] …` sent to the daemon: the same operation, run by
+/// it in the client's directory with the client's stdin, stdout and stderr; exits as it did.
+pub fn repository(socket: &Path) -> Result<i32> {
+    let raw: Vec<OsString> = std::env::args_os().skip(2).collect();
+    let request = Request {
+        id: random_id()?,
+        op: "repository".into(),
+        args: forwarded(&raw, &["--supervisor"])?,
+        env: client_env(),
+        documents: None,
+        fds: Fds { cwd: true, stdin: true },
+    };
+    let cwd = open_cwd()?;
+    let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
+    let fds = [stdout.as_raw_fd(), stderr.as_raw_fd(), cwd.as_raw_fd(), stdin.as_raw_fd()];
+    let answer = exchange(socket, &request, &fds)?;
+    if let Some(e) = answer.get("error").and_then(Value::as_str) {
+        eprintln!("chio: the supervisor refused the operation: {e}");
+        return Ok(answer.get("exit_code").and_then(Value::as_i64).map_or(1, |c| c as i32));
+    }
+    let status =
+        answer.get("exit_status").and_then(Value::as_i64).context("the supervisor's answer has no exit_status")?;
+    Ok(status as i32)
+}
+
+/// The client's variables that travel (chio's own `CHIO_*` settings stay the daemon's).
+fn client_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !k.starts_with("CHIO_"))
+        .collect()
+}
+
+fn open_cwd() -> Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(".", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+        .context("opening the working directory")
 }
 
 /// Send one request with `fds` and read its answer line.
@@ -107,8 +143,9 @@ fn read_text(p: &Path) -> Result<String> {
     String::from_utf8(crate::doc_cmd::read(p)?).with_context(|| format!("{} is not UTF-8", p.display()))
 }
 
-/// The arguments to send: ours without the client's own flags, `--policy-signer` as a key.
-fn forwarded(raw: &[OsString]) -> Result<Vec<String>> {
+/// The arguments to send: ours without the client's own flags (`strip`), `--policy-signer`
+/// as a key.
+fn forwarded(raw: &[OsString], strip: &[&str]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut it = raw.iter();
     while let Some(arg) = it.next() {
@@ -121,7 +158,7 @@ fn forwarded(raw: &[OsString]) -> Result<Vec<String>> {
             break;
         }
         let name = s.split_once('=').map_or(s, |(n, _)| n);
-        if CLIENT_FLAGS.contains(&name) {
+        if strip.contains(&name) {
             if name != "--json" && !s.contains('=') {
                 it.next();
             }
@@ -152,6 +189,6 @@ mod tests {
                 .map(OsString::from)
                 .collect();
         assert!(crate::cage_cmd::parse_args(&raw).is_ok());
-        assert_eq!(forwarded(&raw).unwrap(), ["--pids", "8", "--", "sh", "--json", "--record", "x"]);
+        assert_eq!(forwarded(&raw, &CLIENT_FLAGS).unwrap(), ["--pids", "8", "--", "sh", "--json", "--record", "x"]);
     }
 }

@@ -169,9 +169,14 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
     let id = req.id.clone();
     let mut v = match req.op.as_str() {
         "ping" if fds.is_empty() => json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}),
-        "launch" if fds.len() == req.fds.count() => launch(s, req, fds, uid, role).await,
-        "ping" | "launch" => refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2),
-        other => refusal(None, format!("unknown operation {other:?} (ping, launch)"), 2),
+        "repository" if role != Role::Admin => {
+            refusal(None, format!("uid {uid}: the repository operations need the admin role"), 77)
+        }
+        "launch" | "repository" if fds.len() == req.fds.count() => launch(s, req, fds, uid, role).await,
+        "ping" | "launch" | "repository" => {
+            refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2)
+        }
+        other => refusal(None, format!("unknown operation {other:?} (ping, launch, repository)"), 2),
     };
     v["id"] = json!(id);
     v

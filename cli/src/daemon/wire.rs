@@ -21,9 +21,10 @@ pub struct Request {
     /// The client's id for this request: a repeat with the same request returns the retained
     /// answer, a repeat with a different one is refused.
     pub id: String,
-    /// `ping` or `launch`.
+    /// `ping`, `launch` (`chio cage run`) or `repository` (`chio repository`).
     pub op: String,
-    /// For `launch`: the arguments of `chio cage run` (without `--supervisor`, `--record`, `--json`).
+    /// For `launch`: the arguments of `chio cage run` (without `--supervisor`, `--record`,
+    /// `--json`); for `repository`, those of `chio repository`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// For `launch`: the client's environment (what `--env KEY` and admitted variables read).
