@@ -34,6 +34,7 @@ for unit in packaging/systemd/*.service packaging/systemd/*.timer; do
 done
 install -D -m 0644 packaging/systemd/chio.sysusers "$root/usr/lib/sysusers.d/chio.conf"
 install -D -m 0644 packaging/systemd/chio.tmpfiles "$root/usr/lib/tmpfiles.d/chio.conf"
+install -D -m 0755 packaging/examples/make-material.sh "$root/usr/share/chio/examples/make-material.sh"
 mkdir -p "$root/usr/share/man/man1"
 "$root/usr/bin/chio" internal man --out "$root/usr/share/man/man1"
 gzip -9n "$root"/usr/share/man/man1/*.1

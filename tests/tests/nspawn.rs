@@ -64,40 +64,19 @@ cd /
 for c in memory cpu cpuacct pids; do mount --bind /mnt/hostcg/$c /sys/fs/cgroup/$c; done
 dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
 echo "group=$(getent group chio | cut -d: -f1)"
-mkdir -p /root/m && cd /root/m
-chio keys generate --out publisher >/dev/null 2>&1
-chio keys generate --out operator >/dev/null 2>&1
 chio keys generate --out /etc/chio/kernel-key >/dev/null 2>&1
-cp publisher/public.key /etc/chio/publisher.key; cp operator/public.key /etc/chio/operator.key
-SHA=$(sha256sum /usr/bin/true | cut -d' ' -f1)
-cat > manifest.json <<M
-{"schema":"chio.tool-manifest.v1","server_id":"true-tool","name":"true","version":"1.0.0",
- "tools":[{"name":"true","description":"does nothing"}],
- "target":{"path":"/bin/true","sha256":"$SHA","argv":["/bin/true"]},
- "permissions":{"read_paths":[],"write_paths":[],"network":[],"env":[],"syscall_profile":"default"}}
-M
-D=$(chio manifest sign --key publisher/signing.seed --in manifest.json --out /etc/chio/manifest.signed.json)
-for mode in enforced shadow; do
-  cat > policy.json <<P
-{"schema":"chio.cage-launch-policy.v1","policy_id":"true-$mode","mode":"$mode",
- "manifest":{"sha256":"$D","publisher_key":"$(cat publisher/public.key)"},
- "launch":{"path":"/bin/true","argv":["/bin/true"]},
- "ceilings":{"read_paths":[],"write_paths":[],"network":[],"env":[],"syscall_profile":"default",
-  "memory_bytes":268435456,"swap_bytes":0,"pids":32,"cpu_millis":1000,"wall_ms":60000,
-  "output_bytes":65536,"tmp_bytes":8388608},
- "identity":{"uid":65534,"gid":65534},"rootfs":{"directory":"/usr"},"receipts":{"required":false}}
-P
-  chio policy sign --key operator/signing.seed --in policy.json --out /etc/chio/policy-$mode.signed.json >/dev/null
-done
+# The shipped example material, made as the README shows.
+/usr/share/chio/examples/make-material.sh /etc/chio/example > /results/material.txt; echo "material=$?"
+E=/etc/chio/example
 printf 'session-s3cret\n' > /etc/chio/credentials/session-token
 chmod 600 /etc/chio/credentials/session-token
 # The documented wrapped launch: the token from a systemd credential, never in a unit file.
 for mode in enforced shadow; do
   systemd-run --wait --pipe --collect -p LoadCredential=session-token:/etc/chio/credentials/session-token \
     /usr/bin/chio security supervise --exec --credential-env CHIO_AUTH_TOKEN=session-token -- \
-    /usr/bin/chio security preflight --require-enforcement --signed-manifest /etc/chio/manifest.signed.json \
-    --manifest-public-key /etc/chio/publisher.key --cage-policy /etc/chio/policy-$mode.signed.json \
-    --cage-policy-signer /etc/chio/operator.key --server-id true-tool -- /bin/true > /results/preflight-$mode.txt 2>&1
+    /usr/bin/chio security preflight --require-enforcement --signed-manifest $E/manifest.signed.json \
+    --manifest-public-key $E/publisher/public.key --cage-policy $E/policy-$mode.signed.json \
+    --cage-policy-signer $E/operator/public.key --server-id example-true -- /bin/true > /results/preflight-$mode.txt 2>&1
   echo "preflight_$mode=$?"
 done
 # The daemon, for an unprivileged user of group chio (its role by uid).
@@ -176,7 +155,8 @@ fn the_package_under_a_booted_systemd() {
     let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_string();
     let show = |f: &str| std::fs::read_to_string(results.join(f)).unwrap_or_default();
     assert_eq!(get("done"), "1", "the script did not finish:\n{out}");
-    assert_eq!((get("installed"), get("group")), ("0".into(), "chio".into()), "{out}");
+    assert_eq!((get("installed"), get("group"), get("material")), ("0".into(), "chio".into(), "0".into()), "{out}");
+    assert_eq!(show("material.txt").lines().count(), 2, "the two preflight command lines: {}", show("material.txt"));
     assert_eq!(get("preflight_enforced"), "0", "{}", show("preflight-enforced.txt"));
     assert_eq!(get("preflight_shadow"), "1", "{}", show("preflight-shadow.txt"));
     assert!(show("preflight-shadow.txt").contains("error    security.native_launch: the policy is in shadow mode"));

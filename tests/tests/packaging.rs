@@ -206,6 +206,7 @@ fn the_debian_package_holds_everything_and_its_binary_runs() {
         "./usr/lib/systemd/system/chio-receipts-verify.timer",
         "./usr/lib/sysusers.d/chio.conf",
         "./usr/lib/tmpfiles.d/chio.conf",
+        "./usr/share/chio/examples/make-material.sh",
         "./usr/share/man/man1/chio.1.gz",
         "./usr/share/man/man1/chio-security-preflight.1.gz",
         "./usr/share/man/man1/chio-security-supervise.1.gz",
