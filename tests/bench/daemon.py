@@ -86,7 +86,8 @@ def main():
         sock = os.path.join(tmp, "s.sock")
         conf = os.path.join(tmp, "supervisor.json")
         with open(conf, "w") as f:
-            json.dump({"schema": "chio.supervisor-config.v1", "max_launches": 64, "max_connections": 256}, f)
+            json.dump({"schema": "chio.supervisor-config.v1", "max_launches": 64, "max_connections": 256,
+                       "max_launches_per_client": 64, "max_connections_per_client": 256}, f)
         log = open(os.path.join(tmp, "daemon.log"), "w+")
         d = subprocess.Popen([chio, "supervisor", "serve", "--socket", sock, "--config", conf,
                               "--state-dir", os.path.join(tmp, "state")], stderr=log, stdin=subprocess.DEVNULL)

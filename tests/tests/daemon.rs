@@ -557,3 +557,41 @@ fn the_repository_leg_through_the_daemon() {
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("need the admin role"), "{}", text(&out.stderr));
 }
+
+/// A client uid holds at most its share: a launch over `max_launches_per_client` and a
+/// connection over `max_connections_per_client` are answered "try again" at once, while another
+/// client is served.
+#[test]
+fn one_client_holds_at_most_its_share() {
+    if !privileged("daemon_share") {
+        return;
+    }
+    let dir = Scratch::new("daemon-share");
+    let conf = json!({"max_launches_per_client": 1, "max_connections_per_client": 2, "stop_grace_s": 1,
+                      "clients": [{"uid": 65533, "role": "launch"}]});
+    let d = Daemon::start(&dir, config(conf));
+    let tag = format!("share-tag-{}", std::process::id());
+    let mut long = Command::new(chio());
+    long.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &format!("sleep 30; : {tag}")]);
+    let long = long.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while processes_tagged(&tag).iter().all(|&p| !is_sh(p)) {
+        assert!(Instant::now() < until, "the launch did not start: {}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = d.run(None, &["--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("uid 0 has its limit of 1 launches running"), "{}", text(&out.stderr));
+    // The long launch's client holds one connection; one more fits, a third does not.
+    let _idle = UnixStream::connect(&d.socket).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let answer = raw(&d.socket, b"{\"id\":\"p\",\"op\":\"ping\"}\n");
+    assert!(answer["error"].as_str().unwrap().contains("uid 0 has its limit of 2 connections open"), "{answer}");
+    // Another client is served meanwhile (and refused only for what its role may not do).
+    let out = d.run(Some(65533), &["--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("launch role"), "{}", text(&out.stderr));
+    drop(d);
+    let _ = long.wait_with_output();
+    assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
+}

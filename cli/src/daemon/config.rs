@@ -65,6 +65,13 @@ pub struct Config {
     /// Connections open at once; more are answered with an error and closed.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Launches one client uid may have running at once; more are refused ("try again"), so
+    /// no one client takes every launch slot.
+    #[serde(default = "default_max_launches_per_client")]
+    pub max_launches_per_client: usize,
+    /// Connections one client uid may have open at once.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
     /// Seconds a client has to send its request line.
     #[serde(default = "default_request_timeout_s")]
     pub request_timeout_s: u64,
@@ -82,6 +89,12 @@ fn default_max_launches() -> usize {
 }
 fn default_max_connections() -> usize {
     64
+}
+fn default_max_launches_per_client() -> usize {
+    4
+}
+fn default_max_connections_per_client() -> usize {
+    16
 }
 fn default_request_timeout_s() -> u64 {
     10
@@ -103,6 +116,8 @@ impl Default for Config {
             kernel_key: None,
             max_launches: default_max_launches(),
             max_connections: default_max_connections(),
+            max_launches_per_client: default_max_launches_per_client(),
+            max_connections_per_client: default_max_connections_per_client(),
             request_timeout_s: default_request_timeout_s(),
             stop_grace_s: default_stop_grace_s(),
             journal_retention_s: default_journal_retention_s(),
@@ -146,8 +161,10 @@ impl Config {
         for k in &self.policy_signers {
             chio_kernel::keys::public_key(k).with_context(|| format!("policy_signers: {k:?} is not a public key"))?;
         }
-        if self.max_launches == 0 || self.max_connections == 0 || self.request_timeout_s == 0 {
-            bail!("max_launches, max_connections and request_timeout_s must be at least 1");
+        let bounds =
+            [self.max_launches, self.max_connections, self.max_launches_per_client, self.max_connections_per_client];
+        if bounds.contains(&0) || self.request_timeout_s == 0 {
+            bail!("max_launches, max_connections, their _per_client limits and request_timeout_s must be at least 1");
         }
         Ok(())
     }
@@ -193,6 +210,7 @@ mod tests {
             r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1,"gid":1,"role":"admin"}]}"#,
             r#"{"schema":"chio.supervisor-config.v1","policy_signers":["zz"]}"#,
             r#"{"schema":"chio.supervisor-config.v1","max_launches":0}"#,
+            r#"{"schema":"chio.supervisor-config.v1","max_launches_per_client":0}"#,
             r#"{"schema":"chio.supervisor-config.v1","surprise":1}"#,
             r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1,"role":"root"}]}"#,
         ] {

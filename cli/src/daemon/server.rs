@@ -1,8 +1,11 @@
 //! The daemon's I/O: accept, map the peer to a role, read one request line (bounded in size and
 //! time) with its descriptors, hand launches to the launcher, answer. A launch holds a slot of
-//! `max_launches`; a connection a slot of `max_connections`, and one that cannot get one is
-//! answered and closed — a slow or hostile client only ever holds its own slots.
+//! `max_launches` and one of its uid's `max_launches_per_client`; a connection a slot of
+//! `max_connections` and one of its uid's `max_connections_per_client`. A connection or a launch
+//! over its uid's share is answered "try again" at once, so a slow or hostile client holds at
+//! most its own share and never stalls the others.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +33,8 @@ const MAX_ANSWER_BYTES: u64 = 4 << 20;
 
 struct Shared {
     journal: Arc<Mutex<Store>>,
+    /// Per client uid: (connections open, launches running).
+    per_client: Mutex<HashMap<u32, (usize, usize)>>,
     config: Config,
     daemon: DaemonSide,
     launcher: Launcher,
@@ -57,6 +62,7 @@ pub async fn run(
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let shared = Arc::new(Shared {
         journal: Arc::new(Mutex::new(store)),
+        per_client: Mutex::new(HashMap::new()),
         launches: Semaphore::new(config.max_launches),
         connections: Arc::new(Semaphore::new(config.max_connections)),
         running: AtomicUsize::new(0),
@@ -114,6 +120,53 @@ async fn drained(s: &Shared, within: Duration) -> bool {
     true
 }
 
+/// Which of a client's shares a [`Share`] holds.
+#[derive(Clone, Copy)]
+enum Kind {
+    Connection,
+    Launch,
+}
+
+/// One unit of a client uid's share, given back on drop.
+struct Share<'a> {
+    s: &'a Shared,
+    uid: u32,
+    kind: Kind,
+}
+
+impl Shared {
+    /// Take one of `uid`'s connections or launches, or None when it holds its limit.
+    fn share(&self, uid: u32, kind: Kind) -> Option<Share<'_>> {
+        let mut m = self.per_client.lock().ok()?;
+        let e = m.entry(uid).or_insert((0, 0));
+        let (held, limit) = match kind {
+            Kind::Connection => (&mut e.0, self.config.max_connections_per_client),
+            Kind::Launch => (&mut e.1, self.config.max_launches_per_client),
+        };
+        if *held >= limit {
+            return None;
+        }
+        *held += 1;
+        Some(Share { s: self, uid, kind })
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.s.per_client.lock() {
+            if let Some(e) = m.get_mut(&self.uid) {
+                match self.kind {
+                    Kind::Connection => e.0 -= 1,
+                    Kind::Launch => e.1 -= 1,
+                }
+                if *e == (0, 0) {
+                    m.remove(&self.uid);
+                }
+            }
+        }
+    }
+}
+
 fn refusal(id: Option<&str>, why: String, exit_code: i32) -> Value {
     json!({"id": id, "error": why, "exit_code": exit_code})
 }
@@ -135,6 +188,14 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             super::DEFAULT_CONFIG
         );
         let _ = reply(&mut stream, &refusal(None, why, 77)).await;
+        return;
+    };
+    let Some(_share) = s.share(uid, Kind::Connection) else {
+        let why = format!(
+            "uid {uid} has its limit of {} connections open (max_connections_per_client); try again",
+            s.config.max_connections_per_client
+        );
+        let _ = reply(&mut stream, &refusal(None, why, 75)).await;
         return;
     };
     let timeout = Duration::from_secs(s.config.request_timeout_s);
@@ -183,6 +244,13 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
 }
 
 async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Value {
+    let Some(_share) = s.share(uid, Kind::Launch) else {
+        let why = format!(
+            "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
+            s.config.max_launches_per_client
+        );
+        return refusal(None, why, 75);
+    };
     let Ok(_slot) = s.launches.acquire().await else {
         return refusal(None, "the supervisor is stopping".into(), 75);
     };
