@@ -504,7 +504,10 @@ fn the_repository_leg_through_the_daemon() {
         return;
     }
     let dir = Scratch::new("daemon-repo");
-    let d = Daemon::start(&dir, config(json!({"clients": [{"uid": 65533, "role": "launch"}]})));
+    let granted = dir.join("ws");
+    let conf = json!({"clients": [{"uid": 65533, "role": "launch"}, {"uid": 65532, "role": "repository"}],
+                      "workspaces": [{"uid": 65532, "state": granted}]});
+    let d = Daemon::start(&dir, config(conf));
     chio_tests::calculator_repo(&dir.0);
     assert!(Command::new(chio())
         .args(["keys", "generate", "--out", s(&dir.join("key"))])
@@ -555,7 +558,47 @@ fn the_repository_leg_through_the_daemon() {
     // The launch role may not drive the leg.
     let out = leg(&["status", "--state", "ws"], Some(65533));
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("need the admin role"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("need the admin or repository role"), "{}", text(&out.stderr));
+    // The repository role runs execute and status on its granted workspace, nothing else.
+    let ws = s(&granted);
+    let out = leg(
+        &["execute", "--state", ws, "--operation-key", "k3", "--", "cd package && python3 -m unittest 2>&1 | tail -1"],
+        Some(65532),
+    );
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "OK\n".into()), "{}", text(&out.stderr));
+    assert_eq!(leg(&["status", "--state", ws], Some(65532)).status.code(), Some(0));
+    let init2 = ["init", "--state", "ws2", "--repository", "calc", "--revision", "HEAD", "--source-path", "package"];
+    assert!(leg(&[&init2[..], &["--kernel-key", "key/signing.seed"]].concat(), None).status.success());
+    let other = dir.join("ws2");
+    for (args, says) in [
+        (vec!["execute", "--state", s(&other), "--operation-key", "k4", "--", "true"], "is not granted to uid 65532"),
+        (vec!["export", "--state", ws, "--out", "/tmp/never"], "execute and status only"),
+        (
+            vec![
+                "init",
+                "--state",
+                "/tmp/never",
+                "--repository",
+                "calc",
+                "--revision",
+                "HEAD",
+                "--source-path",
+                "p",
+                "--kernel-key",
+                "k",
+            ],
+            "execute and status only",
+        ),
+    ] {
+        let out = leg(&args, Some(65532));
+        assert_eq!(out.status.code(), Some(77), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+    }
+    assert!(!Path::new("/tmp/never").exists());
+    // A link to the grant is the grant; the operation runs on the grant's own path.
+    std::os::unix::fs::symlink(&granted, dir.join("link")).unwrap();
+    let out = leg(&["status", "--state", s(&dir.join("link")), "--json"], Some(65532));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 /// A client uid holds at most its share: a launch over `max_launches_per_client` and a

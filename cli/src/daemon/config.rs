@@ -18,6 +18,9 @@ pub enum Role {
     Admin,
     /// Launches under a signed policy and manifest only, verified under the pinned signers.
     Launch,
+    /// `chio repository execute` and `status` on the workspaces granted to its uid (an agent
+    /// host or session runner on workspaces an operator made).
+    Repository,
 }
 
 impl Role {
@@ -26,6 +29,7 @@ impl Role {
         match self {
             Role::Admin => "admin",
             Role::Launch => "launch",
+            Role::Repository => "repository",
         }
     }
 }
@@ -44,6 +48,16 @@ pub struct Client {
     pub role: Role,
 }
 
+/// A workspace an operator made (`chio repository init`) that a client uid may run commands in.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceGrant {
+    /// The client's uid.
+    pub uid: u32,
+    /// The workspace's state directory (absolute).
+    pub state: PathBuf,
+}
+
 /// The configuration file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +67,9 @@ pub struct Config {
     /// Who may connect. Root may always connect, as admin.
     #[serde(default)]
     pub clients: Vec<Client>,
+    /// Workspaces each client uid with the repository role may use.
+    #[serde(default)]
+    pub workspaces: Vec<WorkspaceGrant>,
     /// Operator keys (64 hex digits) a launch policy must be signed by.
     #[serde(default)]
     pub policy_signers: Vec<String>,
@@ -112,6 +129,7 @@ impl Default for Config {
         Config {
             schema: SCHEMA.into(),
             clients: Vec::new(),
+            workspaces: Vec::new(),
             policy_signers: Vec::new(),
             kernel_key: None,
             max_launches: default_max_launches(),
@@ -156,6 +174,11 @@ impl Config {
         for (i, c) in self.clients.iter().enumerate() {
             if c.uid.is_none() == c.gid.is_none() {
                 bail!("clients[{i}]: give exactly one of uid and gid");
+            }
+        }
+        for (i, w) in self.workspaces.iter().enumerate() {
+            if !w.state.is_absolute() {
+                bail!("workspaces[{i}]: state {} must be an absolute path", w.state.display());
             }
         }
         for k in &self.policy_signers {
@@ -213,6 +236,7 @@ mod tests {
             r#"{"schema":"chio.supervisor-config.v1","max_launches_per_client":0}"#,
             r#"{"schema":"chio.supervisor-config.v1","surprise":1}"#,
             r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1,"role":"root"}]}"#,
+            r#"{"schema":"chio.supervisor-config.v1","workspaces":[{"uid":1,"state":"ws"}]}"#,
         ] {
             assert!(config(bad).is_err(), "{bad}");
         }

@@ -39,6 +39,9 @@ pub struct DaemonSide {
     pub kernel_key: Option<PathBuf>,
     /// Keys a launch policy must be signed by.
     pub policy_signers: Vec<String>,
+    /// The workspaces this peer may use with the repository role (its grants).
+    #[serde(default)]
+    pub workspaces: Vec<PathBuf>,
 }
 
 /// An answer saying the launch could not be run, with cage run's cage-failure status.
@@ -73,22 +76,54 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>) -> String {
     launched(&a)
 }
 
-/// `chio repository …` as the client asked (the daemon admits only admins to it).
+/// `chio repository …` as the client asked: anything for an admin; `execute` and `status` on a
+/// granted workspace for the repository role.
 fn repository(job: &Job, args: &[OsString]) -> String {
-    if job.role != Role::Admin.name() {
-        return failure(&format!("uid {}: the repository operations need the admin role", job.uid));
-    }
     let status = match crate::repository_cmd::parse_args(args) {
-        Ok(cmd) => crate::repository_cmd::run(&cmd).unwrap_or_else(|e| {
-            eprintln!("chio: {e:#}");
-            1
-        }),
+        Ok(mut cmd) => {
+            if let Err(why) = granted(job, &mut cmd) {
+                return json!({"error": why, "exit_code": 77}).to_string();
+            }
+            crate::repository_cmd::run(&cmd).unwrap_or_else(|e| {
+                eprintln!("chio: {e:#}");
+                1
+            })
+        }
         Err(e) => {
             let _ = e.print();
             e.exit_code()
         }
     };
     json!({"exit_status": status, "record": null, "receipts": []}).to_string()
+}
+
+/// Whether this peer may run `cmd`: an admin anything; the repository role only `execute` and
+/// `status`, only on a workspace granted to its uid (compared after resolving both paths). The
+/// command then names the grant's own path, not the client's: a link the client swaps after the
+/// check cannot point the operation elsewhere.
+fn granted(job: &Job, cmd: &mut crate::repository_cmd::RepositoryCommand) -> Result<(), String> {
+    use crate::repository_cmd::RepositoryCommand as R;
+    if job.role == Role::Admin.name() {
+        return Ok(());
+    }
+    if job.role != Role::Repository.name() {
+        return Err(format!("uid {}: the repository operations need the admin or repository role", job.uid));
+    }
+    let state = match cmd {
+        R::Execute { state, .. } | R::Status { state, .. } => state,
+        _ => return Err(format!("uid {}: the repository role may run execute and status only", job.uid)),
+    };
+    let resolved = std::fs::canonicalize(&*state).map_err(|e| format!("workspace {}: {e}", state.display()))?;
+    if let Some(grant) = job.daemon.workspaces.iter().find(|w| std::fs::canonicalize(w).is_ok_and(|w| w == resolved)) {
+        *state = grant.clone();
+        Ok(())
+    } else {
+        Err(format!(
+            "workspace {} is not granted to uid {} (workspaces in the supervisor's configuration)",
+            state.display(),
+            job.uid
+        ))
+    }
 }
 
 /// Descriptors and environment: the client's stdout/stderr (and stdin, cwd) become ours.

@@ -80,6 +80,7 @@ fn serve(a: &ServeArgs) -> Result<i32> {
         state_dir,
         kernel_key: config.kernel_key.as_deref().map(std::path::absolute).transpose()?,
         policy_signers: config.policy_signers.clone(),
+        workspaces: Vec::new(),
     };
     if let Some(seed) = &daemon.kernel_key {
         // A bad key or a foreign store stops the daemon here, not each launch later.

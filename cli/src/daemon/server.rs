@@ -230,8 +230,8 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
     let id = req.id.clone();
     let mut v = match req.op.as_str() {
         "ping" if fds.is_empty() => json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}),
-        "repository" if role != Role::Admin => {
-            refusal(None, format!("uid {uid}: the repository operations need the admin role"), 77)
+        "repository" if role == Role::Launch => {
+            refusal(None, format!("uid {uid}: the repository operations need the admin or repository role"), 77)
         }
         "launch" | "repository" if fds.len() == req.fds.count() => launch(s, req, fds, uid, role).await,
         "ping" | "launch" | "repository" => {
@@ -285,7 +285,9 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: R
             ))
         }
     }
-    let job = Job { role: role.name().into(), uid, request: req, daemon: s.daemon.clone() };
+    let mut daemon = s.daemon.clone();
+    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).map(|w| w.state.clone()).collect();
+    let job = Job { role: role.name().into(), uid, request: req, daemon };
     let bytes = run_job(s, &job, fds).await;
     let v: Value = match bytes {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("the launch's answer is not JSON: {e}"))?,
