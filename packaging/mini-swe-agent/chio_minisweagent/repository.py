@@ -7,7 +7,10 @@ completed (their retained results, no new launch). When the agent submits, the w
 exported (patch, receipts, archives) if `export_dir` is set.
 
 With `socket` set, commands go to the leg's socket instead (`chio session run` binds it into the
-worker's cage): no `chio` binary, no root and no state directory on the agent's side.
+worker's cage): no `chio` binary, no root and no state directory on the agent's side. With
+`supervisor` set, each command is one request on the supervisor daemon's socket (`chio supervisor
+serve`): no `chio` process and no root — the agent's uid needs the daemon's `repository` role
+with the workspace granted (or `admin`), and `state_dir` must be absolute.
 """
 
 import hashlib
@@ -30,6 +33,8 @@ class ChioRepositoryEnvironmentConfig(BaseModel):
     """The workspace's state directory (`chio repository init --state`)."""
     socket: str = ""
     """The leg's Unix socket (a governed session's worker); replaces `state_dir` and `chio`."""
+    supervisor: str = ""
+    """The supervisor daemon's socket: `chio repository execute` runs there (replaces `chio`)."""
     run_id: str = "run"
     """Names this run in operation keys (the same id resumes the run)."""
     timeout: int = 30
@@ -102,12 +107,34 @@ class ChioRepositoryEnvironment:
             if "error" in answer:
                 return {}, f"{answer['error']} (exit {answer.get('exit_code')})"
             return answer, ""
-        argv = [self.config.chio, "repository", "execute", "--state", self.config.state_dir,
-                "--operation-key", key, "--deadline", str(timeout), "--json", "--", command]
+        args = ["execute", "--state", self.config.state_dir, "--operation-key", key, "--deadline", str(timeout),
+                "--json", "--", command]
+        if self.config.supervisor:
+            return self.request_supervisor(args, timeout)
+        argv = [self.config.chio, "repository", *args]
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 30,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         result = json.loads(done.stdout or b"{}")
         return result, done.stderr.decode("utf-8", errors="replace").strip() or f"chio exited {done.returncode}"
+
+    def request_supervisor(self, args: list[str], timeout: int) -> tuple[dict, str]:
+        """`chio repository ARGS` as one request to the daemon; its stdout and stderr come back
+        through two memfds passed with the request."""
+        out, err = os.memfd_create("chio-stdout"), os.memfd_create("chio-stderr")
+        try:
+            request = {"id": os.urandom(16).hex(), "op": "repository", "args": args}
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout + 30)
+                s.connect(self.config.supervisor)
+                socket.send_fds(s, [json.dumps(request).encode() + b"\n"], [out, err])
+                answer = json.loads(s.makefile("rb").readline() or b"{}")
+            stderr = _read_all(err).decode("utf-8", errors="replace").strip()
+            if "error" in answer:
+                return {}, f"the supervisor refused it: {answer['error']} (exit {answer.get('exit_code')})"
+            return json.loads(_read_all(out) or b"{}"), stderr or f"chio exited {answer.get('exit_status')}"
+        finally:
+            os.close(out)
+            os.close(err)
 
     def export(self, out_dir: str) -> None:
         subprocess.run([self.config.chio, "repository", "export", "--state", self.config.state_dir, "--out", out_dir],
@@ -119,3 +146,9 @@ class ChioRepositoryEnvironment:
     def serialize(self) -> dict:
         return common.serialize(self)
 
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(os.dup(fd), "rb") as f:
+        return f.read()

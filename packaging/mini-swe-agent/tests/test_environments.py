@@ -102,16 +102,7 @@ class TestChioEnvironmentThroughTheSupervisor(Base):
 
     def setUp(self):
         super().setUp()
-        self.socket = str(self.tmp / "s.sock")
-        conf = self.tmp / "supervisor.json"
-        conf.write_text(json.dumps({"schema": "chio.supervisor-config.v1"}))
-        log = open(self.tmp / "daemon.log", "w+")
-        self.addCleanup(log.close)
-        daemon = subprocess.Popen([CHIO, "supervisor", "serve", "--socket", self.socket, "--config", str(conf),
-                                   "--state-dir", str(self.tmp / "state")], stdin=subprocess.DEVNULL, stderr=log)
-        self.addCleanup(daemon.wait)
-        self.addCleanup(daemon.terminate)
-        wait_for(lambda: "listening on" in (self.tmp / "daemon.log").read_text())
+        self.socket = start_supervisor(self, self.tmp)
 
     def env(self, **kw):
         return ChioEnvironment(chio="/nonexistent/chio", supervisor=self.socket, cwd=str(self.ws), timeout=20, **kw)
@@ -265,11 +256,46 @@ class TestChioRepositoryEnvironment(Base):
         self.assertEqual(result2["exit_status"], "Submitted")
         self.assertEqual(self.receipts(), before, "a resumed run launched again")
 
+    def test_through_the_supervisor(self):
+        """Each command one request on the daemon's socket: no chio process on the agent's side."""
+        sock = start_supervisor(self, self.tmp)
+        before = self.receipts()
+        env = ChioRepositoryEnvironment(chio="/nonexistent/chio", supervisor=sock, state_dir=str(self.state), run_id="r3")
+        agent, result = run_agent(env, [
+            "cd package && python3 -m unittest 2>&1 | tail -1",
+            f"cd package && {FIX}",
+            "cd package && python3 -m unittest 2>&1 | tail -1",
+            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+        ])
+        self.assertEqual(result["exit_status"], "Submitted", agent.messages[-1])
+        obs = observations(agent)
+        self.assertIn("FAILED", obs[0])
+        self.assertIn("OK", obs[2])
+        self.assertGreater(self.receipts(), before, "the commands were not receipted in the workspace")
+        out = env.execute({"command": "echo x > outside.txt"})
+        self.assertEqual(out["returncode"], 3)
+
     def test_a_change_outside_the_scope_is_refused(self):
         env = ChioRepositoryEnvironment(chio=CHIO, state_dir=str(self.state), run_id="r2")
         out = env.execute({"command": "echo x > outside.txt"})
         self.assertEqual(out["returncode"], 3)
         self.assertIn("refused", out["output"])
+
+
+def start_supervisor(test, tmp):
+    """A daemon in the foreground on a private socket and state (root connects as admin); it is
+    stopped when `test` ends. Returns the socket's path."""
+    sock = str(tmp / "s.sock")
+    conf = tmp / "supervisor.json"
+    conf.write_text(json.dumps({"schema": "chio.supervisor-config.v1"}))
+    log = open(tmp / "daemon.log", "w+")
+    test.addCleanup(log.close)
+    daemon = subprocess.Popen([CHIO, "supervisor", "serve", "--socket", sock, "--config", str(conf),
+                               "--state-dir", str(tmp / "daemon-state")], stdin=subprocess.DEVNULL, stderr=log)
+    test.addCleanup(daemon.wait)
+    test.addCleanup(daemon.terminate)
+    wait_for(lambda: "listening on" in (tmp / "daemon.log").read_text())
+    return sock
 
 
 def wait_for(condition, seconds=10):
