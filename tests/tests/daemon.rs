@@ -535,7 +535,7 @@ fn the_repository_leg_through_the_daemon() {
             "--operation-key",
             "k1",
             "--",
-            "cd package && python3 -m unittest 2>&1 | tail -1; exit 4",
+            "cd package && python3 -B -m unittest 2>&1 | tail -1; exit 4",
         ],
         None,
     );
@@ -562,7 +562,7 @@ fn the_repository_leg_through_the_daemon() {
     // The repository role runs execute and status on its granted workspace, nothing else.
     let ws = s(&granted);
     let out = leg(
-        &["execute", "--state", ws, "--operation-key", "k3", "--", "cd package && python3 -m unittest 2>&1 | tail -1"],
+        &["execute", "--state", ws, "--operation-key", "k3", "--", "cd package && python3 -B -m unittest 2>&1 | tail -1"],
         Some(65532),
     );
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "OK\n".into()), "{}", text(&out.stderr));
