@@ -626,7 +626,7 @@ fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Re
         };
     }
     let build = || -> io::Result<Ruleset> {
-        let rs = Ruleset::new(abi)?;
+        let mut rs = Ruleset::new(abi)?;
         rs.allow_path(c"/", lfs::READ)?;
         for p in &access.read_exec {
             rs.allow_path(p, lfs::READ | lfs::EXECUTE)?;
