@@ -1,57 +1,54 @@
 //! Identity and privilege of the target: rlimits, groups, uid/gid, all five capability sets
 //! emptied and read back, securebits locked, no_new_privs. The order matters: the bounding set
 //! and securebits need CAP_SETPCAP, so they go before the uid change; capset to zero and the
-//! read-back go after it.
+//! read-back go after it. Capability sets go through the `caps` crate, ids, rlimits and
+//! no_new_privs through nix; raw calls remain only where neither has one, each marked.
 
 use std::io;
+
+use caps::CapSet;
+use nix::sys::resource::{setrlimit, Resource};
 
 use crate::plan::Limits;
 
 /// Securebits we set and lock: NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE (+ their locks),
 /// and KEEP_CAPS locked off.
 pub const SECUREBITS: u32 = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
+/// The highest capability number the `caps` crate knows (CAP_CHECKPOINT_RESTORE); a newer
+/// kernel's are handled by number.
+const CRATE_LAST_CAP: u32 = 40;
 
 fn os_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+fn caps_err(what: &'static str) -> impl Fn(caps::errors::CapsError) -> io::Error {
+    move |e| io::Error::other(format!("{what}: {e}"))
+}
+
+fn nix_err(what: String) -> impl FnOnce(nix::Error) -> io::Error {
+    move |e| io::Error::new(io::Error::from(e).kind(), format!("{what}: {e}"))
+}
+
 /// Apply the plan's rlimits (soft = hard).
 pub fn set_rlimits(l: &Limits) -> io::Result<()> {
     let mut set = vec![
-        (libc::RLIMIT_NOFILE, l.nofile, "nofile"),
-        (libc::RLIMIT_FSIZE, l.fsize_bytes, "fsize"),
-        (libc::RLIMIT_CORE, l.core_bytes, "core"),
-        (libc::RLIMIT_SIGPENDING, l.sigpending, "sigpending"),
-        (libc::RLIMIT_MEMLOCK, l.memlock_bytes, "memlock"),
+        (Resource::RLIMIT_NOFILE, l.nofile, "NOFILE"),
+        (Resource::RLIMIT_FSIZE, l.fsize_bytes, "FSIZE"),
+        (Resource::RLIMIT_CORE, l.core_bytes, "CORE"),
+        (Resource::RLIMIT_SIGPENDING, l.sigpending, "SIGPENDING"),
+        (Resource::RLIMIT_MEMLOCK, l.memlock_bytes, "MEMLOCK"),
     ];
     if let Some(c) = l.cpu_seconds {
-        set.push((libc::RLIMIT_CPU, c, "cpu"));
+        set.push((Resource::RLIMIT_CPU, c, "CPU"));
     }
     if let Some(a) = l.address_space_bytes {
-        set.push((libc::RLIMIT_AS, a, "as"));
+        set.push((Resource::RLIMIT_AS, a, "AS"));
     }
     for (res, value, name) in set {
-        let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
-        // SAFETY: valid rlimit struct.
-        if unsafe { libc::setrlimit(res, &lim) } != 0 {
-            return Err(os_err(&format!("setting RLIMIT_{} to {value}", name.to_uppercase())));
-        }
+        setrlimit(res, value, value).map_err(nix_err(format!("setting RLIMIT_{name} to {value}")))?;
     }
     Ok(())
 }
@@ -63,16 +60,16 @@ pub fn last_cap() -> u32 {
 
 /// Drop every capability from the bounding set, clear ambient, set and lock securebits.
 pub fn drop_bounding_and_lock(last: u32) -> io::Result<()> {
-    for cap in 0..=last {
+    caps::clear(None, CapSet::Bounding).map_err(caps_err("dropping the bounding set"))?;
+    for cap in CRATE_LAST_CAP + 1..=last {
+        // Raw: a capability newer than the `caps` crate has no name there; dropped by number.
         // SAFETY: plain prctl with integer arguments.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
             return Err(os_err(&format!("dropping capability {cap} from the bounding set")));
         }
     }
-    // SAFETY: plain prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) } != 0 {
-        return Err(os_err("clearing ambient capabilities"));
-    }
+    caps::clear(None, CapSet::Ambient).map_err(caps_err("clearing ambient capabilities"))?;
+    // Raw: neither `caps` (only KEEP_CAPS) nor nix sets securebits.
     // SAFETY: plain prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS as libc::c_ulong, 0, 0, 0) } != 0 {
         return Err(os_err("locking securebits"));
@@ -82,61 +79,39 @@ pub fn drop_bounding_and_lock(last: u32) -> io::Result<()> {
 
 /// Set no supplementary groups, then gid and uid (real, effective, saved).
 pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: plain syscalls with integer arguments.
-    unsafe {
-        if libc::setgroups(0, std::ptr::null()) != 0 {
-            return Err(os_err("clearing supplementary groups"));
-        }
-        if libc::setresgid(gid, gid, gid) != 0 {
-            return Err(os_err(&format!("setting gid {gid}")));
-        }
-        if libc::setresuid(uid, uid, uid) != 0 {
-            return Err(os_err(&format!("setting uid {uid}")));
-        }
-    }
+    use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
+    setgroups(&[]).map_err(nix_err("clearing supplementary groups".into()))?;
+    let g = Gid::from_raw(gid);
+    setresgid(g, g, g).map_err(nix_err(format!("setting gid {gid}")))?;
+    let u = Uid::from_raw(uid);
+    setresuid(u, u, u).map_err(nix_err(format!("setting uid {uid}")))?;
     Ok(())
 }
 
-/// Empty effective, permitted and inheritable sets.
+/// Empty effective, permitted and inheritable sets (clearing permitted clears effective too).
 pub fn clear_caps() -> io::Result<()> {
-    let hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let data = [CapData::default(); 2];
-    // SAFETY: header and two data structs as capset v3 requires.
-    if unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) } != 0 {
-        return Err(os_err("emptying capability sets"));
-    }
+    caps::clear(None, CapSet::Inheritable).map_err(caps_err("emptying the inheritable set"))?;
+    caps::clear(None, CapSet::Permitted).map_err(caps_err("emptying the permitted and effective sets"))?;
     Ok(())
 }
 
-/// Add `cap` to the inheritable set (a test hook: inheritable capabilities survive exec).
-pub fn raise_inheritable(cap: u32) -> io::Result<()> {
-    let mut hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: header and two data structs as capget/capset v3 require.
-    unsafe {
-        if libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) != 0 {
-            return Err(os_err("reading capabilities"));
-        }
-        data[(cap / 32) as usize].inheritable |= 1 << (cap % 32);
-        if libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) != 0 {
-            return Err(os_err("raising an inheritable capability"));
-        }
-    }
-    Ok(())
+/// Add CAP_NET_BIND_SERVICE to the inheritable set (a test hook: inheritable capabilities
+/// survive exec).
+pub fn raise_inheritable() -> io::Result<()> {
+    caps::raise(None, CapSet::Inheritable, caps::Capability::CAP_NET_BIND_SERVICE)
+        .map_err(caps_err("raising an inheritable capability"))
 }
 
-/// Read every capability set back; true only when all five are empty.
+/// Read every capability set back; true only when all five are empty. (`caps` reads the
+/// capabilities it knows; bits beyond them are never granted by the steps above, and the exec
+/// stop checks all 64 bits of each set in `/proc/<pid>/status`.)
 pub fn caps_all_clear(last: u32) -> bool {
-    let mut hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: header and two data structs as capget v3 requires.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) } != 0 {
+    let sets = [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable, CapSet::Ambient, CapSet::Bounding];
+    if !sets.into_iter().all(|set| caps::read(None, set).is_ok_and(|s| s.is_empty())) {
         return false;
     }
-    if data.iter().any(|d| d.effective | d.permitted | d.inheritable != 0) {
-        return false;
-    }
-    (0..=last).all(|cap| {
+    (CRATE_LAST_CAP + 1..=last).all(|cap| {
+        // Raw: capabilities newer than the crate's, read by number.
         // SAFETY: plain prctl queries.
         unsafe {
             libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) == 0
@@ -153,15 +128,12 @@ pub fn caps_all_clear(last: u32) -> bool {
 
 /// Set no_new_privs.
 pub fn no_new_privs() -> io::Result<()> {
-    // SAFETY: plain prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(os_err("setting no_new_privs"));
-    }
-    Ok(())
+    nix::sys::prctl::set_no_new_privs().map_err(nix_err("setting no_new_privs".into()))
 }
 
 /// Current securebits.
 pub fn securebits() -> u32 {
+    // Raw: neither `caps` nor nix reads securebits.
     // SAFETY: plain prctl query.
     let v = unsafe { libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
     v.max(0) as u32
@@ -170,6 +142,22 @@ pub fn securebits() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
 
     /// Run `f` in a forked child (capability changes stay there); its verdict is the exit code.
     fn in_child(f: impl FnOnce() -> bool) -> bool {
@@ -208,7 +196,7 @@ mod tests {
         assert!(in_child(|| drop_bounding_and_lock(last).is_ok() && !caps_all_clear(last)));
         // Only the inheritable set.
         assert!(in_child(|| {
-            raise_inheritable(10).is_ok()
+            raise_inheritable().is_ok()
                 && drop_bounding_and_lock(last).is_ok()
                 && set_caps(0, 0, 1 << 10)
                 && !caps_all_clear(last)
@@ -216,7 +204,7 @@ mod tests {
         // The permitted and inheritable sets holding the same capability (so no `^` of the
         // sets can stand in for their union).
         assert!(in_child(|| {
-            raise_inheritable(10).is_ok()
+            raise_inheritable().is_ok()
                 && drop_bounding_and_lock(last).is_ok()
                 && set_caps(0, 1 << 10, 1 << 10)
                 && !caps_all_clear(last)

@@ -512,8 +512,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     let late_caps = plan.hook(&TestHook::NoNewPrivs);
     let hooked_caps = late_caps || plan.hook(&TestHook::Bounding) || plan.hook(&TestHook::Caps);
     if plan.hook(&TestHook::Caps) {
-        identity::raise_inheritable(10 /* CAP_NET_BIND_SERVICE */)
-            .map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+        identity::raise_inheritable().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
     }
     if !plan.hook(&TestHook::Bounding) {
         identity::drop_bounding_and_lock(last).map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
