@@ -288,6 +288,33 @@ fn raw(socket: &Path, bytes: &[u8]) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|_| panic!("not an answer: {line:?}"))
 }
 
+/// One request line with `files` attached as SCM_RIGHTS; the answer line.
+fn raw_with_fds(socket: &Path, line: &[u8], files: &[&std::fs::File]) -> Value {
+    use std::os::fd::AsRawFd;
+    let c = UnixStream::connect(socket).unwrap();
+    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+    let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec { iov_base: line.as_ptr() as *mut libc::c_void, iov_len: line.len() };
+    // SAFETY: a msghdr over live buffers; one SCM_RIGHTS message sized for `fds`.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        (*cm).cmsg_level = libc::SOL_SOCKET;
+        (*cm).cmsg_type = libc::SCM_RIGHTS;
+        (*cm).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as usize;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cm).cast::<i32>(), fds.len());
+        assert_eq!(libc::sendmsg(c.as_raw_fd(), &msg, 0), line.len() as isize);
+    }
+    let mut answer = String::new();
+    BufReader::new(&c).read_line(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap_or_else(|_| panic!("not an answer: {answer:?}"))
+}
+
 #[test]
 fn hostile_requests_are_answered_and_stall_no_one() {
     if !privileged("daemon_hostile") {
@@ -312,6 +339,12 @@ fn hostile_requests_are_answered_and_stall_no_one() {
         let answer = raw(&d.socket, &bytes);
         assert!(answer["error"].as_str().unwrap().contains(says), "{answer}");
     }
+    // Descriptors a request did not announce, or more than four: refused, and none kept.
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let answer = raw_with_fds(&d.socket, b"{\"id\":\"p2\",\"op\":\"ping\"}\n", &[&null, &null]);
+    assert!(answer["error"].as_str().unwrap().contains("descriptors do not match"), "{answer}");
+    let answer = raw_with_fds(&d.socket, b"{\"id\":\"p3\",\"op\":\"ping\"}\n", &[&null; 6]);
+    assert!(answer["error"].as_str().unwrap().contains("more than 4 descriptors"), "{answer}");
     // Two idle clients hold both connection slots: a third is answered at once, not queued…
     let idle: Vec<UnixStream> = (0..2).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(100));
@@ -562,7 +595,15 @@ fn the_repository_leg_through_the_daemon() {
     // The repository role runs execute and status on its granted workspace, nothing else.
     let ws = s(&granted);
     let out = leg(
-        &["execute", "--state", ws, "--operation-key", "k3", "--", "cd package && python3 -B -m unittest 2>&1 | tail -1"],
+        &[
+            "execute",
+            "--state",
+            ws,
+            "--operation-key",
+            "k3",
+            "--",
+            "cd package && python3 -B -m unittest 2>&1 | tail -1",
+        ],
         Some(65532),
     );
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "OK\n".into()), "{}", text(&out.stderr));

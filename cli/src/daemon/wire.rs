@@ -79,10 +79,15 @@ pub fn send_line(sock: BorrowedFd<'_>, line: &[u8], fds: &[RawFd]) -> io::Result
     Ok(())
 }
 
-/// One `recvmsg`: bytes into `buf`, descriptors appended to `fds` (close-on-exec). More
-/// descriptors than fit (MSG_CTRUNC) is an error: the kernel has already closed the rest.
+/// The most descriptors one message can carry (the kernel's SCM_MAX_FD).
+const SCM_MAX_FD: usize = 253;
+
+/// One `recvmsg`: bytes into `buf`, descriptors appended to `fds` (close-on-exec). The control
+/// buffer holds as many descriptors as one message can carry, so none is ever cut off: a cut
+/// (MSG_CTRUNC) would leave the ones that fit installed here with no way to close them through
+/// nix. The caller refuses more than [`MAX_FDS`] and closes them all by dropping `fds`.
 pub fn recv_some(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<UnixAddr>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
     for c in msg.cmsgs()? {
@@ -90,9 +95,6 @@ pub fn recv_some(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Res
             // SAFETY: the kernel just installed these descriptors in our table; we own them.
             fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
         }
-    }
-    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-        return Err(io::Error::other(format!("more than {MAX_FDS} descriptors on one request")));
     }
     Ok(msg.bytes)
 }
