@@ -6,6 +6,7 @@
 
 use std::io::{self, BufRead, BufReader, Read};
 
+use oci_spec::image::{Descriptor, ImageConfiguration, ImageIndex, ImageManifest};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -146,21 +147,30 @@ fn json(data: &[u8], what: &str) -> Result<Value, ImportError> {
     serde_json::from_slice(data).map_err(|e| invalid(format!("{what}: {e}")))
 }
 
-fn diff_ids(config: &Value) -> Result<Vec<String>, ImportError> {
-    config["rootfs"]["diff_ids"]
-        .as_array()
-        .ok_or_else(|| invalid("config has no rootfs.diff_ids"))?
-        .iter()
-        .map(|d| d.as_str().map(str::to_string).ok_or_else(|| invalid("a diff_id is not a string")))
-        .collect()
+/// The image configuration's typed view (oci-spec), for its platform and layer list; the
+/// document itself is kept as JSON for the store's record.
+fn typed_config(data: &[u8], what: &str) -> Result<ImageConfiguration, ImportError> {
+    serde_json::from_slice(data).map_err(|e| invalid(format!("{what}: not an image configuration: {e}")))
 }
 
-fn platform_of(v: &Value) -> Option<String> {
-    let (os, arch) = (v["os"].as_str()?, v["architecture"].as_str()?);
-    Some(match v["variant"].as_str() {
+fn diff_ids(config: &ImageConfiguration) -> Vec<String> {
+    config.rootfs().diff_ids().clone()
+}
+
+fn platform_text(os: &str, arch: &str, variant: Option<&String>) -> String {
+    match variant {
         Some(var) => format!("{os}/{arch}/{var}"),
         None => format!("{os}/{arch}"),
-    })
+    }
+}
+
+fn platform_of_config(c: &ImageConfiguration) -> String {
+    platform_text(&c.os().to_string(), &c.architecture().to_string(), c.variant().as_ref())
+}
+
+fn platform_of_descriptor(d: &Descriptor) -> Option<String> {
+    let p = d.platform().as_ref()?;
+    Some(platform_text(&p.os().to_string(), &p.architecture().to_string(), p.variant().as_ref()))
 }
 
 fn platform_matches(have: &str, want: &str) -> bool {
@@ -179,14 +189,19 @@ pub fn resolve(src: &Source, sel: &Selection) -> Result<Resolved, ImportError> {
 }
 
 struct Candidate {
-    manifest: Value,
-    descriptor: Value,
+    manifest: ImageManifest,
+    descriptor: Descriptor,
     refs: Vec<String>,
+}
+
+/// A descriptor's annotation `key`, if any.
+fn annotation<'a>(d: &'a Descriptor, key: &str) -> Option<&'a str> {
+    d.annotations().as_ref()?.get(key).map(String::as_str)
 }
 
 fn collect(
     src: &Source,
-    descriptors: &[Value],
+    descriptors: &[Descriptor],
     refs: &[String],
     out: &mut Vec<Candidate>,
     depth: u32,
@@ -195,15 +210,14 @@ fn collect(
         return Err(invalid("image indexes nested too deeply"));
     }
     for d in descriptors {
-        let media = d["mediaType"].as_str().unwrap_or_default();
-        let digest = d["digest"].as_str().ok_or_else(|| invalid("descriptor without digest"))?;
-        let annotations = &d["annotations"];
-        if annotations["vnd.docker.reference.type"].as_str() == Some("attestation-manifest") {
+        let media = d.media_type().to_string();
+        let digest = d.digest().to_string();
+        if annotation(d, "vnd.docker.reference.type") == Some("attestation-manifest") {
             continue;
         }
         let mut names = refs.to_vec();
         for key in ["org.opencontainers.image.ref.name", "io.containerd.image.name"] {
-            if let Some(n) = annotations[key].as_str() {
+            if let Some(n) = annotation(d, key) {
                 names.push(n.to_string());
             }
         }
@@ -212,17 +226,21 @@ fn collect(
             // containerd-store exports omit blobs of other platforms.
             continue;
         }
-        let blob = verified_blob(src, digest, d["size"].as_u64())?;
-        let doc = json(&blob, digest)?;
-        let actual_media = doc["mediaType"].as_str().unwrap_or(media);
-        if !media.is_empty() && actual_media != media {
+        let blob = verified_blob(src, &digest, Some(d.size()))?;
+        // The document's own mediaType decides how it is read; it must be the descriptor's.
+        let doc = json(&blob, &digest)?;
+        let actual_media = doc["mediaType"].as_str().unwrap_or(&media).to_string();
+        if actual_media != media {
             return Err(invalid(format!("{digest}: descriptor says {media} but the document is {actual_media}")));
         }
-        if INDEX_TYPES.contains(&actual_media) || (actual_media.is_empty() && doc.get("manifests").is_some()) {
-            let inner = doc["manifests"].as_array().cloned().unwrap_or_default();
-            collect(src, &inner, &names, out, depth + 1)?;
-        } else if MANIFEST_TYPES.contains(&actual_media) || (actual_media.is_empty() && doc.get("layers").is_some()) {
-            out.push(Candidate { manifest: doc, descriptor: d.clone(), refs: names });
+        if INDEX_TYPES.contains(&actual_media.as_str()) {
+            let inner: ImageIndex =
+                serde_json::from_value(doc).map_err(|e| invalid(format!("{digest}: not an image index: {e}")))?;
+            collect(src, inner.manifests(), &names, out, depth + 1)?;
+        } else if MANIFEST_TYPES.contains(&actual_media.as_str()) {
+            let manifest: ImageManifest =
+                serde_json::from_value(doc).map_err(|e| invalid(format!("{digest}: not an image manifest: {e}")))?;
+            out.push(Candidate { manifest, descriptor: d.clone(), refs: names });
         } else {
             return Err(invalid(format!("{digest}: unsupported media type {actual_media:?}")));
         }
@@ -231,11 +249,11 @@ fn collect(
 }
 
 fn resolve_oci(src: &Source, sel: &Selection) -> Result<Resolved, ImportError> {
-    let index = src.json("index.json")?;
-    let descriptors = index["manifests"].as_array().cloned().ok_or_else(|| invalid("index.json has no manifests"))?;
+    let index: ImageIndex =
+        serde_json::from_value(src.json("index.json")?).map_err(|e| invalid(format!("index.json: {e}")))?;
     let mut candidates = Vec::new();
-    collect(src, &descriptors, &[], &mut candidates, 0)?;
-    let mut chosen: Vec<(Candidate, Value, String)> = Vec::new();
+    collect(src, index.manifests(), &[], &mut candidates, 0)?;
+    let mut chosen: Vec<(Candidate, Value, ImageConfiguration, String)> = Vec::new();
     for c in candidates {
         if let Some(r) = &sel.reference {
             if !c
@@ -246,17 +264,17 @@ fn resolve_oci(src: &Source, sel: &Selection) -> Result<Resolved, ImportError> {
                 continue;
             }
         }
-        let cfg_desc = &c.manifest["config"];
-        let cfg_digest =
-            cfg_desc["digest"].as_str().ok_or_else(|| invalid("manifest without config digest"))?.to_string();
-        let config = json(&verified_blob(src, &cfg_digest, cfg_desc["size"].as_u64())?, &cfg_digest)?;
-        let platform = platform_of(&c.descriptor["platform"]).or_else(|| platform_of(&config)).unwrap_or_default();
+        let cfg_desc = c.manifest.config();
+        let cfg_digest = cfg_desc.digest().to_string();
+        let data = verified_blob(src, &cfg_digest, Some(cfg_desc.size()))?;
+        let typed = typed_config(&data, &cfg_digest)?;
+        let platform = platform_of_descriptor(&c.descriptor).unwrap_or_else(|| platform_of_config(&typed));
         if !platform_matches(&platform, &sel.platform) {
             continue;
         }
-        chosen.push((c, config, cfg_digest));
+        chosen.push((c, json(&data, &cfg_digest)?, typed, cfg_digest));
     }
-    let (c, config, cfg_digest) = match chosen.len() {
+    let (c, config, typed, cfg_digest) = match chosen.len() {
         1 => chosen.remove(0),
         0 => {
             return Err(invalid(format!(
@@ -267,8 +285,8 @@ fn resolve_oci(src: &Source, sel: &Selection) -> Result<Resolved, ImportError> {
         }
         n => return Err(invalid(format!("{n} images match; choose one with --ref"))),
     };
-    let ids = diff_ids(&config)?;
-    let layer_descs = c.manifest["layers"].as_array().cloned().unwrap_or_default();
+    let ids = diff_ids(&typed);
+    let layer_descs = c.manifest.layers();
     if layer_descs.len() != ids.len() {
         return Err(invalid(format!(
             "manifest has {} layers but the config lists {} diff_ids",
@@ -278,10 +296,9 @@ fn resolve_oci(src: &Source, sel: &Selection) -> Result<Resolved, ImportError> {
     }
     let mut layers = Vec::new();
     for (d, diff_id) in layer_descs.iter().zip(ids) {
-        let digest = d["digest"].as_str().ok_or_else(|| invalid("layer without digest"))?.to_string();
-        let size = d["size"].as_u64().ok_or_else(|| invalid("layer without size"))?;
+        let digest = d.digest().to_string();
         let hex = digest.strip_prefix("sha256:").ok_or_else(|| invalid(format!("unsupported digest {digest}")))?;
-        layers.push(LayerRef { name: format!("blobs/sha256/{hex}"), blob: Some((digest.clone(), size)), diff_id });
+        layers.push(LayerRef { name: format!("blobs/sha256/{hex}"), blob: Some((digest.clone(), d.size())), diff_id });
     }
     Ok(Resolved { image_id: cfg_digest, config, references: c.refs, layers })
 }
@@ -320,11 +337,12 @@ fn resolve_legacy(src: &Source, sel: &Selection) -> Result<Resolved, ImportError
         return Err(ImportError::Digest(format!("{cfg_name}: content does not match its name")));
     }
     let config = json(&data, cfg_name)?;
-    let platform = platform_of(&config).unwrap_or_default();
+    let typed = typed_config(&data, cfg_name)?;
+    let platform = platform_of_config(&typed);
     if !platform_matches(&platform, &sel.platform) {
         return Err(invalid(format!("the image is for {platform}, not {}", sel.platform)));
     }
-    let ids = diff_ids(&config)?;
+    let ids = diff_ids(&typed);
     let names: Vec<String> =
         entry["Layers"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect();
     if names.len() != ids.len() {
