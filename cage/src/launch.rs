@@ -230,11 +230,11 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
             format!("the host's landlock ABI is {abi}; enforced mode needs 4 or newer"),
         ),
     )?;
-    let filters = seccomp::build().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
+    let filters = seccomp::compiled().as_ref().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
     rec.mark("resolve");
     inject(plan, Stage::Cgroup)?;
     let mut held = Held::default();
-    let result = launch_cage(plan, sinks, rec, &filters, abi, &mut held);
+    let result = launch_cage(plan, sinks, rec, filters, abi, &mut held);
     rec.mark("target_ended");
     held.tear_down(rec);
     rec.mark("cleaned_up");

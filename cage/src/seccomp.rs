@@ -324,6 +324,7 @@ const INIT_ALLOWED: &[libc::c_long] = &[
 pub type Program = Vec<libc::sock_filter>;
 
 /// The compiled filters and their digest.
+#[derive(Clone)]
 pub struct Filters {
     /// The target's filter.
     pub target: Program,
@@ -544,8 +545,20 @@ fn target_cases() -> BTreeMap<u32, Action> {
     cases
 }
 
-/// Build the target's and the init's filters (x86_64).
+/// A copy of the target's and the init's filters (x86_64).
 pub fn build() -> Result<Filters, String> {
+    compiled().clone()
+}
+
+/// The filters, compiled once per process: every launch of a one-shot `chio` or of the
+/// daemon's launch processes (forked from a launcher that compiled them first) uses this copy.
+pub fn compiled() -> &'static Result<Filters, String> {
+    static FILTERS: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
+    FILTERS.get_or_init(compile_filters)
+}
+
+/// Build the target's and the init's filters.
+fn compile_filters() -> Result<Filters, String> {
     let target = compile(&target_cases());
     let init = compile(&INIT_ALLOWED.iter().map(|nr| (*nr as u32, Action::Allow)).collect());
     check_len(&target)?;

@@ -88,6 +88,8 @@ fn serve(sock: OwnedFd) -> ! {
         // SAFETY: leaving without running the daemon's destructors.
         unsafe { libc::_exit(1) }
     };
+    // Compiled once here, inherited by every launch process.
+    let _ = chio_cage::seccomp::compiled();
     let mut running: HashSet<Pid> = HashSet::new();
     loop {
         let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
