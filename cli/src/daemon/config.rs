@@ -225,6 +225,44 @@ mod tests {
         assert_eq!(Config::default().role_of(1000, 1000), None);
     }
 
+    /// The file decides who may launch as root: only root may be able to write it.
+    #[test]
+    fn a_configuration_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("chio-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("supervisor.json");
+        std::fs::write(&path, r#"{"schema":"chio.supervisor-config.v1"}"#).unwrap();
+        let mode = |m: u32| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        mode(0o644);
+        let loaded = Config::load(&path);
+        mode(0o664);
+        let group_writable = Config::load(&path).map(|_| ()).map_err(|e| e.to_string());
+        mode(0o646);
+        let other_writable = Config::load(&path).map(|_| ()).map_err(|e| e.to_string());
+        mode(0o644);
+        let foreign = if root {
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            Some(Config::load(&path).map(|_| ()).map_err(|e| e.to_string()))
+        } else {
+            None
+        };
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let through_link = Config::load(&link).map(|_| ()).map_err(|e| e.to_string());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(loaded.is_ok(), root, "a root-owned 0644 file loads (when the test owns it as root)");
+        for r in [group_writable, other_writable].into_iter().chain(foreign) {
+            assert!(
+                r.as_ref().is_err_and(|e| e.contains("must be owned by root and writable by nobody else")),
+                "{r:?}"
+            );
+        }
+        assert!(through_link.is_err_and(|e| e.contains("not a regular file")));
+    }
+
     #[test]
     fn bad_configurations_are_refused() {
         for bad in [
