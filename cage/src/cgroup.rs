@@ -68,14 +68,12 @@ pub struct LaunchCgroup {
 }
 
 fn statfs_magic(p: &Path) -> Option<i64> {
-    let c = crate::path::cstring(p).ok()?;
-    // SAFETY: statfs is plain data filled by the kernel.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out-pointer.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_type as i64)
+    nix::sys::statfs::statfs(p).ok().map(|st| st.filesystem_type().0)
+}
+
+/// SIGKILL a pid a launch cgroup lists (gone already: nothing to do).
+fn kill_listed(pid: libc::pid_t) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
@@ -340,8 +338,7 @@ impl LaunchCgroup {
                 continue;
             }
             for pid in procs(d) {
-                // SAFETY: plain kill of a pid read from our own cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill_listed(pid);
             }
         }
     }
@@ -406,8 +403,7 @@ fn sweep_orphans(parent: &Path) -> usize {
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
             let dir = e.path();
             for p in procs(&dir) {
-                // SAFETY: killing a process left in an orphaned launch cgroup.
-                unsafe { libc::kill(p, libc::SIGKILL) };
+                kill_listed(p);
             }
             removed += usize::from(fs::remove_dir(&dir).is_ok());
         }
@@ -470,8 +466,7 @@ pub fn reclaim(paths: &[String]) -> io::Result<Vec<String>> {
         loop {
             let _ = write(&d.join("cgroup.kill"), "1");
             for pid in procs(d) {
-                // SAFETY: plain kill of a pid listed by a chio launch cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill_listed(pid);
             }
             match fs::remove_dir(d) {
                 Ok(()) => break,
