@@ -474,8 +474,7 @@ fn arrange_fds(ctx: &Ctx<'_>) -> io::Result<RawFd> {
 }
 
 fn cwd_fd() -> BorrowedFd<'static> {
-    // SAFETY: AT_FDCWD is valid for *at calls for the life of the process.
-    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }
+    nix::fcntl::AT_FDCWD
 }
 
 fn reset_signals() {

@@ -113,9 +113,7 @@ impl Ruleset {
     /// Allow `access` (masked to the handled rights) beneath the path `path`, opened O_PATH.
     /// Directory-only rights are dropped for non-directories.
     pub fn allow_path(&mut self, path: &CStr, access: BitFlags<AccessFs>) -> io::Result<()> {
-        // SAFETY: AT_FDCWD is valid for the process lifetime.
-        let cwd = unsafe { std::os::fd::BorrowedFd::borrow_raw(libc::AT_FDCWD) };
-        let fd = sys::openat(cwd, path, libc::O_PATH | libc::O_CLOEXEC, 0)?;
+        let fd = sys::openat(nix::fcntl::AT_FDCWD, path, libc::O_PATH | libc::O_CLOEXEC, 0)?;
         let is_dir = sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let mut allowed = access & self.handled_fs;
         if !is_dir {

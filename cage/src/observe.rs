@@ -62,10 +62,7 @@ fn numbers(s: Option<&str>) -> Vec<u32> {
 pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
     let mut o = Observed { pid, ..Observed::default() };
     let Ok(base) = CString::new(format!("/proc/{pid}")) else { return o };
-    // SAFETY: AT_FDCWD with an absolute NUL-terminated path.
-    let Ok(dir) =
-        sys::openat(unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }, &base, libc::O_PATH | libc::O_DIRECTORY, 0)
-    else {
+    let Ok(dir) = sys::openat(nix::fcntl::AT_FDCWD, &base, libc::O_PATH | libc::O_DIRECTORY, 0) else {
         return o;
     };
     let dir = dir.as_fd();

@@ -69,8 +69,7 @@ fn symlink_refused(path: &Path) -> io::Error {
 }
 
 fn unsafe_cwd() -> BorrowedFd<'static> {
-    // SAFETY: AT_FDCWD is a valid "fd" for *at calls for the life of the process.
-    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }
+    nix::fcntl::AT_FDCWD
 }
 
 /// Resolve `path` inside the tree rooted at `root`: absolute symlinks and `..` cannot leave it.
@@ -107,26 +106,14 @@ pub fn walk_nofollow(root: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Resul
 /// Names in the directory `dir` (without `.` and `..`), unsorted.
 pub fn read_dir_names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
     let fd = sys::openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-    // SAFETY: fdopendir takes ownership of a valid directory fd; closedir releases it.
-    let d = unsafe { libc::fdopendir(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-    if d.is_null() {
-        return Err(io::Error::last_os_error());
-    }
+    let mut d = nix::dir::Dir::from_fd(fd)?;
     let mut out = Vec::new();
-    loop {
-        // SAFETY: d is a valid DIR*; the entry is copied before the next readdir.
-        let ent = unsafe { libc::readdir(d) };
-        if ent.is_null() {
-            break;
-        }
-        // SAFETY: d_name is NUL-terminated.
-        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_owned();
+    for ent in d.iter() {
+        let name = ent?.file_name().to_owned();
         if name.as_bytes() != b"." && name.as_bytes() != b".." {
             out.push(name);
         }
     }
-    // SAFETY: d is valid and not used afterwards.
-    unsafe { libc::closedir(d) };
     Ok(out)
 }
 

@@ -126,8 +126,7 @@ impl Sink {
                 let path =
                     std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io::Error::other)?;
                 let flags = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-                // SAFETY: AT_FDCWD and a NUL-terminated absolute path.
-                let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
+                let cwd = nix::fcntl::AT_FDCWD;
                 Ok(crate::sys::openat(cwd, &path, flags, 0).map_or(Sink::Gated(fd.as_raw_fd()), Sink::Reopened))
             }
         }
