@@ -96,6 +96,15 @@ impl Daemon {
         child.wait_with_output().unwrap()
     }
 
+    /// Wait (10 s at most) until a launch's shell tagged `tag` runs in its cage.
+    fn wait_for_shell(&self, tag: &str) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while processes_tagged(tag).iter().all(|&p| !is_sh(p)) {
+            assert!(Instant::now() < until, "the launch tagged {tag} did not start: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The daemon's descriptors once a finished request's connection is closed (just after
     /// its answer): the same list read twice, 50 ms apart.
     fn settled_fds(&self) -> Vec<String> {
@@ -373,11 +382,7 @@ fn a_killed_daemon_leaves_nothing_behind_and_its_launch_is_outcome_unknown() {
     let mut client = Command::new(chio());
     client.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &format!("sleep 30; : {tag}")]);
     let client = client.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while processes_tagged(&tag).iter().all(|&p| !is_sh(p)) {
-        assert!(Instant::now() < until, "the launch did not start: {}", d.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.wait_for_shell(&tag);
     d.signal(libc::SIGKILL);
     let _ = d.child.wait();
     let out = client.wait_with_output().unwrap();
@@ -442,13 +447,8 @@ fn sigterm_gives_running_launches_the_grace_then_kills_their_cages() {
     };
     let short = spawn(format!("sleep 1; echo finished; : {tag}-short"));
     let long = spawn(format!("sleep 60; : {tag}-long"));
-    let until = Instant::now() + Duration::from_secs(10);
-    while processes_tagged(&format!("{tag}-long")).iter().all(|&p| !is_sh(p))
-        || processes_tagged(&format!("{tag}-short")).iter().all(|&p| !is_sh(p))
-    {
-        assert!(Instant::now() < until, "the launches did not start: {}", d.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.wait_for_shell(&format!("{tag}-long"));
+    d.wait_for_shell(&format!("{tag}-short"));
     let t = Instant::now();
     d.signal(libc::SIGTERM);
     let short = short.wait_with_output().unwrap();
@@ -658,11 +658,7 @@ fn one_client_holds_at_most_its_share() {
     let mut long = Command::new(chio());
     long.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &format!("sleep 30; : {tag}")]);
     let long = long.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while processes_tagged(&tag).iter().all(|&p| !is_sh(p)) {
-        assert!(Instant::now() < until, "the launch did not start: {}", d.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.wait_for_shell(&tag);
     let out = d.run(None, &["--", "/bin/true"], None);
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("uid 0 has its limit of 1 launches running"), "{}", text(&out.stderr));

@@ -10,7 +10,6 @@ kills everything the command started: the cage's pid namespace and cgroup go wit
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,7 @@ class ChioEnvironment:
             )
             text = done.stdout.decode("utf-8", errors="replace")
             try:
-                launch = json.loads(_read_all(record) or b"{}")
+                launch = json.loads(common.read_all(record) or b"{}")
             except ValueError:
                 launch = {}
         finally:
@@ -137,21 +136,11 @@ class ChioEnvironment:
         back once the daemon answers: no reader thread, no pipe to fill."""
         out = os.memfd_create("chio-output")
         try:
-            request = {"id": os.urandom(16).hex(), "op": "launch", "args": self.cage_args(command, cwd, timeout)}
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(timeout + 30)
-                s.connect(self.config.supervisor)
-                socket.send_fds(s, [json.dumps(request).encode() + b"\n"], [out, out])
-                answer = b""
-                while not answer.endswith(b"\n"):
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    answer += chunk
-            reply = json.loads(answer or b"{}")
+            args = self.cage_args(command, cwd, timeout)
+            reply = common.supervisor_request(self.config.supervisor, "launch", args, [out, out], timeout)
             if "error" in reply or "exit_status" not in reply:
                 raise RuntimeError(f"the supervisor refused the command: {reply.get('error', reply)}")
-            text = _read_all(out).decode("utf-8", errors="replace")
+            text = common.read_all(out).decode("utf-8", errors="replace")
         finally:
             os.close(out)
         return reply["exit_status"], text, reply.get("record") or {}
@@ -162,8 +151,3 @@ class ChioEnvironment:
     def serialize(self) -> dict:
         return common.serialize(self)
 
-
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    with os.fdopen(os.dup(fd), "rb") as f:
-        return f.read()

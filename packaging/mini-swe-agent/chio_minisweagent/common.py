@@ -1,6 +1,9 @@
 """What both environments share: mini-swe-agent's result contract and completion check."""
 
+import json
+import os
 import platform
+import socket
 from typing import Any
 
 from minisweagent.exceptions import Submitted
@@ -58,3 +61,21 @@ def serialize(env) -> dict:
             }
         }
     }
+
+
+def supervisor_request(path: str, op: str, args: list[str], fds: list[int], timeout: int) -> dict:
+    """One request on the supervisor daemon's socket (`chio supervisor serve`): `op` with `args`,
+    `fds` (the command's stdout and stderr) passed with it; returns the daemon's answer."""
+    request = {"id": os.urandom(16).hex(), "op": op, "args": args}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout + 30)
+        s.connect(path)
+        socket.send_fds(s, [json.dumps(request).encode() + b"\n"], fds)
+        return json.loads(s.makefile("rb").readline() or b"{}")
+
+
+def read_all(fd: int) -> bytes:
+    """Everything written to the memfd `fd`, from its start."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(os.dup(fd), "rb") as f:
+        return f.read()

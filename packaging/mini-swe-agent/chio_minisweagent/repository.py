@@ -122,16 +122,11 @@ class ChioRepositoryEnvironment:
         through two memfds passed with the request."""
         out, err = os.memfd_create("chio-stdout"), os.memfd_create("chio-stderr")
         try:
-            request = {"id": os.urandom(16).hex(), "op": "repository", "args": args}
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(timeout + 30)
-                s.connect(self.config.supervisor)
-                socket.send_fds(s, [json.dumps(request).encode() + b"\n"], [out, err])
-                answer = json.loads(s.makefile("rb").readline() or b"{}")
-            stderr = _read_all(err).decode("utf-8", errors="replace").strip()
+            answer = common.supervisor_request(self.config.supervisor, "repository", args, [out, err], timeout)
+            stderr = common.read_all(err).decode("utf-8", errors="replace").strip()
             if "error" in answer:
                 return {}, f"the supervisor refused it: {answer['error']} (exit {answer.get('exit_code')})"
-            return json.loads(_read_all(out) or b"{}"), stderr or f"chio exited {answer.get('exit_status')}"
+            return json.loads(common.read_all(out) or b"{}"), stderr or f"chio exited {answer.get('exit_status')}"
         finally:
             os.close(out)
             os.close(err)
@@ -145,10 +140,3 @@ class ChioRepositoryEnvironment:
 
     def serialize(self) -> dict:
         return common.serialize(self)
-
-
-
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    with os.fdopen(os.dup(fd), "rb") as f:
-        return f.read()

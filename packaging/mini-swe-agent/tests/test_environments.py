@@ -27,6 +27,13 @@ NOBODY = 65534
 CALC = "def add(a, b):\n    return a - b\n"
 TEST = "import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
 FIX = "sed -i 's/return a - b/return a + b  # fixed/' calc.py"
+# The calculator task in the working directory: fail, fix, pass, submit.
+CALCULATOR = [
+    "python3 -m unittest 2>&1 | tail -1",
+    FIX,
+    "python3 -m unittest 2>&1 | tail -1",
+    "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+]
 
 
 def git(cwd, *args):
@@ -67,12 +74,7 @@ class TestChioEnvironment(Base):
         return ChioEnvironment(chio=CHIO, cwd=str(self.ws), timeout=20, **kw)
 
     def test_calculator_fixed_and_submitted(self):
-        agent, result = run_agent(self.env(), [
-            "python3 -m unittest 2>&1 | tail -1",
-            FIX,
-            "python3 -m unittest 2>&1 | tail -1",
-            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
-        ])
+        agent, result = run_agent(self.env(), CALCULATOR)
         self.assertEqual(result["exit_status"], "Submitted", agent.messages[-1])
         obs = observations(agent)
         self.assertIn("FAILED", obs[0])
@@ -108,12 +110,7 @@ class TestChioEnvironmentThroughTheSupervisor(Base):
         return ChioEnvironment(chio="/nonexistent/chio", supervisor=self.socket, cwd=str(self.ws), timeout=20, **kw)
 
     def test_calculator_fixed_and_submitted(self):
-        agent, result = run_agent(self.env(), [
-            "python3 -m unittest 2>&1 | tail -1",
-            FIX,
-            "python3 -m unittest 2>&1 | tail -1",
-            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
-        ])
+        agent, result = run_agent(self.env(), CALCULATOR)
         self.assertEqual(result["exit_status"], "Submitted", agent.messages[-1])
         obs = observations(agent)
         self.assertIn("FAILED", obs[0])
