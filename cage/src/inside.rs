@@ -4,7 +4,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -58,6 +58,9 @@ pub struct Ctx<'a> {
     pub stdin_r: RawFd,
     /// The supervisor's ends of the channel and pipes (-1 for none), closed by the init first.
     pub supervisor_ends: [RawFd; 5],
+    /// A fresh network namespace made ahead of the request (see [`crate::ahead`]) to enter
+    /// instead of unsharing one, or -1.
+    pub netns: RawFd,
 }
 
 /// How a stage failed.
@@ -130,6 +133,11 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
             flags &= !flag;
         }
     }
+    if ctx.netns >= 0 {
+        let wanted = flags & libc::CLONE_NEWNET != 0;
+        enter_netns(ctx.netns, wanted).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+        flags &= !libc::CLONE_NEWNET;
+    }
     // SAFETY: plain syscall on ourselves.
     if unsafe { libc::unshare(flags) } != 0 {
         return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
@@ -168,6 +176,18 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     unsafe { libc::setsid() };
     block_forwarded_signals();
     spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+}
+
+/// Enter the network namespace made ahead for this launch (unless a test hook withholds it)
+/// and close its descriptor, so that nothing later in the cage holds it.
+fn enter_netns(fd: RawFd, enter: bool) -> io::Result<()> {
+    // SAFETY: the descriptor is ours (inherited from the supervisor, which closed its copy) and
+    // is closed here exactly once.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if enter {
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)?;
+    }
+    Ok(())
 }
 
 /// The init is a copy of the supervisor, whose command line (host paths, the key and store

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::cgroup::{Hierarchy, LaunchCgroup, Usage};
 use crate::channel::{self, CageMsg, ABORT, GO};
+use crate::digests::Digests;
 use crate::inside::{self, Ctx};
 use crate::janitor;
 use crate::landlock;
@@ -393,6 +394,8 @@ fn launch_cage(
     };
     let w = Wiring::new(sinks.stdin.is_some())?;
     inject(plan, Stage::Namespaces)?;
+    // Taken, so that the supervisor's copy closes as soon as the init has its own.
+    let crate::Ahead { netns, digests: known } = std::mem::take(&mut sinks.ahead);
     let ctx = Ctx {
         plan,
         filters,
@@ -404,6 +407,7 @@ fn launch_cage(
         result_w: w.result.1.as_raw_fd(),
         stdin_r: w.stdin.as_ref().map_or(-1, |s| s.1.as_raw_fd()),
         supervisor_ends: w.supervisor_ends(),
+        netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
     };
     let cloned = match &v2_dir {
         // (A test hook leaves the init outside the launch cgroup.)
@@ -416,6 +420,7 @@ fn launch_cage(
         Ok(pid) => pid,
         Err(e) => return Err(stop(Stage::Namespaces, "namespace_failed", e)),
     };
+    drop(netns);
     // From here the init exists: every error path must kill it before returning.
     // Give the init this CPU while we make the cgroup and the janitor on another.
     let aside = sys::step_aside(init);
@@ -423,7 +428,7 @@ fn launch_cage(
     let stdin_w = stdin.map(|(w, _)| w);
     drop((cage_sock, stdout.1, stderr.1, result.1));
     let fresh = FreshInit { pid: init, sock: &sup_sock, aside };
-    let started = start_cage(plan, rec, &hierarchy, held, fresh, sinks.on_enforced.take());
+    let started = start_cage(plan, rec, &hierarchy, held, fresh, known, sinks.on_enforced.take());
     let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
     let cg = held.cgroup.as_ref();
     let mut on_result = || held.usage = cg.map(LaunchCgroup::usage);
@@ -471,6 +476,7 @@ fn start_cage(
     hierarchy: &Hierarchy,
     held: &mut Held,
     init: FreshInit<'_>,
+    known: Option<Digests>,
     hook: Option<OnEnforced<'_>>,
 ) -> Result<(Instant, OwnedFd), Stop> {
     let FreshInit { pid: init, sock, aside } = init;
@@ -492,22 +498,24 @@ fn start_cage(
     let pidfd = sys::pidfd_open(init).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
     // The cage is still setting itself up; meanwhile hash the file it will most likely send
     // and read what the observation compares with.
-    let early = prehash::guess(plan);
+    let early = prehash::guess(plan, known);
     let host_ns = observe::own_namespaces();
     let filters = observe::own_seccomp_filters();
-    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns, filters }, sock, early.as_ref(), hook)?;
+    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns, filters }, sock, (early.as_ref(), known), hook)?;
     Ok((exec_at, pidfd))
 }
 
 /// From "cage ready" to "target detached after a verified exec". Returns the exec time.
+/// `hashes`: the early digest of the likeliest target, and the supervisor's shared digests.
 fn verify_and_exec(
     plan: &CagePlan,
     rec: &mut LaunchRecord,
     host: Host<'_>,
     sock: &OwnedFd,
-    early: Option<&Early>,
+    hashes: (Option<&Early>, Option<Digests>),
     hook: Option<OnEnforced<'_>>,
 ) -> Result<Instant, Stop> {
+    let (early, known) = hashes;
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
     let (reported, exec_path, script_path, script_fd) = match ready.msg {
@@ -526,13 +534,13 @@ fn verify_and_exec(
     let mut fds = ready.fds.into_iter();
     let exec_fd =
         fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
-    let mut target = describe(&exec_fd, &exec_path, early)?;
+    let mut target = describe(&exec_fd, &exec_path, early, known)?;
     let exe_id = (target.device, target.inode);
     // What was hashed, to be found unchanged at the exec stop (any write moves ctime).
     let mut hashed = vec![(prehash::identity_of(exec_fd.as_fd()), exec_fd)];
     let mut script = None;
     if let (Some(fd), Some(sp), Some(n)) = (fds.next(), script_path, script_fd) {
-        let s = describe(&fd, &sp, early)?;
+        let s = describe(&fd, &sp, early, known)?;
         script = Some((n, s.device, s.inode));
         target = Target { interpreter: Some(Box::new(target)), opened_as: Some(format!("/dev/fd/{n}")), ..s };
         hashed.push((prehash::identity_of(fd.as_fd()), fd));
@@ -652,14 +660,14 @@ fn release_tracee(tpid: libc::pid_t) {
     }
 }
 
-fn describe(fd: &OwnedFd, path: &str, early: Option<&Early>) -> Result<Target, Stop> {
+fn describe(fd: &OwnedFd, path: &str, early: Option<&Early>, known: Option<Digests>) -> Result<Target, Stop> {
     let st = sys::fstat(fd.as_fd()).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(stop(Stage::Verify, "target_not_executable", format!("{path} is not a regular file")));
     }
     let sha256 = match early {
         Some(e) if e.matches(&st) => e.sha256.clone(),
-        _ => prehash::hash_fd(fd.as_fd())
+        _ => prehash::hash_known(fd.as_fd(), &prehash::identity(&st), known)
             .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?,
     };
     Ok(Target {

@@ -4,8 +4,10 @@
 //!
 //! [`launch`] forks, so it must be called from a single-threaded process (it checks).
 
+pub mod ahead;
 pub mod cgroup;
 pub mod channel;
+pub mod digests;
 pub mod identity;
 mod inside;
 mod janitor;
@@ -21,6 +23,7 @@ pub mod seccomp;
 pub mod supervise;
 pub mod sys;
 
+pub use ahead::Ahead;
 pub use launch::{launch, NAMESPACES};
 pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage, TestHook};
 pub use record::{LaunchRecord, State};

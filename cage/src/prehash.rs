@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::digests::{Digests, Identity};
 use crate::path;
 use crate::plan::{CagePlan, RootSpec};
 use crate::sys;
@@ -16,17 +17,18 @@ use crate::sys;
 /// A digest computed early, and the identity of the file it is valid for.
 #[derive(Debug, Clone)]
 pub struct Early {
-    id: [i64; 7],
+    id: Identity,
     /// Lowercase hex SHA-256.
     pub sha256: String,
 }
 
-fn identity(st: &libc::stat) -> [i64; 7] {
+/// The identity of the file `st` describes.
+pub fn identity(st: &libc::stat) -> Identity {
     [st.st_dev as i64, st.st_ino as i64, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec]
 }
 
 /// The identity (device, inode, size, mtime, ctime) of the file behind `fd`, if it can be read.
-pub fn identity_of(fd: BorrowedFd<'_>) -> Option<[i64; 7]> {
+pub fn identity_of(fd: BorrowedFd<'_>) -> Option<Identity> {
     sys::fstat(fd).ok().map(|st| identity(&st))
 }
 
@@ -37,8 +39,24 @@ impl Early {
     }
 }
 
+/// The digest of the file behind `fd` with the identity `id`: from `known` when a launch of
+/// this supervisor already hashed that very file unchanged, otherwise hashed now (and shared).
+pub fn hash_known(fd: BorrowedFd<'_>, id: &Identity, known: Option<Digests>) -> std::io::Result<String> {
+    if let Some(d) = known.and_then(|k| k.get(id)) {
+        return Ok(crate::seccomp::hex(&d));
+    }
+    let d = sha256_fd(fd)?;
+    // Kept only if the file did not change while it was read.
+    if let (Some(k), Some(after)) = (known, identity_of(fd)) {
+        if after == *id {
+            k.put(id, &d);
+        }
+    }
+    Ok(crate::seccomp::hex(&d))
+}
+
 /// SHA-256 of the whole file behind `fd` (pread from offset 0; the fd's offset is untouched).
-pub fn hash_fd(fd: BorrowedFd<'_>) -> std::io::Result<String> {
+fn sha256_fd(fd: BorrowedFd<'_>) -> std::io::Result<[u8; 32]> {
     let mut h = Sha256::new();
     // A small buffer stays in cache; a large one costs page faults in every fresh supervisor.
     let mut buf = vec![0u8; 32 << 10];
@@ -59,7 +77,7 @@ pub fn hash_fd(fd: BorrowedFd<'_>) -> std::io::Result<String> {
         h.update(&buf[..n as usize]);
         off += n as i64;
     }
-    Ok(crate::seccomp::hex(&h.finalize()))
+    Ok(h.finalize().into())
 }
 
 /// Where the cage will look for `argv[0]`, as absolute in-cage paths.
@@ -106,15 +124,16 @@ fn open_regular(root: BorrowedFd<'_>, rest: &Path) -> Option<OwnedFd> {
     ((again.st_dev, again.st_ino) == (st.st_dev, st.st_ino)).then_some(fd)
 }
 
-/// Hash the likeliest target now. None when there is no confident guess.
-pub fn guess(plan: &CagePlan) -> Option<Early> {
+/// Hash the likeliest target now (or find it among the `known` digests). None when there is
+/// no confident guess.
+pub fn guess(plan: &CagePlan, known: Option<Digests>) -> Option<Early> {
     for p in candidates(plan) {
         let Some(fd) = open_from_host(plan, &p) else { continue };
         let before = sys::fstat(fd.as_fd()).ok()?;
         if before.st_mode & libc::S_IFMT != libc::S_IFREG {
             continue;
         }
-        let sha256 = hash_fd(fd.as_fd()).ok()?;
+        let sha256 = hash_known(fd.as_fd(), &identity(&before), known).ok()?;
         let after = sys::fstat(fd.as_fd()).ok()?;
         // Changed while we read it: no early digest.
         return (identity(&before) == identity(&after)).then(|| Early { id: identity(&after), sha256 });
@@ -135,21 +154,21 @@ mod tests {
         let mut plan = CagePlan::new(vec![OsString::from("tool")]);
         plan.root = RootSpec::Directory(dir.clone());
         plan.env = vec![("PATH".into(), "/nope:/bin".into())];
-        let early = guess(&plan).unwrap();
+        let early = guess(&plan, None).unwrap();
         let st = |p: &Path| {
             let f = std::fs::File::open(p).unwrap();
             sys::fstat(f.as_fd()).unwrap()
         };
         assert!(early.matches(&st(&dir.join("bin/tool"))));
         let f = std::fs::File::open(dir.join("bin/tool")).unwrap();
-        assert_eq!(early.sha256, hash_fd(f.as_fd()).unwrap());
+        assert_eq!(early.sha256, crate::seccomp::hex(&sha256_fd(f.as_fd()).unwrap()));
         // Any write moves ctime (and here size): the early digest no longer applies.
         std::thread::sleep(std::time::Duration::from_millis(5));
         std::fs::write(dir.join("bin/tool"), b"version two!").unwrap();
         assert!(!early.matches(&st(&dir.join("bin/tool"))));
         // A bind over the path makes the host-side view unreliable: no guess.
         plan.binds.push(crate::plan::Bind { source: dir.clone(), dest: "/bin".into(), writable: false });
-        assert!(guess(&plan).is_none());
+        assert!(guess(&plan, None).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

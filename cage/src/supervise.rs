@@ -42,12 +42,15 @@ pub struct Sinks<'a> {
     /// Set by the launch when the target's stderr, as passed through, does not end with a
     /// newline (what the caller writes next would otherwise continue the target's line).
     pub stderr_mid_line: bool,
+    /// What a long-lived supervisor made before the request (see [`crate::ahead`]); empty for
+    /// the one-shot form, which makes everything itself.
+    pub ahead: crate::Ahead,
 }
 
 impl<'a> Sinks<'a> {
     /// Output to `stdout` and `stderr`, stdin from `/dev/null`, no hook.
     pub fn new(stdout: BorrowedFd<'a>, stderr: BorrowedFd<'a>) -> Self {
-        Sinks { stdout, stderr, stdin: None, on_enforced: None, stderr_mid_line: false }
+        Sinks { stdout, stderr, stdin: None, on_enforced: None, stderr_mid_line: false, ahead: Default::default() }
     }
 }
 

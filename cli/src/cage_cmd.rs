@@ -240,11 +240,12 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     if let Some(socket) = &a.supervisor {
         return crate::daemon::client::cage_run(socket, a);
     }
-    Ok(launch(a)?.status)
+    Ok(launch(a, chio_cage::Ahead::default())?.status)
 }
 
-/// Launch the command in this process (the one-shot form, and the daemon's launch child).
-pub fn launch(a: &RunArgs) -> Result<Launched> {
+/// Launch the command in this process (the one-shot form, and the daemon's launch child, which
+/// brings what its launcher made `ahead` of the request).
+pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead) -> Result<Launched> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -270,6 +271,7 @@ pub fn launch(a: &RunArgs) -> Result<Launched> {
     };
     let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
     let mut sinks = Sinks::new(stdout.as_fd(), stderr.as_fd());
+    sinks.ahead = ahead;
     if a.interactive {
         sinks.stdin = Some(stdin.as_fd());
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Daemon benchmark and load test for `chio supervisor serve` (not part of the test run).
 
-  sudo tests/bench/daemon.py [--runs N] [--load SECONDS] [--clients N]
+  sudo tests/bench/daemon.py [--runs N] [--load SECONDS] [--clients N] [--compare OLD_CHIO]
 
 Builds the static release binary and a rootfs holding one static /true, starts the daemon in
 the foreground on a private socket and state directory, and times, interleaved in the same run:
@@ -12,6 +12,8 @@ the foreground on a private socket and state directory, and times, interleaved i
   - bwrap:      bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc
                 --dev /dev --tmpfs /tmp /true
 It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
+With --compare, a second daemon from OLD_CHIO (an earlier build) serves daemon-raw-old, timed
+interleaved with the rest, for a before/after ratio from one run.
 The load test then runs N clients (default 2 x cores) launching back to back for SECONDS and
 reports launches, failures, the daemon's RSS and descriptors before and after, and what is left
 (processes, launch cgroups).
@@ -76,6 +78,7 @@ def main():
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--load", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=2 * os.cpu_count())
+    ap.add_argument("--compare", help="an earlier chio build to time through its own daemon")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -88,22 +91,34 @@ def main():
         with open(conf, "w") as f:
             json.dump({"schema": "chio.supervisor-config.v1", "max_launches": 64, "max_connections": 256,
                        "max_launches_per_client": 64, "max_connections_per_client": 256}, f)
-        log = open(os.path.join(tmp, "daemon.log"), "w+")
-        d = subprocess.Popen([chio, "supervisor", "serve", "--socket", sock, "--config", conf,
-                              "--state-dir", os.path.join(tmp, "state")], stderr=log, stdin=subprocess.DEVNULL)
+        daemons = [start_daemon(chio, tmp, "new", conf)]
         try:
-            deadline = time.time() + 10
-            while "listening on" not in open(log.name).read():
-                if time.time() > deadline:
-                    raise SystemExit("the daemon did not start")
-                time.sleep(0.01)
-            bench(a, chio, bwrap, root, sock, d.pid)
+            if a.compare:
+                daemons.append(start_daemon(a.compare, tmp, "old", conf))
+            old_sock = daemons[1][1] if a.compare else None
+            bench(a, chio, bwrap, root, daemons[0][1], daemons[0][0].pid, old_sock)
         finally:
+            for d, _ in daemons:
+                d.terminate()
+                d.wait()
+
+
+def start_daemon(chio, tmp, name, conf):
+    """A daemon from `chio` on its own socket and state directory; returns (process, socket)."""
+    sock = os.path.join(tmp, f"{name}.sock")
+    log = open(os.path.join(tmp, f"{name}.log"), "w+")
+    d = subprocess.Popen([chio, "supervisor", "serve", "--socket", sock, "--config", conf,
+                          "--state-dir", os.path.join(tmp, f"state-{name}")], stderr=log, stdin=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while "listening on" not in open(log.name).read():
+        if time.time() > deadline:
             d.terminate()
-            d.wait()
+            raise SystemExit(f"the daemon {chio} did not start")
+        time.sleep(0.01)
+    return d, sock
 
 
-def bench(a, chio, bwrap, root, sock, dpid):
+def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     args = ["--rootfs", root, "--", "/true"]
     cmds = {
         "daemon-cli": [chio, "cage", "run", "--supervisor", sock] + args,
@@ -113,30 +128,43 @@ def bench(a, chio, bwrap, root, sock, dpid):
         cmds["bwrap"] = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", root, "/",
                          "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/true"]
     n = [0]
+    marks = []
 
-    def raw():
+    def raw(at=sock):
         n[0] += 1
-        ms, ans = request(sock, args, f"bench-{os.getpid()}-{n[0]}")
+        ms, ans = request(at, args, f"bench-{os.getpid()}-{n[0]}")
         if ans.get("exit_status") != 0:
             raise SystemExit(f"daemon launch failed: {ans}")
+        if at == sock:
+            marks.append(ans["record"]["timings_us"])
         return ms, ans["record"]["timings_us"]["exec_observed"] / 1000.0
 
     for _ in range(5):
         raw()
+        if old_sock:
+            raw(old_sock)
         for cmd in cmds.values():
             lb.timed(cmd)
-    samples = {k: [] for k in ["daemon-raw"] + list(cmds)}
+    samples = {k: [] for k in ["daemon-raw"] + (["daemon-raw-old"] if old_sock else []) + list(cmds)}
     observed = []
     for _ in range(a.runs):
         ms, obs = raw()
         samples["daemon-raw"].append(ms)
         observed.append(obs)
+        if old_sock:
+            samples["daemon-raw-old"].append(raw(old_sock)[0])
         for k, cmd in cmds.items():
             samples[k].append(lb.timed(cmd))
     print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p95 ms):")
     for k, v in samples.items():
         print(f"  {k:11s} {statistics.median(v):7.2f}  {pct(v, 0.95):7.2f}")
     print(f"  daemon request to exec observed (record): {statistics.median(observed):.2f}  {pct(observed, 0.95):.2f}")
+    print("  the record's marks through the daemon (median us since the launch began):")
+    for k in marks[-1]:
+        print(f"    {k:16s} {statistics.median(m[k] for m in marks[5:] if k in m):8.0f}")
+    if old_sock:
+        print(f"  ratio daemon-raw/daemon-raw-old = "
+              f"{statistics.median(samples['daemon-raw']) / statistics.median(samples['daemon-raw-old']):.2f}")
     if "bwrap" in samples:
         b = statistics.median(samples["bwrap"])
         print(f"  ratio daemon-raw/bwrap = {statistics.median(samples['daemon-raw']) / b:.2f}  "

@@ -675,3 +675,117 @@ fn one_client_holds_at_most_its_share() {
     let _ = long.wait_with_output();
     assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
 }
+
+/// The daemon's launcher makes each launch's network namespace before the request (see
+/// chio_cage::ahead): every cage still gets one of its own — not the host's, not another
+/// running cage's — holding nothing but its loopback device, and no socket.
+#[test]
+fn every_launch_gets_a_fresh_network_namespace_of_its_own() {
+    if !privileged("daemon_netns") {
+        return;
+    }
+    let dir = Scratch::new("daemon-netns");
+    let d = Daemon::start(&dir, config(json!({})));
+    let show = "readlink /proc/self/ns/net; cat /proc/net/dev /proc/net/tcp /proc/net/tcp6 /proc/net/unix | wc -l; \
+                grep -c '^ *lo:' /proc/net/dev";
+    let tag = format!("netns-tag-{}", std::process::id());
+    let mut long = Command::new(chio());
+    long.args([
+        "cage",
+        "run",
+        "--supervisor",
+        s(&d.socket),
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("{show}; sleep 30; : {tag}"),
+    ]);
+    let long = long.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    d.wait_for_shell(&tag);
+    let mut seen = vec![std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string()];
+    for _ in 0..3 {
+        let out = d.run(None, &["--", "/bin/sh", "-c", show], None);
+        let o = text(&out.stdout);
+        let lines: Vec<&str> = o.lines().collect();
+        // /proc/net/dev: two header lines and lo; tcp, tcp6 and unix: their header line only.
+        assert_eq!(lines[1..], ["6", "1"], "{o}");
+        assert!(!seen.contains(&lines[0].to_string()), "{} was seen before: {seen:?}", lines[0]);
+        seen.push(lines[0].to_string());
+    }
+    let long_ns = d.run(None, &["--", "/bin/true"], None);
+    assert_eq!(long_ns.status.code(), Some(0));
+    for p in processes_tagged(&tag) {
+        // SAFETY: killing the test's own caged shell.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    let out = long.wait_with_output().unwrap();
+    let first = text(&out.stdout).lines().next().unwrap_or_default().to_string();
+    assert!(first.starts_with("net:[") && !seen.contains(&first), "{first} vs {seen:?}");
+}
+
+/// Launches share the digests earlier ones computed, but only for the very file unchanged: a
+/// script rewritten in place (same inode, same size, even with its mtime put back) is hashed
+/// again, and every record names the digest of what ran.
+#[test]
+fn a_shared_digest_is_never_stale() {
+    use sha2::{Digest, Sha256};
+    if !privileged("daemon_digests") {
+        return;
+    }
+    let dir = Scratch::new("daemon-digests");
+    let d = Daemon::start(&dir, config(json!({})));
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let script = ws.join("s.sh");
+    let mut first_mtime = None;
+    for (i, word) in ["one", "two", "six", "ten", "two"].iter().enumerate() {
+        let body = format!("#!/bin/sh\necho {word}\n");
+        let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&script).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (&f).write_all(body.as_bytes()).unwrap();
+        // Only ctime (which no caller can set) tells the rewrite apart.
+        let mtime = *first_mtime.get_or_insert_with(|| f.metadata().unwrap().modified().unwrap());
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        for _ in 0..2 {
+            let out = d.run(None, &["--json", "--workspace", s(&ws), "--", "/workspace/s.sh"], None);
+            assert_eq!(text(&out.stdout), format!("{word}\n"), "run {i}: {}", text(&out.stderr));
+            let want = format!("{:x}", Sha256::digest(body.as_bytes()));
+            assert_eq!(record(&out)["target"]["sha256"], want.as_str(), "run {i} ({word})");
+        }
+    }
+}
+
+/// The launcher keeps the next launch's process ready (a spare, `chio-spare`); one killed
+/// while it waits is replaced, and the next launch runs.
+#[test]
+fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
+    if !privileged("daemon_spare") {
+        return;
+    }
+    let dir = Scratch::new("daemon-spare");
+    let d = Daemon::start(&dir, config(json!({})));
+    let children = |pid: u32| -> Vec<u32> {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+    };
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    for round in 0..3 {
+        let until = Instant::now() + Duration::from_secs(5);
+        let spare = loop {
+            let found = children(d.pid())
+                .into_iter()
+                .flat_map(children)
+                .find(|p| comm(*p).trim() == "chio-spare");
+            if let Some(p) = found {
+                break p;
+            }
+            assert!(Instant::now() < until, "round {round}: no spare under the launcher");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // SAFETY: killing the daemon's spare, a child of its launcher.
+        unsafe { libc::kill(spare as i32, libc::SIGKILL) };
+        let out = d.run(None, &["--", "/bin/sh", "-c", "echo ran"], None);
+        assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "ran\n".into()), "{}", text(&out.stderr));
+    }
+}

@@ -1,6 +1,8 @@
 //! The launcher: a single-threaded process forked before the daemon starts its runtime. The
 //! cage's `launch` forks and must not run in a threaded process, so every launch is a child
-//! forked by this process — one child per launch, so launches run side by side. The daemon
+//! forked by this process — one child per launch, so launches run side by side. The next
+//! launch's child is forked before its job arrives (a spare, with its network namespace made
+//! ahead: forking and unsharing then cost the request nothing), and waits for it. The daemon
 //! talks to it over a SOCK_SEQPACKET pair: `launch` (with the job and the client's descriptors)
 //! and `kill` (stop every launch now); EOF means the daemon is gone: every launch is killed.
 //!
@@ -18,6 +20,9 @@ use nix::sys::socket::{recvmsg, sendmsg, socketpair, AddressFamily, ControlMessa
 use nix::sys::socket::{SockFlag, SockType, UnixAddr};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
+
+use chio_cage::digests::Digests;
+use chio_cage::Ahead;
 
 use super::job;
 
@@ -90,29 +95,51 @@ fn serve(sock: OwnedFd) -> ! {
     };
     // Compiled once here, inherited by every launch process.
     let _ = chio_cage::seccomp::compiled();
+    // The digests every launch shares, and the next launch's child, forked with its network
+    // namespace while nothing waits (see chio_cage::ahead). Without them (they could not be
+    // made) a launch makes its own namespace and hashes its target, as the one-shot form does.
+    let digests = Digests::new().ok();
+    let mut spare: Option<Spare> = None;
     let mut running: HashSet<Pid> = HashSet::new();
     loop {
+        if spare.is_none() {
+            spare = fork_spare(digests, &sock, &sfd, &chld);
+        }
         let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
         if poll(&mut fds, PollTimeout::NONE).is_err() {
             continue;
         }
         if fds[1].any().unwrap_or(false) {
             while let Ok(Some(_)) = sfd.read_signal() {}
-            reap(&mut running, WaitPidFlag::WNOHANG);
+            let gone = reap(&mut running, WaitPidFlag::WNOHANG);
+            // A spare that died before its job is replaced at the top of the loop.
+            spare = spare.filter(|s| !gone.contains(&s.pid));
         }
         if !fds[0].any().unwrap_or(false) {
             continue;
         }
         match receive(&sock) {
+            // A spare that died before its job is replaced once; without one (none could be
+            // forked) the job's descriptors close here and the daemon answers the client that
+            // the launch did not start.
             Ok(Message::Launch(fds)) => {
-                if let Some(pid) = start(fds, &sock, &sfd, &chld) {
-                    running.insert(pid);
+                for _ in 0..2 {
+                    let Some(s) = spare.take().or_else(|| fork_spare(digests, &sock, &sfd, &chld)) else { break };
+                    if hand(&s, &fds).is_ok() {
+                        running.insert(s.pid);
+                        // Let the launch start before the next spare is forked (on this CPU
+                        // the fork would otherwise go first).
+                        let _ = nix::sched::sched_yield();
+                        break;
+                    }
+                    let _ = nix::sys::signal::kill(s.pid, Signal::SIGKILL);
                 }
             }
             Ok(Message::Kill) => kill(&running),
             Ok(Message::Other) => {}
             Err(_) => {
-                // The daemon is gone: nothing may outlive it.
+                // The daemon is gone: nothing may outlive it (the spare ends with our end of
+                // its pair).
                 kill(&running);
                 reap(&mut running, WaitPidFlag::empty());
                 // SAFETY: leaving without running the daemon's destructors.
@@ -151,8 +178,17 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     })
 }
 
-/// Fork the launch child for one job; the launcher keeps none of its descriptors.
-fn start(fds: Vec<OwnedFd>, sock: &OwnedFd, sfd: &SignalFd, blocked: &SigSet) -> Option<Pid> {
+/// A launch child forked before its job arrives, waiting on its end of a private pair.
+struct Spare {
+    pid: Pid,
+    sock: OwnedFd,
+}
+
+/// Fork the next launch child; it makes what it can ahead of its job (its cage's network
+/// namespace: in its own time, not the launcher's, which must stay free to hand the next job
+/// on), waits for the job, then runs it.
+fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked: &SigSet) -> Option<Spare> {
+    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).ok()?;
     // SAFETY: the launcher is single-threaded; the child runs `launch_child`, which never returns.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
@@ -162,21 +198,38 @@ fn start(fds: Vec<OwnedFd>, sock: &OwnedFd, sfd: &SignalFd, blocked: &SigSet) ->
                 libc::close(sfd.as_raw_fd());
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             }
+            drop(ours);
             let _ = blocked.thread_unblock();
             for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
                 // SAFETY: restoring the default disposition installs no handler.
                 let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
             }
+            set_name(c"chio-spare");
+            let ahead = Ahead::make(digests).unwrap_or(Ahead { netns: None, digests });
+            job::warm();
+            // EOF: the launcher is gone (or has given up on us) before a job came.
+            let Ok(Message::Launch(fds)) = receive(&theirs) else {
+                // SAFETY: leaving without running the launcher's destructors.
+                unsafe { libc::_exit(0) }
+            };
+            drop(theirs);
             set_name(c"chio-launch");
-            launch_child(fds)
+            launch_child(fds, ahead)
         }
-        Ok(ForkResult::Parent { child }) => Some(child),
-        // No child: the result pipe closes with `fds` here, and the daemon answers the client.
+        Ok(ForkResult::Parent { child }) => Some(Spare { pid: child, sock: ours }),
         Err(_) => None,
     }
 }
 
-fn launch_child(mut fds: Vec<OwnedFd>) -> ! {
+/// Pass a job's descriptors on to the spare (the launcher's copies close when `fds` drops).
+fn hand(spare: &Spare, fds: &[OwnedFd]) -> io::Result<()> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    sendmsg::<UnixAddr>(spare.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead) -> ! {
     let client = fds.split_off(2);
     let (job_fd, result_fd) = match (fds.pop(), fds.pop()) {
         (Some(result), Some(job)) => (job, result),
@@ -185,7 +238,7 @@ fn launch_child(mut fds: Vec<OwnedFd>) -> ! {
     };
     let mut text = Vec::new();
     let answer = match std::fs::File::from(job_fd).read_to_end(&mut text) {
-        Ok(_) => job::run(&text, client),
+        Ok(_) => job::run(&text, client, ahead),
         Err(e) => job::failure(&format!("reading the job: {e}")),
     };
     let mut out = std::fs::File::from(result_fd);
@@ -204,17 +257,22 @@ fn kill(running: &HashSet<Pid>) {
     }
 }
 
-fn reap(running: &mut HashSet<Pid>, flags: WaitPidFlag) {
-    while !running.is_empty() {
+/// Reap children: with WNOHANG every one that has ended (launches and a dead spare), otherwise
+/// wait for every running launch. Returns the pids reaped.
+fn reap(running: &mut HashSet<Pid>, flags: WaitPidFlag) -> Vec<Pid> {
+    let mut gone = Vec::new();
+    while flags.contains(WaitPidFlag::WNOHANG) || !running.is_empty() {
         match waitpid(None, Some(flags)) {
-            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(WaitStatus::StillAlive) | Err(_) => break,
             Ok(s) => {
                 if let Some(pid) = s.pid() {
                     running.remove(&pid);
+                    gone.push(pid);
                 }
             }
         }
     }
+    gone
 }
 
 fn set_name(name: &std::ffi::CStr) {

@@ -40,7 +40,8 @@ struct Shared {
     launcher: Launcher,
     launches: Semaphore,
     connections: Arc<Semaphore>,
-    running: AtomicUsize,
+    /// Launches running, and launch answers still being journaled (a stop waits for both).
+    running: Arc<AtomicUsize>,
 }
 
 /// Serve until SIGTERM or SIGINT; then stop accepting, give running launches the stop grace,
@@ -65,7 +66,7 @@ pub async fn run(
         per_client: Mutex::new(HashMap::new()),
         launches: Semaphore::new(config.max_launches),
         connections: Arc::new(Semaphore::new(config.max_connections)),
-        running: AtomicUsize::new(0),
+        running: Arc::new(AtomicUsize::new(0)),
         config,
         daemon,
         launcher,
@@ -213,56 +214,85 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             Ok(r) => r,
             Err(e) => return drop(reply(&mut stream, &refusal(None, format!("not a request: {e}"), 2)).await),
         };
-        let answer = answer(&s, req, fds, uid, role).await;
-        if reply(&mut stream, &answer).await.is_err() {
+        let (answer, settling) = answer(&s, req, fds, uid, role).await;
+        let replied = reply(&mut stream, &answer).await;
+        // The answer is journaled while it travels; the next request on this connection (and
+        // a stop) waits for that.
+        if let Some(Err(why)) = settle(settling).await {
+            eprintln!("chio supervisor: {why}");
+        }
+        if replied.is_err() {
             return;
         }
     }
 }
 
-async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Value {
+/// A launch's answer being written to the journal (see [`dispatch`]).
+type Settling = Option<tokio::task::JoinHandle<Result<(), String>>>;
+
+async fn settle(s: Settling) -> Option<Result<(), String>> {
+    Some(s?.await.map_err(|e| e.to_string()).and_then(|r| r))
+}
+
+async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> (Value, Settling) {
     if req.id.is_empty()
         || req.id.len() > 128
         || !req.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
     {
-        return refusal(None, "a request id is 1–128 characters of [A-Za-z0-9._-]".into(), 2);
+        return (refusal(None, "a request id is 1–128 characters of [A-Za-z0-9._-]".into(), 2), None);
     }
     let id = req.id.clone();
+    let mut settling = None;
     let mut v = match req.op.as_str() {
         "ping" if fds.is_empty() => json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}),
         "repository" if role == Role::Launch => {
             refusal(None, format!("uid {uid}: the repository operations need the admin or repository role"), 77)
         }
-        "launch" | "repository" if fds.len() == req.fds.count() => launch(s, req, fds, uid, role).await,
+        "launch" | "repository" if fds.len() == req.fds.count() => {
+            let (v, journaling) = launch(s, req, fds, uid, role).await;
+            settling = journaling;
+            v
+        }
         "ping" | "launch" | "repository" => {
             refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2)
         }
         other => refusal(None, format!("unknown operation {other:?} (ping, launch, repository)"), 2),
     };
     v["id"] = json!(id);
-    v
+    (v, settling)
 }
 
-async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Value {
+async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> (Value, Settling) {
     let Some(_share) = s.share(uid, Kind::Launch) else {
         let why = format!(
             "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
             s.config.max_launches_per_client
         );
-        return refusal(None, why, 75);
+        return (refusal(None, why, 75), None);
     };
     let Ok(_slot) = s.launches.acquire().await else {
-        return refusal(None, "the supervisor is stopping".into(), 75);
+        return (refusal(None, "the supervisor is stopping".into(), 75), None);
     };
     s.running.fetch_add(1, Ordering::SeqCst);
     let answer = dispatch(s, req, fds, uid, role).await;
     s.running.fetch_sub(1, Ordering::SeqCst);
-    answer.unwrap_or_else(|why| refusal(None, why, 125))
+    match answer {
+        Ok((v, settling)) => (v, settling),
+        Err(why) => (refusal(None, why, 125), None),
+    }
 }
 
-/// Journal the request, hand it to the launcher, journal its answer. A repeated id gets the
-/// retained answer of a finished request and never runs twice.
-async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> Result<Value, String> {
+/// Journal the request, hand it to the launcher, and start journaling its answer (returned
+/// unawaited: the reply need not wait for it — until it lands, a repeat of the id is told the
+/// request is running, and a crash before it leaves the request `outcome_unknown`, never run
+/// again). A repeated id gets the retained answer of a finished request and never runs twice.
+async fn dispatch(
+    s: &Shared,
+    req: Request,
+    fds: Vec<OwnedFd>,
+    uid: u32,
+    role: Role,
+) -> Result<(Value, Settling), String> {
     let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
@@ -276,7 +306,7 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: R
     .await?
     {
         Begin::Proceed => {}
-        Begin::Retained(answer) => return serde_json::from_str(&answer).map_err(|e| e.to_string()),
+        Begin::Retained(answer) => return Ok((serde_json::from_str(&answer).map_err(|e| e.to_string())?, None)),
         Begin::Conflict { .. } => return Err(format!("request id {id:?} was already used for another request")),
         Begin::InProgress => return Err(format!("request id {id:?} is running")),
         Begin::OutcomeUnknown => {
@@ -297,11 +327,17 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: R
         }
     };
     let answer = v.to_string();
-    journal(s, move |st| st.op_complete(&key, &answer)).await?;
+    let (store, running) = (s.journal.clone(), s.running.clone());
+    running.fetch_add(1, Ordering::SeqCst);
+    let settling = tokio::spawn(async move {
+        let done = journal_owned(store, move |st| st.op_complete(&key, &answer)).await;
+        running.fetch_sub(1, Ordering::SeqCst);
+        done
+    });
     let state = v.pointer("/record/state").and_then(Value::as_str).unwrap_or("-");
     let status = v.get("exit_status").or(v.get("exit_code")).unwrap_or(&Value::Null);
     eprintln!("chio supervisor: uid {uid} request {id} role {} exit {status} state {state}", role.name());
-    Ok(v)
+    Ok((v, Some(settling)))
 }
 
 /// A journal operation on the daemon's store, off the I/O thread.
@@ -309,7 +345,13 @@ async fn journal<T: Send + 'static>(
     s: &Shared,
     op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
 ) -> Result<T, String> {
-    let store = s.journal.clone();
+    journal_owned(s.journal.clone(), op).await
+}
+
+async fn journal_owned<T: Send + 'static>(
+    store: Arc<Mutex<Store>>,
+    op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
+) -> Result<T, String> {
     tokio::task::spawn_blocking(move || {
         let mut st = store.lock().map_err(|_| "the journal's lock is poisoned".to_string())?;
         op(&mut st).map_err(|e| format!("the request journal: {e}"))

@@ -1,0 +1,80 @@
+//! Work a long-lived supervisor does before the request arrives. A new network namespace is the
+//! dearest part of a cage's setup (≈ 0.3 ms, most of it the kernel registering the namespace's
+//! loopback device and per-namespace tables): the daemon's launcher makes the next one while it
+//! waits, and hands it to exactly one launch, whose init enters it instead of unsharing its own.
+//!
+//! The launcher also shares, with every launch it forks, the table of digests earlier launches
+//! computed ([`crate::digests`]), so that an unchanged tool is not hashed again.
+//!
+//! A namespace made here is as fresh as one the init would unshare: it is created by
+//! `unshare(CLONE_NEWNET)` in the launcher, which at once steps back into its own; the only
+//! reference is the descriptor, no process ever ran in it, and it is handed to one launch and
+//! closed everywhere else. The one-shot `chio cage run` has no earlier moment and unshares as
+//! before.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+
+use nix::sched::{setns, unshare, CloneFlags};
+
+use crate::digests::Digests;
+
+/// What was made for the next launch.
+#[derive(Debug, Default)]
+pub struct Ahead {
+    /// A fresh network namespace (an nsfs descriptor) for the cage to enter.
+    pub netns: Option<OwnedFd>,
+    /// The digests earlier launches of this supervisor computed (see [`crate::digests`]).
+    pub digests: Option<Digests>,
+}
+
+impl Ahead {
+    /// Make the next launch's resources, sharing `digests`. The caller must be single-threaded:
+    /// the calling thread spends a moment in the new namespace.
+    pub fn make(digests: Option<Digests>) -> io::Result<Ahead> {
+        Ok(Ahead { netns: Some(fresh_netns()?), digests })
+    }
+}
+
+/// A new network namespace, held by a descriptor only. The calling thread returns to its own
+/// namespace before this returns; if it could not, the process would fork every later launch
+/// from the wrong namespace, so it exits instead (a root thread re-entering the namespace it
+/// came from has no reason to fail).
+fn fresh_netns() -> io::Result<OwnedFd> {
+    let own = File::open("/proc/thread-self/ns/net")?;
+    unshare(CloneFlags::CLONE_NEWNET)?;
+    let made = File::open("/proc/thread-self/ns/net");
+    if let Err(e) = setns(&own, CloneFlags::CLONE_NEWNET) {
+        eprintln!("chio: cannot return to the supervisor's own network namespace after making a cage's: {e}");
+        std::process::exit(70);
+    }
+    Ok(OwnedFd::from(made?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn inode(p: &str) -> u64 {
+        std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0)
+    }
+
+    /// Each call makes a namespace of its own and leaves the calling thread where it was (the
+    /// test runs as root, as the suite does).
+    #[test]
+    fn makes_distinct_namespaces_and_returns_home() {
+        let home = inode("/proc/thread-self/ns/net");
+        let a = Ahead::make(None).expect("make");
+        let b = Ahead::make(None).expect("make");
+        assert_eq!(inode("/proc/thread-self/ns/net"), home, "the thread must be back in its own namespace");
+        let ino = |x: &Ahead| {
+            let fd = x.netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);
+            inode(&format!("/proc/self/fd/{fd}"))
+        };
+        assert_ne!(ino(&a), home);
+        assert_ne!(ino(&b), home);
+        assert_ne!(ino(&a), ino(&b), "every launch gets a namespace of its own");
+    }
+}
