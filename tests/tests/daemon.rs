@@ -773,10 +773,7 @@ fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
     for round in 0..3 {
         let until = Instant::now() + Duration::from_secs(5);
         let spare = loop {
-            let found = children(d.pid())
-                .into_iter()
-                .flat_map(children)
-                .find(|p| comm(*p).trim() == "chio-spare");
+            let found = children(d.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == "chio-spare");
             if let Some(p) = found {
                 break p;
             }
