@@ -31,6 +31,13 @@ pub enum Controller {
 }
 
 impl Controller {
+    /// Every controller a launch may need, in the order [`needed`] lists them.
+    pub const ALL: [Controller; 4] = [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu];
+
+    fn named(name: &str) -> Option<Controller> {
+        Controller::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Controller::Memory => "memory",
@@ -119,15 +126,60 @@ impl Hierarchy {
 }
 
 impl LaunchCgroup {
+    /// A fresh launch cgroup name: `chio-<this process's pid>-<random>`.
+    pub fn new_name() -> String {
+        let mut b = [0u8; 8];
+        // SAFETY: getrandom into a local buffer (nix has no wrapper); a short read leaves zeros,
+        // which only weakens the uniqueness of a name already made unique by our pid.
+        unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        format!("chio-{}-{:016x}", std::process::id(), u64::from_le_bytes(b))
+    }
+
     /// Create the launch cgroup `name` in `hierarchy` and write the ceilings.
     pub fn create(name: &str, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
+        let cg = Self::make(name, &needed(limits), hierarchy)?;
+        cg.apply(limits)?;
+        Ok(cg)
+    }
+
+    /// Create the launch cgroup `name` in `hierarchy` with `controllers`, without ceilings yet
+    /// (a daemon makes its next launch's ahead of the request: see [`crate::ahead`]).
+    pub fn make(name: &str, controllers: &[Controller], hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
         match hierarchy {
-            Hierarchy::V2(root) => Self::create_v2(root, name, limits),
-            Hierarchy::V1 => Self::create_v1(name, limits),
+            Hierarchy::V2(root) => Self::make_v2(root, name, controllers),
+            Hierarchy::V1 => Self::make_v1(name, controllers),
         }
     }
 
-    fn create_v2(root: &Path, name: &str, limits: &Limits) -> io::Result<LaunchCgroup> {
+    /// Whether this cgroup was made in `hierarchy` with the controllers `limits` need.
+    pub fn fits(&self, limits: &Limits, hierarchy: &Hierarchy) -> bool {
+        let mut wanted = needed(limits);
+        let mut have: Vec<Controller> =
+            self.dirs.iter().map(|(c, _)| *c).chain(self.missing.iter().filter_map(|m| Controller::named(m))).collect();
+        wanted.sort_by_key(|c| c.name());
+        have.sort_by_key(|c| c.name());
+        let same_hierarchy = match hierarchy {
+            Hierarchy::V1 => self.version == "v1",
+            Hierarchy::V2(root) => {
+                self.version == "v2" && self.dirs.first().is_some_and(|(_, d)| d.parent() == Some(root))
+            }
+        };
+        same_hierarchy && wanted == have
+    }
+
+    /// Write the ceilings; on failure the cgroup is removed.
+    pub fn apply(&self, limits: &Limits) -> io::Result<()> {
+        let written = match self.version {
+            "v2" => self.dirs.first().map_or(Ok(()), |(_, d)| self.write_v2_limits(d, limits)),
+            _ => self.write_v1_limits(limits),
+        };
+        if written.is_err() {
+            let _ = self.remove();
+        }
+        written
+    }
+
+    fn make_v2(root: &Path, name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
         if statfs_magic(root.parent().unwrap_or(root)) != Some(CGROUP2_SUPER_MAGIC) {
             return Err(io::Error::other(format!("{} is not on a cgroup2 filesystem", root.display())));
         }
@@ -157,18 +209,12 @@ impl LaunchCgroup {
             dirs: vec![(Controller::Cpuacct, dir.clone())],
             missing: Vec::new(),
         };
-        for c in needed(limits) {
+        for &c in controllers.iter().filter(|c| **c != Controller::Cpuacct) {
             if has(c) {
-                if c != Controller::Cpuacct {
-                    cg.dirs.push((c, dir.clone()));
-                }
+                cg.dirs.push((c, dir.clone()));
             } else {
                 cg.missing.push(c.name().to_string());
             }
-        }
-        if let Err(e) = cg.write_v2_limits(&dir, limits) {
-            let _ = cg.remove();
-            return Err(e);
         }
         Ok(cg)
     }
@@ -190,10 +236,10 @@ impl LaunchCgroup {
         Ok(())
     }
 
-    fn create_v1(name: &str, limits: &Limits) -> io::Result<LaunchCgroup> {
+    fn make_v1(name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
         let own = fs::read_to_string("/proc/self/cgroup")?;
         let mut cg = LaunchCgroup { name: name.to_string(), version: "v1", dirs: Vec::new(), missing: Vec::new() };
-        for c in needed(limits) {
+        for &c in controllers {
             let mount = Path::new("/sys/fs/cgroup").join(c.name());
             if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
                 cg.missing.push(c.name().to_string());
@@ -215,10 +261,6 @@ impl LaunchCgroup {
                 return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
             }
             cg.dirs.push((c, dir));
-        }
-        if let Err(e) = cg.write_v1_limits(limits) {
-            let _ = cg.remove();
-            return Err(e);
         }
         Ok(cg)
     }

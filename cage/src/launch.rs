@@ -234,7 +234,7 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
     let filters = seccomp::compiled().as_ref().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
     rec.mark("resolve");
     inject(plan, Stage::Cgroup)?;
-    let mut held = Held::default();
+    let mut held = Held { ahead: sinks.ahead.cgroup.take(), ..Held::default() };
     let result = launch_cage(plan, sinks, rec, filters, abi, &mut held);
     rec.mark("target_ended");
     held.tear_down(rec);
@@ -245,6 +245,8 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
 /// What a launch holds outside the cage and must undo at the end, however it ended.
 #[derive(Default)]
 struct Held {
+    /// A launch cgroup made ahead of the request, until it is taken (or removed unused).
+    ahead: Option<LaunchCgroup>,
     cgroup: Option<LaunchCgroup>,
     janitor: Option<janitor::Janitor>,
     /// The cgroup's usage, read as soon as the target's end was reported.
@@ -253,6 +255,9 @@ struct Held {
 
 impl Held {
     fn tear_down(self, rec: &mut LaunchRecord) {
+        if let Some(unused) = &self.ahead {
+            let _ = unused.remove();
+        }
         let Some(cg) = &self.cgroup else { return };
         record_usage(self.usage.unwrap_or_else(|| cg.usage()), rec);
         // The init has been reaped by now, and with it (PID 1 of the cage's pid namespace) every
@@ -291,9 +296,17 @@ fn make_cgroup<'h>(
     hierarchy: &Hierarchy,
     held: &'h mut Held,
 ) -> Result<&'h LaunchCgroup, Stop> {
-    let name = format!("chio-{}-{:016x}", std::process::id(), random_u64());
-    let cg =
-        LaunchCgroup::create(&name, &plan.limits, hierarchy).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+    // The one made ahead of the request (by a daemon's spare), if it fits; else a new one.
+    let made = match held.ahead.take() {
+        Some(pre) if pre.fits(&plan.limits, hierarchy) => pre.apply(&plan.limits).map(|_| pre),
+        other => {
+            if let Some(pre) = other {
+                let _ = pre.remove();
+            }
+            LaunchCgroup::create(&LaunchCgroup::new_name(), &plan.limits, hierarchy)
+        }
+    };
+    let cg = made.map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
     rec.cgroup = Some(CgroupFacts { version: cg.version.to_string(), paths: cg.paths() });
     let missing = cg.missing.clone();
     let version = cg.version;
@@ -395,7 +408,7 @@ fn launch_cage(
     let w = Wiring::new(sinks.stdin.is_some())?;
     inject(plan, Stage::Namespaces)?;
     // Taken, so that the supervisor's copy closes as soon as the init has its own.
-    let crate::Ahead { netns, digests: known } = std::mem::take(&mut sinks.ahead);
+    let (netns, known) = (sinks.ahead.netns.take(), sinks.ahead.digests);
     let ctx = Ctx {
         plan,
         filters,
@@ -798,12 +811,4 @@ fn ensure_staging(dir: &Path) -> io::Result<()> {
     }
     fs::create_dir_all(dir)?;
     fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-}
-
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom into a local buffer; a short read leaves zeros, which only weakens the
-    // uniqueness of a cgroup name already made unique by our pid.
-    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    u64::from_le_bytes(b)
 }

@@ -63,10 +63,19 @@ def status(pid):
 
 
 def cgroups_left():
+    """Launch cgroups, except the one a live spare made ahead of its job."""
     left = []
     for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
-        left += [d for d in dirnames if re.fullmatch(r"chio-\d+-[0-9a-f]{16}", d)]
-    return left
+        left += [d for d in dirnames if re.fullmatch(r"chio-\d+-[0-9a-f]{16}", d) and not is_spare(d.split("-")[1])]
+    return sorted(set(left))
+
+
+def is_spare(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "chio-spare"
+    except OSError:
+        return False
 
 
 def pct(v, p):

@@ -591,3 +591,23 @@ pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootf
         dir,
     }
 }
+
+/// Every launch cgroup (`chio-<pid>-<random>`, in any hierarchy) of the chio process `pid`.
+pub fn launch_cgroups_of(pid: u32) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let needle = format!("chio-{pid}-");
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for ent in rd.flatten() {
+            let dir = ent.file_type().is_ok_and(|t| t.is_dir() && !t.is_symlink());
+            if dir {
+                if ent.file_name().to_string_lossy().starts_with(&needle) {
+                    found.push(ent.path());
+                }
+                stack.push(ent.path());
+            }
+        }
+    }
+    found
+}

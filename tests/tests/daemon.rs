@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use chio_tests::{chio_bin, lasting_orphaned_inits, privileged, processes_tagged, signed_launch, wait_gone, Scratch};
+use chio_tests::{
+    chio_bin, lasting_orphaned_inits, launch_cgroups_of, privileged, processes_tagged, signed_launch, wait_gone,
+    Scratch,
+};
 use serde_json::{json, Value};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -756,8 +759,9 @@ fn a_shared_digest_is_never_stale() {
     }
 }
 
-/// The launcher keeps the next launch's process ready (a spare, `chio-spare`); one killed
-/// while it waits is replaced, and the next launch runs.
+/// The launcher keeps the next launch's process ready (a spare, `chio-spare`, holding the
+/// launch cgroup it made ahead); one killed while it waits is replaced, the next launch runs,
+/// and no spare's cgroup outlives it (swept by the next, removed at a stop).
 #[test]
 fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
     if !privileged("daemon_spare") {
@@ -770,6 +774,7 @@ fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
         list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
     };
     let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let mut spares = Vec::new();
     for round in 0..3 {
         let until = Instant::now() + Duration::from_secs(5);
         let spare = loop {
@@ -780,9 +785,45 @@ fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
             assert!(Instant::now() < until, "round {round}: no spare under the launcher");
             std::thread::sleep(Duration::from_millis(10));
         };
+        spares.push(spare);
         // SAFETY: killing the daemon's spare, a child of its launcher.
         unsafe { libc::kill(spare as i32, libc::SIGKILL) };
         let out = d.run(None, &["--", "/bin/sh", "-c", "echo ran"], None);
         assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "ran\n".into()), "{}", text(&out.stderr));
     }
+    let last = children(d.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == "chio-spare");
+    drop(d);
+    spares.extend(last);
+    for pid in spares {
+        assert_eq!(launch_cgroups_of(pid), Vec::<PathBuf>::new(), "spare {pid}");
+    }
+}
+
+/// The launch cgroup a spare made before its job gets the job's ceilings: a burst of processes
+/// past --pids and an allocation past --memory are stopped there; the same commands under the
+/// default ceilings (the control) are not.
+#[test]
+fn the_cgroup_made_ahead_gets_the_requests_ceilings() {
+    if !privileged("daemon_cgroup_ahead") {
+        return;
+    }
+    let dir = Scratch::new("daemon-cgroup-ahead");
+    let d = Daemon::start(&dir, config(json!({})));
+    let burst = "n=0; for i in $(seq 12); do sleep 2 & n=$((n+1)); done 2>/dev/null; echo started $n";
+    let hog = "python3 -c 'b = b\"x\" * (200 << 20); print(\"held\")'";
+    let run = |limits: &[&str], cmd: &str| {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(limits);
+        args.extend_from_slice(&["--", "/bin/sh", "-c", cmd]);
+        let out = d.run(None, &args, None);
+        (text(&out.stdout), record(&out)["outcome"]["limit_hit"].clone())
+    };
+    let (out, hit) = run(&["--pids", "6", "--timeout", "10s"], burst);
+    assert!(hit.as_array().unwrap().contains(&json!("pids")), "{out} {hit}");
+    let (out, hit) = run(&["--timeout", "10s"], burst);
+    assert_eq!((out.trim(), hit), ("started 12", json!([])), "control: the default ceiling allows the burst");
+    let (out, hit) = run(&["--memory", "32M"], hog);
+    assert!(hit.as_array().unwrap().contains(&json!("memory")), "{out} {hit}");
+    let (out, hit) = run(&[], hog);
+    assert_eq!((out.trim(), hit), ("held", json!([])), "control: the default ceiling holds 200 MB");
 }

@@ -585,41 +585,22 @@ fn deadline_kills_the_target_and_its_background_children() {
     }
 }
 
-fn chio_cgroups(chio_pid: u32) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let needle = format!("chio-{chio_pid}-");
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for ent in rd.flatten() {
-            let p = ent.path();
-            if ent.file_type().map(|t| t.is_dir()).unwrap_or(false) && !ent.file_type().unwrap().is_symlink() {
-                if ent.file_name().to_string_lossy().starts_with(&needle) {
-                    found.push(p.clone());
-                }
-                stack.push(p);
-            }
-        }
-    }
-    found
-}
-
 #[test]
 fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
     let Some(e) = env("supervisor_kill") else { return };
     let tag = format!("chio-sigkill-{}", std::process::id());
     let mut sup = sleeping_cage(&e, &tag, &["--background"]);
     let pid = sup.id();
-    assert!(!chio_cgroups(pid).is_empty(), "the launch cgroup exists while running");
+    assert!(!chio_tests::launch_cgroups_of(pid).is_empty(), "the launch cgroup exists while running");
     assert!(!processes_tagged(&tag).is_empty());
     sup.kill().unwrap();
     sup.wait().unwrap();
     assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new(), "cage processes outlived the supervisor");
     let until = Instant::now() + Duration::from_secs(5);
-    while !chio_cgroups(pid).is_empty() && Instant::now() < until {
+    while !chio_tests::launch_cgroups_of(pid).is_empty() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(chio_cgroups(pid), Vec::<PathBuf>::new(), "the launch cgroup outlived the supervisor");
+    assert_eq!(chio_tests::launch_cgroups_of(pid), Vec::<PathBuf>::new(), "the launch cgroup outlived the supervisor");
     let until = Instant::now() + Duration::from_secs(5);
     while janitor_orphans(&tag) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
@@ -683,7 +664,7 @@ fn init_dies_with_the_supervisor_even_without_the_janitor() {
     // Isolated from the other tests' launches: one of them sweeping this orphaned cgroup would
     // kill its processes and remove it. The cgroup must still be here, so the parent-death
     // signal, not a sweep, ended the cage.
-    let cgroups = chio_cgroups(sup.id());
+    let cgroups = chio_tests::launch_cgroups_of(sup.id());
     assert!(!cgroups.is_empty(), "the launch cgroup was swept by another launch: the test proves nothing");
     for d in cgroups {
         let _ = std::fs::remove_dir(d); // nobody is left to remove it; the next launch would sweep it

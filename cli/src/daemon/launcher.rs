@@ -28,6 +28,10 @@ use super::job;
 
 const LAUNCH: &[u8] = b"launch";
 const KILL: &[u8] = b"kill";
+/// A spare's answer once it holds its job.
+const TAKEN: &[u8] = b"taken";
+/// How long a spare may take to say it took its job (it may be finishing its work ahead).
+const HAND_TIMEOUT_MS: u16 = 5000;
 /// Descriptors on one `launch` message: the job, the result pipe and up to four of the client's.
 const MAX_JOB_FDS: usize = 6;
 
@@ -112,8 +116,12 @@ fn serve(sock: OwnedFd) -> ! {
         if fds[1].any().unwrap_or(false) {
             while let Ok(Some(_)) = sfd.read_signal() {}
             let gone = reap(&mut running, WaitPidFlag::WNOHANG);
-            // A spare that died before its job is replaced at the top of the loop.
-            spare = spare.filter(|s| !gone.contains(&s.pid));
+            // A spare that died before its job (killed: it had no time to remove the cgroup it
+            // made) is swept, and replaced at the top of the loop.
+            if spare.as_ref().is_some_and(|s| gone.contains(&s.pid)) {
+                spare = None;
+                chio_cage::cgroup::sweep(&chio_cage::cgroup::Hierarchy::detect(None));
+            }
         }
         if !fds[0].any().unwrap_or(false) {
             continue;
@@ -125,22 +133,29 @@ fn serve(sock: OwnedFd) -> ! {
             Ok(Message::Launch(fds)) => {
                 for _ in 0..2 {
                     let Some(s) = spare.take().or_else(|| fork_spare(digests, &sock, &sfd, &chld)) else { break };
-                    if hand(&s, &fds).is_ok() {
-                        running.insert(s.pid);
-                        // Let the launch start before the next spare is forked (on this CPU
-                        // the fork would otherwise go first).
-                        let _ = nix::sched::sched_yield();
-                        break;
+                    match hand(&s, &fds) {
+                        Ok(()) => {
+                            running.insert(s.pid);
+                            // Let the launch start before the next spare is forked (on this
+                            // CPU the fork would otherwise go first).
+                            let _ = nix::sched::sched_yield();
+                            break;
+                        }
+                        Err(Handed::Lost) => break,
+                        Err(Handed::NotTaken) => {}
                     }
-                    let _ = nix::sys::signal::kill(s.pid, Signal::SIGKILL);
                 }
             }
             Ok(Message::Kill) => kill(&running),
             Ok(Message::Other) => {}
             Err(_) => {
-                // The daemon is gone: nothing may outlive it (the spare ends with our end of
-                // its pair).
+                // The daemon is gone: nothing may outlive it. The spare ends with our end of
+                // its pair, removing what it made ahead; wait for that before our death kills it.
                 kill(&running);
+                if let Some(s) = spare.take() {
+                    drop(s.sock);
+                    let _ = waitpid(s.pid, None);
+                }
                 reap(&mut running, WaitPidFlag::empty());
                 // SAFETY: leaving without running the daemon's destructors.
                 unsafe { libc::_exit(0) }
@@ -185,8 +200,8 @@ struct Spare {
 }
 
 /// Fork the next launch child; it makes what it can ahead of its job (its cage's network
-/// namespace: in its own time, not the launcher's, which must stay free to hand the next job
-/// on), waits for the job, then runs it.
+/// namespace and launch cgroup: in its own time, not the launcher's, which must stay free to
+/// hand the next job on), waits for the job, then runs it.
 fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked: &SigSet) -> Option<Spare> {
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).ok()?;
     // SAFETY: the launcher is single-threaded; the child runs `launch_child`, which never returns.
@@ -205,13 +220,16 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
                 let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
             }
             set_name(c"chio-spare");
-            let ahead = Ahead::make(digests).unwrap_or(Ahead { netns: None, digests });
+            let ahead = Ahead::make(digests);
             job::warm();
             // EOF: the launcher is gone (or has given up on us) before a job came.
             let Ok(Message::Launch(fds)) = receive(&theirs) else {
+                drop(ahead);
                 // SAFETY: leaving without running the launcher's destructors.
                 unsafe { libc::_exit(0) }
             };
+            // Taken: from here the job is ours (see `hand`).
+            let _ = nix::unistd::write(&theirs, TAKEN);
             drop(theirs);
             set_name(c"chio-launch");
             launch_child(fds, ahead)
@@ -221,12 +239,45 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
     }
 }
 
-/// Pass a job's descriptors on to the spare (the launcher's copies close when `fds` drops).
-fn hand(spare: &Spare, fds: &[OwnedFd]) -> io::Result<()> {
+/// Pass a job's descriptors on to the spare and wait until it has taken them (the launcher's
+/// copies close when `fds` drops). A spare that dies first (killed while it waited) never ran
+/// anything: the job may go to another. One that does not answer in time is killed, and only
+/// if it had not taken the job either is the job given to another — never run twice.
+fn hand(spare: &Spare, fds: &[OwnedFd]) -> Result<(), Handed> {
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
-    sendmsg::<UnixAddr>(spare.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
-    Ok(())
+    let sent =
+        sendmsg::<UnixAddr>(spare.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None);
+    if sent.is_err() {
+        return Err(Handed::NotTaken);
+    }
+    let mut p = [PollFd::new(spare.sock.as_fd(), PollFlags::POLLIN)];
+    let _ = poll(&mut p, PollTimeout::from(HAND_TIMEOUT_MS));
+    if taken(spare) {
+        return Ok(());
+    }
+    // Dead, or stuck: make sure it is dead, then look once more.
+    let _ = nix::sys::signal::kill(spare.pid, Signal::SIGKILL);
+    let _ = waitpid(spare.pid, None);
+    if taken(spare) {
+        Err(Handed::Lost)
+    } else {
+        Err(Handed::NotTaken)
+    }
+}
+
+/// Why a job did not reach a spare that will run it.
+enum Handed {
+    /// The spare never took it: another may run it.
+    NotTaken,
+    /// The spare took it and was killed: its outcome is unknown, and it is not run again.
+    Lost,
+}
+
+/// Whether the spare said it took its job (without waiting).
+fn taken(spare: &Spare) -> bool {
+    let mut b = [0u8; 8];
+    matches!(nix::sys::socket::recv(spare.sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT), Ok(n) if &b[..n] == TAKEN)
 }
 
 fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead) -> ! {
