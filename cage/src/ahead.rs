@@ -38,17 +38,24 @@ pub struct Ahead {
 }
 
 impl Ahead {
+    /// Nothing made yet, only the shared `digests`.
+    pub fn sharing(digests: Option<Digests>) -> Ahead {
+        Ahead { netns: None, digests, cgroup: None }
+    }
+
     /// Make the next launch's resources, sharing `digests`. The caller must be single-threaded
     /// (the calling thread spends a moment in the new namespace) and must be the process that
     /// will launch (the cgroup's name carries its pid: the janitor and every sweep go by it).
     /// What could not be made is left to the launch.
-    pub fn make(digests: Option<Digests>) -> Ahead {
-        let hierarchy = Hierarchy::detect(None);
-        Ahead {
-            netns: fresh_netns().ok(),
-            digests,
-            cgroup: LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, &hierarchy).ok(),
+    /// `stop` is asked between the steps: once it says so, the rest is left to the launch.
+    pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool) -> Ahead {
+        let mut ahead = Ahead::sharing(digests);
+        ahead.netns = fresh_netns().ok();
+        if !stop() {
+            let hierarchy = Hierarchy::detect(None);
+            ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, &hierarchy).ok();
         }
+        ahead
     }
 }
 
@@ -90,8 +97,8 @@ mod tests {
     #[test]
     fn makes_distinct_namespaces_and_returns_home() {
         let home = inode("/proc/thread-self/ns/net");
-        let a = Ahead::make(None);
-        let b = Ahead::make(None);
+        let a = Ahead::make(None, &|| false);
+        let b = Ahead::make(None, &|| false);
         assert_eq!(inode("/proc/thread-self/ns/net"), home, "the thread must be back in its own namespace");
         let ino = |x: &Ahead| {
             let fd = x.netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);

@@ -99,6 +99,37 @@ impl Daemon {
         child.wait_with_output().unwrap()
     }
 
+    /// The launcher's spare (the next launch's process), waited for (5 s at most).
+    fn spare(&self) -> u32 {
+        let children = |pid: u32| -> Vec<u32> {
+            let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+        };
+        let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = children(self.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == "chio-spare");
+            if let Some(p) = found {
+                return p;
+            }
+            assert!(Instant::now() < until, "no spare under the launcher: {}", self.log());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Wait until the spare has made its launch cgroup ahead (the daemon is idle meanwhile).
+    fn spare_prepared(&self) -> u32 {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let spare = self.spare();
+            if !launch_cgroups_of(spare).is_empty() {
+                return spare;
+            }
+            assert!(Instant::now() < until, "the spare made no launch cgroup ahead");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Wait (10 s at most) until a launch's shell tagged `tag` runs in its cage.
     fn wait_for_shell(&self, tag: &str) {
         let until = Instant::now() + Duration::from_secs(10);
@@ -769,31 +800,18 @@ fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
     }
     let dir = Scratch::new("daemon-spare");
     let d = Daemon::start(&dir, config(json!({})));
-    let children = |pid: u32| -> Vec<u32> {
-        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
-    };
-    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     let mut spares = Vec::new();
     for round in 0..3 {
-        let until = Instant::now() + Duration::from_secs(5);
-        let spare = loop {
-            let found = children(d.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == "chio-spare");
-            if let Some(p) = found {
-                break p;
-            }
-            assert!(Instant::now() < until, "round {round}: no spare under the launcher");
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        // Killed before (round 0) and after (then) it made its work ahead.
+        let spare = if round == 0 { d.spare() } else { d.spare_prepared() };
         spares.push(spare);
         // SAFETY: killing the daemon's spare, a child of its launcher.
         unsafe { libc::kill(spare as i32, libc::SIGKILL) };
         let out = d.run(None, &["--", "/bin/sh", "-c", "echo ran"], None);
         assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "ran\n".into()), "{}", text(&out.stderr));
     }
-    let last = children(d.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == "chio-spare");
+    spares.push(d.spare_prepared());
     drop(d);
-    spares.extend(last);
     for pid in spares {
         assert_eq!(launch_cgroups_of(pid), Vec::<PathBuf>::new(), "spare {pid}");
     }
@@ -812,10 +830,14 @@ fn the_cgroup_made_ahead_gets_the_requests_ceilings() {
     let burst = "n=0; for i in $(seq 12); do sleep 2 & n=$((n+1)); done 2>/dev/null; echo started $n";
     let hog = "python3 -c 'b = b\"x\" * (200 << 20); print(\"held\")'";
     let run = |limits: &[&str], cmd: &str| {
+        // The launch must take the cgroup its spare made ahead.
+        let spare = d.spare_prepared();
         let mut args = vec!["--json"];
         args.extend_from_slice(limits);
         args.extend_from_slice(&["--", "/bin/sh", "-c", cmd]);
         let out = d.run(None, &args, None);
+        let paths = record(&out)["cgroup"]["paths"].clone();
+        assert!(paths[0].as_str().unwrap().contains(&format!("/chio-{spare}-")), "{paths}");
         (text(&out.stdout), record(&out)["outcome"]["limit_hit"].clone())
     };
     let (out, hit) = run(&["--pids", "6", "--timeout", "10s"], burst);

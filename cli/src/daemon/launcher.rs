@@ -28,6 +28,8 @@ use super::job;
 
 const LAUNCH: &[u8] = b"launch";
 const KILL: &[u8] = b"kill";
+/// To a spare: make the work ahead of the job now.
+const PREPARE: &[u8] = b"prepare";
 /// A spare's answer once it holds its job.
 const TAKEN: &[u8] = b"taken";
 /// How long a spare may take to say it took its job (it may be finishing its work ahead).
@@ -109,6 +111,7 @@ fn serve(sock: OwnedFd) -> ! {
         if spare.is_none() {
             spare = fork_spare(digests, &sock, &sfd, &chld);
         }
+        prepare_when_idle(&mut spare, &running);
         let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
         if poll(&mut fds, PollTimeout::NONE).is_err() {
             continue;
@@ -120,7 +123,7 @@ fn serve(sock: OwnedFd) -> ! {
             // made) is swept, and replaced at the top of the loop.
             if spare.as_ref().is_some_and(|s| gone.contains(&s.pid)) {
                 spare = None;
-                chio_cage::cgroup::sweep(&chio_cage::cgroup::Hierarchy::detect(None));
+                sweep();
             }
         }
         if !fds[0].any().unwrap_or(false) {
@@ -141,13 +144,17 @@ fn serve(sock: OwnedFd) -> ! {
                             let _ = nix::sched::sched_yield();
                             break;
                         }
-                        Err(Handed::Lost) => break,
-                        Err(Handed::NotTaken) => {}
+                        // Killed with its work ahead undone: sweep what it made.
+                        Err(Handed::Lost) => {
+                            sweep();
+                            break;
+                        }
+                        Err(Handed::NotTaken) => sweep(),
                     }
                 }
             }
             Ok(Message::Kill) => kill(&running),
-            Ok(Message::Other) => {}
+            Ok(Message::Prepare | Message::Other) => {}
             Err(_) => {
                 // The daemon is gone: nothing may outlive it. The spare ends with our end of
                 // its pair, removing what it made ahead; wait for that before our death kills it.
@@ -167,6 +174,7 @@ fn serve(sock: OwnedFd) -> ! {
 enum Message {
     Launch(Vec<OwnedFd>),
     Kill,
+    Prepare,
     Other,
 }
 
@@ -189,6 +197,7 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     Ok(match &buf[..bytes] {
         LAUNCH if fds.len() >= 2 => Message::Launch(fds),
         KILL => Message::Kill,
+        PREPARE => Message::Prepare,
         _ => Message::Other,
     })
 }
@@ -197,6 +206,8 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
 struct Spare {
     pid: Pid,
     sock: OwnedFd,
+    /// Told to make its work ahead (see [`prepare_when_idle`]).
+    told: bool,
 }
 
 /// Fork the next launch child; it makes what it can ahead of its job (its cage's network
@@ -220,13 +231,26 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
                 let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
             }
             set_name(c"chio-spare");
-            let ahead = Ahead::make(digests);
-            job::warm();
-            // EOF: the launcher is gone (or has given up on us) before a job came.
-            let Ok(Message::Launch(fds)) = receive(&theirs) else {
-                drop(ahead);
-                // SAFETY: leaving without running the launcher's destructors.
-                unsafe { libc::_exit(0) }
+            let mut ahead = Ahead::sharing(digests);
+            let fds = loop {
+                match receive(&theirs) {
+                    Ok(Message::Launch(fds)) => break fds,
+                    Ok(Message::Prepare) => {
+                        // Step by step, each only while no job is waiting: a job that comes
+                        // meanwhile makes the rest itself, as the one-shot form does.
+                        let waiting = || pending(&theirs);
+                        ahead = Ahead::make(digests, &waiting);
+                        if !waiting() {
+                            job::warm();
+                        }
+                    }
+                    // EOF: the launcher is gone (or has given up on us) before a job came.
+                    _ => {
+                        drop(ahead);
+                        // SAFETY: leaving without running the launcher's destructors.
+                        unsafe { libc::_exit(0) }
+                    }
+                }
             };
             // Taken: from here the job is ours (see `hand`).
             let _ = nix::unistd::write(&theirs, TAKEN);
@@ -234,8 +258,28 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
             set_name(c"chio-launch");
             launch_child(fds, ahead)
         }
-        Ok(ForkResult::Parent { child }) => Some(Spare { pid: child, sock: ours }),
+        Ok(ForkResult::Parent { child }) => Some(Spare { pid: child, sock: ours, told: false }),
         Err(_) => None,
+    }
+}
+
+/// Remove the launch cgroups of processes that are gone (a spare killed before its job).
+fn sweep() {
+    chio_cage::cgroup::sweep(&chio_cage::cgroup::Hierarchy::detect(None));
+}
+
+/// Whether a message waits on `sock` (without waiting for one).
+fn pending(sock: &OwnedFd) -> bool {
+    let mut p = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+    poll(&mut p, PollTimeout::ZERO).is_ok_and(|n| n > 0)
+}
+
+/// Tell the spare to make its work ahead, once, when no launch runs: on a small host that work
+/// would otherwise take CPU from a running launch's critical path.
+fn prepare_when_idle(spare: &mut Option<Spare>, running: &HashSet<Pid>) {
+    if let Some(s) = spare.as_mut().filter(|s| !s.told && running.is_empty()) {
+        let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(PREPARE)], &[], MsgFlags::MSG_NOSIGNAL, None);
+        s.told = sent.is_ok();
     }
 }
 
