@@ -41,9 +41,10 @@ pub enum RepositoryCommand {
         /// The image store (default $CHIO_STATE_DIR or /var/lib/chio).
         #[arg(long = "image-store", value_name = "DIR")]
         image_store: Option<PathBuf>,
-        /// The kernel's signing seed (signs every receipt of the workspace).
+        /// The kernel's signing seed (signs every receipt of the workspace). Required, except
+        /// through `--supervisor`, whose own key signs when none is given.
         #[arg(long = "kernel-key", value_name = "SEED")]
-        kernel_key: PathBuf,
+        kernel_key: Option<PathBuf>,
         /// Server id recorded in the configuration and the receipts.
         #[arg(long = "server-id", value_name = "ID")]
         server_id: Option<String>,
@@ -175,6 +176,9 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             json,
         } => {
             require_root("repository init")?;
+            let kernel_key = kernel_key.clone().ok_or_else(|| {
+                RepoError::Usage("--kernel-key: give the seed that signs the workspace's receipts".into())
+            })?;
             let req = InitRequest {
                 state: state.clone(),
                 repository: repository.clone(),
@@ -182,7 +186,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
                 source_paths: source_path.clone(),
                 scratch_paths: scratch_path.clone(),
                 image: image.as_ref().map(|i| (crate::image_cmd::state_dir(image_store), i.clone())),
-                kernel_key: kernel_key.clone(),
+                kernel_key,
                 server_id: server_id.clone(),
             };
             let ws = workspace::init(&req)?;

@@ -12,7 +12,7 @@ machine noise hits all alike, through:
                 socket (`chio supervisor serve`, started here), no chio process per command
   - chio-repo:  ChioRepositoryEnvironment (the above plus the workspace walk, snapshot and three
                 durable signed receipts per command)
-Prints median and p95 in ms, and chio's ratio to bubblewrap. Uses the installable static release
+Prints median and p95 in ms (overall and per command), and chio's ratio to bubblewrap. Uses the installable static release
 `chio` (packaging/build-release, built here).
 """
 import argparse
@@ -77,14 +77,20 @@ def main():
             "chio-repo": ChioRepositoryEnvironment(chio=chio, state_dir=state, run_id="bench"),
         }
         times = {k: [] for k in envs}
+        per_cmd = {(k, c): [] for k in envs for c in COMMANDS}
         for _ in range(a.runs):
             for cmd in COMMANDS:
                 for name, env in envs.items():
                     t = time.perf_counter()
                     out = env.execute({"command": cmd})
-                    times[name].append((time.perf_counter() - t) * 1000)
+                    ms = (time.perf_counter() - t) * 1000
+                    times[name].append(ms)
+                    per_cmd[(name, cmd)].append(ms)
                     if out["returncode"] != 0:
                         raise SystemExit(f"{name}: {cmd}: {out}")
+        print("median ms per command: " + "  ".join(f"{c!r}" for c in COMMANDS))
+        for name in envs:
+            print(f"  {name:12s}" + "".join(f"{statistics.median(per_cmd[(name, c)]):10.1f}" for c in COMMANDS))
         med = {}
         for name, xs in times.items():
             xs.sort()

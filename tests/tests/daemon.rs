@@ -572,16 +572,18 @@ fn the_repository_leg_through_the_daemon() {
     }
     let dir = Scratch::new("daemon-repo");
     let granted = dir.join("ws");
-    let conf = json!({"clients": [{"uid": 65533, "role": "launch"}, {"uid": 65532, "role": "repository"}],
-                      "workspaces": [{"uid": 65532, "state": granted}]});
-    let d = Daemon::start(&dir, config(conf));
-    chio_tests::calculator_repo(&dir.0);
+    let own = dir.join("ws3");
+    let calc = chio_tests::calculator_repo(&dir.0);
     assert!(Command::new(chio())
         .args(["keys", "generate", "--out", s(&dir.join("key"))])
         .output()
         .unwrap()
         .status
         .success());
+    let conf = json!({"clients": [{"uid": 65533, "role": "launch"}, {"uid": 65532, "role": "repository"}],
+                      "kernel_key": dir.join("key/signing.seed"),
+                      "workspaces": [{"uid": 65532, "state": granted}, {"uid": 65532, "state": own, "sources": [calc]}]});
+    let d = Daemon::start(&dir, config(conf));
     let leg = |args: &[&str], uid: Option<u32>| {
         let mut c = Command::new(chio());
         c.current_dir(&dir.0).args(["repository", "--supervisor", s(&d.socket)]).args(args);
@@ -645,30 +647,66 @@ fn the_repository_leg_through_the_daemon() {
     let init2 = ["init", "--state", "ws2", "--repository", "calc", "--revision", "HEAD", "--source-path", "package"];
     assert!(leg(&[&init2[..], &["--kernel-key", "key/signing.seed"]].concat(), None).status.success());
     let other = dir.join("ws2");
-    for (args, says) in [
-        (vec!["execute", "--state", s(&other), "--operation-key", "k4", "--", "true"], "is not granted to uid 65532"),
-        (vec!["export", "--state", ws, "--out", "/tmp/never"], "execute and status only"),
+    let copy = dir.join("calc2");
+    assert!(Command::new("cp").args(["-a", s(&calc), s(&copy)]).status().unwrap().success());
+    let init_own = |state: &Path, repo: &Path, extra: &[&str]| {
+        let mut args = vec!["init", "--state", s(state), "--repository", s(repo), "--revision", "HEAD"];
+        args.extend_from_slice(&["--source-path", "package"]);
+        args.extend_from_slice(extra);
+        leg(&args, Some(65532))
+    };
+    for (out, says) in [
         (
-            vec![
-                "init",
-                "--state",
-                "/tmp/never",
-                "--repository",
-                "calc",
-                "--revision",
-                "HEAD",
-                "--source-path",
-                "p",
-                "--kernel-key",
-                "k",
-            ],
-            "execute and status only",
+            leg(&["execute", "--state", s(&other), "--operation-key", "k4", "--", "true"], Some(65532)),
+            "is not granted to uid 65532",
         ),
+        (leg(&["export", "--state", s(&other), "--out", "/tmp/never"], Some(65532)), "is not granted to uid 65532"),
+        (init_own(Path::new("/tmp/never"), &calc, &[]), "is not granted to uid 65532"),
+        (init_own(&own, &copy, &[]), "is not a source granted to uid 65532"),
+        (init_own(&own, &calc, &["--kernel-key", "k"]), "give neither"),
+        (init_own(&own, &calc, &["--image-store", "/tmp"]), "give neither"),
+        (leg(&["recover", "--state", ws], Some(65532)), "init, execute, status and export only"),
     ] {
-        let out = leg(&args, Some(65532));
-        assert_eq!(out.status.code(), Some(77), "{args:?}: {}", text(&out.stderr));
-        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{says}: {}", text(&out.stderr));
     }
+    assert!(!own.exists());
+    // The repository role creates its granted workspace from a granted source, signed with the
+    // supervisor's key, and drives it to an export.
+    let out = init_own(&own, &calc, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let public = std::fs::read_to_string(dir.join("key/public.key")).unwrap();
+    let conf: Value = serde_json::from_slice(&std::fs::read(own.join("workspace.json")).unwrap()).unwrap();
+    assert_eq!(conf["kernel_public_key"].as_str(), Some(public.trim()), "{conf}");
+    let out = leg(&["execute", "--state", s(&own), "--operation-key", "f", "--", fix], Some(65532));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Its export is written with its own rights: into a directory it owns, as its files ...
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mine = dir.join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::os::unix::fs::chown(&mine, Some(65532), Some(65532)).unwrap();
+    let out = leg(&["export", "--state", s(&own), "--out", s(&mine.join("bundle"))], Some(65532));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let patch = mine.join("bundle/changes.patch");
+    assert!(std::fs::read_to_string(&patch).unwrap().contains("+    return a + b"));
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(&patch).unwrap();
+    assert_eq!((m.uid(), m.gid()), (65532, 65532));
+    // ... never where it may not write (a root directory), nor over what exists; the same
+    // export by an admin (root) succeeds there: the refusal is the client's rights.
+    for out_dir in [dir.join("bundle-root"), mine.join("bundle")] {
+        let out = leg(&["export", "--state", s(&own), "--out", s(&out_dir)], Some(65532));
+        assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("as uid 65532"), "{}", text(&out.stderr));
+    }
+    assert!(!dir.join("bundle-root").exists());
+    let out = leg(&["export", "--state", s(&own), "--out", s(&dir.join("bundle-root"))], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(std::fs::read_dir(own.join("tmp")).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("export-for")));
     assert!(!Path::new("/tmp/never").exists());
     // A link to the grant is the grant; the operation runs on the grant's own path.
     std::os::unix::fs::symlink(&granted, dir.join("link")).unwrap();

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The schema name of the configuration file.
 pub const SCHEMA: &str = "chio.supervisor-config.v1";
@@ -48,14 +48,20 @@ pub struct Client {
     pub role: Role,
 }
 
-/// A workspace an operator made (`chio repository init`) that a client uid may run commands in.
-#[derive(Debug, Clone, Deserialize)]
+/// A workspace a client uid with the repository role may use: run commands in, read the status
+/// of, export (written with the client's own file system rights) and — from one of `sources`,
+/// the repositories an operator lets it import — create.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceGrant {
     /// The client's uid.
     pub uid: u32,
     /// The workspace's state directory (absolute).
     pub state: PathBuf,
+    /// Source repositories (absolute) the client may `init` this workspace from; none: only an
+    /// admin creates it.
+    #[serde(default)]
+    pub sources: Vec<PathBuf>,
 }
 
 /// The configuration file.
@@ -179,6 +185,9 @@ impl Config {
         for (i, w) in self.workspaces.iter().enumerate() {
             if !w.state.is_absolute() {
                 bail!("workspaces[{i}]: state {} must be an absolute path", w.state.display());
+            }
+            if let Some(s) = w.sources.iter().find(|s| !s.is_absolute()) {
+                bail!("workspaces[{i}]: source {} must be an absolute path", s.display());
             }
         }
         for k in &self.policy_signers {

@@ -13,17 +13,20 @@ use serde_json::{json, Value};
 
 use chio_cage::Ahead;
 
-use super::config::Role;
+use super::config::{Role, WorkspaceGrant};
 use super::wire::Request;
 use crate::cage_cmd::{self, RunArgs};
+use crate::repository_cmd::RepositoryCommand;
 
 /// What the daemon hands the launcher for one launch.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Job {
     /// The peer's role.
     pub role: String,
-    /// The peer's uid, for messages.
+    /// The peer's uid (for messages, and the owner of what it exports).
     pub uid: u32,
+    /// The peer's primary gid.
+    pub gid: u32,
     /// The request.
     pub request: Request,
     /// The daemon's side: nothing here comes from the client.
@@ -43,7 +46,7 @@ pub struct DaemonSide {
     pub policy_signers: Vec<String>,
     /// The workspaces this peer may use with the repository role (its grants).
     #[serde(default)]
-    pub workspaces: Vec<PathBuf>,
+    pub workspaces: Vec<WorkspaceGrant>,
 }
 
 /// An answer saying the launch could not be run, with cage run's cage-failure status.
@@ -86,18 +89,22 @@ pub fn warm() {
     let _ = cage_cmd::parse_args(&[OsString::from("--"), OsString::from("/bin/true")]);
 }
 
-/// `chio repository …` as the client asked: anything for an admin; `execute` and `status` on a
-/// granted workspace for the repository role.
+/// `chio repository …` as the client asked, as far as its role allows (see [`super::grants`]).
 fn repository(job: &Job, args: &[OsString]) -> String {
     let status = match crate::repository_cmd::parse_args(args) {
         Ok(mut cmd) => {
-            if let Err(why) = granted(job, &mut cmd) {
+            if let Err(why) = super::grants::check(job, &mut cmd) {
                 return json!({"error": why, "exit_code": 77}).to_string();
             }
-            crate::repository_cmd::run(&cmd).unwrap_or_else(|e| {
-                eprintln!("chio: {e:#}");
-                1
-            })
+            match &cmd {
+                RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
+                    exported_as_client(job, state, out)
+                }
+                _ => crate::repository_cmd::run(&cmd).unwrap_or_else(|e| {
+                    eprintln!("chio: {e:#}");
+                    1
+                }),
+            }
         }
         Err(e) => {
             let _ = e.print();
@@ -107,32 +114,23 @@ fn repository(job: &Job, args: &[OsString]) -> String {
     json!({"exit_status": status, "record": null, "receipts": []}).to_string()
 }
 
-/// Whether this peer may run `cmd`: an admin anything; the repository role only `execute` and
-/// `status`, only on a workspace granted to its uid (compared after resolving both paths). The
-/// command then names the grant's own path, not the client's: a link the client swaps after the
-/// check cannot point the operation elsewhere.
-fn granted(job: &Job, cmd: &mut crate::repository_cmd::RepositoryCommand) -> Result<(), String> {
-    use crate::repository_cmd::RepositoryCommand as R;
-    if job.role == Role::Admin.name() {
-        return Ok(());
-    }
-    if job.role != Role::Repository.name() {
-        return Err(format!("uid {}: the repository operations need the admin or repository role", job.uid));
-    }
-    let state = match cmd {
-        R::Execute { state, .. } | R::Status { state, .. } => state,
-        _ => return Err(format!("uid {}: the repository role may run execute and status only", job.uid)),
-    };
-    let resolved = std::fs::canonicalize(&*state).map_err(|e| format!("workspace {}: {e}", state.display()))?;
-    if let Some(grant) = job.daemon.workspaces.iter().find(|w| std::fs::canonicalize(w).is_ok_and(|w| w == resolved)) {
-        *state = grant.clone();
-        Ok(())
-    } else {
-        Err(format!(
-            "workspace {} is not granted to uid {} (workspaces in the supervisor's configuration)",
-            state.display(),
-            job.uid
-        ))
+/// A repository-role client's export, written with its own file system rights.
+fn exported_as_client(job: &Job, state: &std::path::Path, out: &std::path::Path) -> i32 {
+    match super::export_as::export(state, out, job.uid, job.gid) {
+        Ok(r) => {
+            println!(
+                "exported {} transition(s), {} receipt(s) to {}; final {}",
+                r.transitions,
+                r.receipts,
+                out.display(),
+                r.final_digest
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("chio: {e}");
+            e.exit_code()
+        }
     }
 }
 

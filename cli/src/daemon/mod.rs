@@ -6,6 +6,8 @@
 
 pub mod client;
 pub mod config;
+mod export_as;
+mod grants;
 pub mod job;
 pub mod launcher;
 mod server;

@@ -214,7 +214,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             Ok(r) => r,
             Err(e) => return drop(reply(&mut stream, &refusal(None, format!("not a request: {e}"), 2)).await),
         };
-        let (answer, settling) = answer(&s, req, fds, uid, role).await;
+        let (answer, settling) = answer(&s, req, fds, Peer { uid, gid, role }).await;
         let replied = reply(&mut stream, &answer).await;
         // The answer is journaled while it travels; the next request on this connection (and
         // a stop) waits for that.
@@ -234,7 +234,16 @@ async fn settle(s: Settling) -> Option<Result<(), String>> {
     Some(s?.await.map_err(|e| e.to_string()).and_then(|r| r))
 }
 
-async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> (Value, Settling) {
+/// Who is asking: SO_PEERCRED's uid and gid, and the role they map to.
+#[derive(Clone, Copy)]
+struct Peer {
+    uid: u32,
+    gid: u32,
+    role: Role,
+}
+
+async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Value, Settling) {
+    let Peer { uid, role, .. } = peer;
     if req.id.is_empty()
         || req.id.len() > 128
         || !req.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -249,7 +258,7 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
             refusal(None, format!("uid {uid}: the repository operations need the admin or repository role"), 77)
         }
         "launch" | "repository" if fds.len() == req.fds.count() => {
-            let (v, journaling) = launch(s, req, fds, uid, role).await;
+            let (v, journaling) = launch(s, req, fds, peer).await;
             settling = journaling;
             v
         }
@@ -262,7 +271,8 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
     (v, settling)
 }
 
-async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Role) -> (Value, Settling) {
+async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Value, Settling) {
+    let uid = peer.uid;
     let Some(_share) = s.share(uid, Kind::Launch) else {
         let why = format!(
             "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
@@ -274,7 +284,7 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
         return (refusal(None, "the supervisor is stopping".into(), 75), None);
     };
     s.running.fetch_add(1, Ordering::SeqCst);
-    let answer = dispatch(s, req, fds, uid, role).await;
+    let answer = dispatch(s, req, fds, peer).await;
     s.running.fetch_sub(1, Ordering::SeqCst);
     match answer {
         Ok((v, settling)) => (v, settling),
@@ -286,13 +296,8 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, uid: u32, role: Rol
 /// unawaited: the reply need not wait for it — until it lands, a repeat of the id is told the
 /// request is running, and a crash before it leaves the request `outcome_unknown`, never run
 /// again). A repeated id gets the retained answer of a finished request and never runs twice.
-async fn dispatch(
-    s: &Shared,
-    req: Request,
-    fds: Vec<OwnedFd>,
-    uid: u32,
-    role: Role,
-) -> Result<(Value, Settling), String> {
+async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Result<(Value, Settling), String> {
+    let Peer { uid, gid, role } = peer;
     let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
@@ -316,8 +321,8 @@ async fn dispatch(
         }
     }
     let mut daemon = s.daemon.clone();
-    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).map(|w| w.state.clone()).collect();
-    let job = Job { role: role.name().into(), uid, request: req, daemon };
+    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
+    let job = Job { role: role.name().into(), uid, gid, request: req, daemon };
     let bytes = run_job(s, &job, fds).await;
     let v: Value = match bytes {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("the launch's answer is not JSON: {e}"))?,

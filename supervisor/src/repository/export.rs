@@ -161,6 +161,18 @@ fn stored_receipts(store: &Store) -> Result<Vec<String>, RepoError> {
 
 /// Write the bundle for `ws` to `out` (created; it must not exist). Missing or altered evidence
 /// refuses the export.
+/// The files of a bundle.
+pub const BUNDLE_FILES: [&str; 7] = [
+    "workspace.json",
+    "kernel.pub",
+    "receipts.ndjson",
+    "transitions.json",
+    "baseline.tar",
+    "final.tar",
+    "changes.patch",
+];
+
+/// Write the bundle of `ws` to the new directory `out`.
 pub fn export(ws: &Workspace, out: &Path) -> Result<ExportReport, RepoError> {
     let key = &ws.config.kernel_public_key;
     let store = Store::open_read_only(&ws.dir.join("receipts.db"))?;
@@ -207,15 +219,7 @@ fn write_bundle(
     let a = trees.import(baseline, |sha| ws.objects.get(sha))?;
     let b = trees.import(last, |sha| ws.objects.get(sha))?;
     fs::write(out.join("changes.patch"), trees.diff(&a, &b)?)?;
-    for f in [
-        "workspace.json",
-        "kernel.pub",
-        "receipts.ndjson",
-        "transitions.json",
-        "baseline.tar",
-        "final.tar",
-        "changes.patch",
-    ] {
+    for f in BUNDLE_FILES {
         fs::File::open(out.join(f))?.sync_all()?;
     }
     fs::File::open(out)?.sync_all()?;
