@@ -40,5 +40,5 @@ fn mini_swe_agent_environments() {
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the mini-swe-agent suite failed:\n{log}");
-    assert!(log.contains("Ran 13 tests") && log.contains("\nOK"), "{log}");
+    assert!(log.contains("Ran 14 tests") && log.contains("\nOK"), "{log}");
 }

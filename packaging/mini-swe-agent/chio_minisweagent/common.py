@@ -63,15 +63,54 @@ def serialize(env) -> dict:
     }
 
 
+# One open connection per daemon socket, reused for the next request (the daemon serves the
+# requests of a connection one after another): an agent's commands skip connecting and the
+# daemon's credential check each time.
+_connections: dict[str, socket.socket] = {}
+
+
 def supervisor_request(path: str, op: str, args: list[str], fds: list[int], timeout: int) -> dict:
     """One request on the supervisor daemon's socket (`chio supervisor serve`): `op` with `args`,
-    `fds` (the command's stdout and stderr) passed with it; returns the daemon's answer."""
-    request = {"id": os.urandom(16).hex(), "op": op, "args": args}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout + 30)
-        s.connect(path)
-        socket.send_fds(s, [json.dumps(request).encode() + b"\n"], fds)
-        return json.loads(s.makefile("rb").readline() or b"{}")
+    `fds` (the command's stdout and stderr) passed with it; returns the daemon's answer.
+
+    A kept connection the daemon has closed meanwhile (its idle timeout, a restart) is replaced
+    and the request sent again: under the same id, which the daemon runs at most once (a repeat
+    gets the first one's answer)."""
+    rid = os.urandom(16).hex()
+    line = json.dumps({"id": rid, "op": op, "args": args}).encode() + b"\n"
+    while True:
+        kept = _connections.pop(path, None)
+        s = kept or socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if not kept:
+                s.connect(path)
+            s.settimeout(timeout + 30)
+            socket.send_fds(s, [line], fds)
+            answer = json.loads(_read_line(s) or b"{}")
+        except (OSError, ValueError):
+            s.close()
+            if kept:
+                continue
+            raise
+        if answer.get("id") != rid:
+            # Not our answer: the daemon's farewell on a connection it closed while it was kept.
+            s.close()
+            if kept:
+                continue
+            return answer
+        _connections[path] = s
+        return answer
+
+
+def _read_line(s: socket.socket) -> bytes:
+    """One answer line (the daemon writes one per request)."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
 
 
 def read_all(fd: int) -> bytes:

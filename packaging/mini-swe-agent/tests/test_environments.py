@@ -20,6 +20,7 @@ from minisweagent.agents.default import DefaultAgent
 from minisweagent.environments.local import LocalEnvironment
 from minisweagent.models.test_models import DeterministicModel, make_output
 
+from chio_minisweagent import common
 from chio_minisweagent import ChioEnvironment, ChioRepositoryEnvironment
 
 CHIO = os.environ.get("CHIO_BIN", "chio")
@@ -131,6 +132,21 @@ class TestChioEnvironmentThroughTheSupervisor(Base):
         self.assertEqual(out["returncode"], 3)
         self.assertEqual(sorted(out["output"].splitlines()), ["[]", "one", "three", "two"])
         self.assertLess(out["output"].index("one"), out["output"].index("three"))
+
+
+    def test_a_kept_connection_the_daemon_closed_is_replaced(self):
+        """An environment keeps its connection for the next command; one the daemon closed while
+        the agent thought (here its 1 s idle limit) is replaced, and the command runs once."""
+        sock = start_supervisor(self, self.tmp / "idle", {"request_timeout_s": 1})
+        env = ChioEnvironment(supervisor=sock, cwd=str(self.ws), timeout=20)
+        self.assertEqual(env.execute({"command": "echo one >> count; cat count"})["output"], "one\n")
+        first = common._connections[sock]
+        self.assertEqual(env.execute({"command": "echo two >> count; cat count"})["output"], "one\ntwo\n")
+        self.assertIs(common._connections[sock], first, "the second command went on the kept connection")
+        time.sleep(1.5)
+        out = env.execute({"command": "echo three >> count; cat count"})
+        self.assertEqual(out["output"], "one\ntwo\nthree\n", out)
+        self.assertIsNot(common._connections[sock], first, "the closed connection was replaced")
 
 
 class TestHostileActions(Base):
@@ -279,12 +295,13 @@ class TestChioRepositoryEnvironment(Base):
         self.assertIn("refused", out["output"])
 
 
-def start_supervisor(test, tmp):
-    """A daemon in the foreground on a private socket and state (root connects as admin); it is
-    stopped when `test` ends. Returns the socket's path."""
+def start_supervisor(test, tmp, config=None):
+    """A daemon in the foreground on a private socket and state (root connects as admin), with
+    `config`'s settings; it is stopped when `test` ends. Returns the socket's path."""
+    tmp.mkdir(exist_ok=True)
     sock = str(tmp / "s.sock")
     conf = tmp / "supervisor.json"
-    conf.write_text(json.dumps({"schema": "chio.supervisor-config.v1"}))
+    conf.write_text(json.dumps({"schema": "chio.supervisor-config.v1", **(config or {})}))
     log = open(tmp / "daemon.log", "w+")
     test.addCleanup(log.close)
     daemon = subprocess.Popen([CHIO, "supervisor", "serve", "--socket", sock, "--config", str(conf),
