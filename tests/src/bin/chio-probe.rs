@@ -508,6 +508,14 @@ fn abstract_connect(name: &str) -> ! {
 
 fn kill(pid: &str) -> ! {
     let pid: i32 = pid.parse().unwrap_or_else(|_| error("kill PID"));
+    // Blocked here: a SIGTERM that reaches the cage's init is forwarded to us, and must not end
+    // us before the verdict is printed.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
     verdict(&format!("kill({pid}, SIGTERM)"), unsafe { libc::kill(pid, libc::SIGTERM) } as libc::c_long)
 }
 
