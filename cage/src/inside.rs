@@ -8,6 +8,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::unistd::{dup2_stderr, dup2_stdout, Pid};
+
 use crate::channel::{self, CageMsg, GO};
 use crate::identity;
 use crate::landlock::{fs as lfs, net as lnet, Ruleset};
@@ -138,10 +143,7 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
         enter_netns(ctx.netns, wanted).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
         flags &= !libc::CLONE_NEWNET;
     }
-    // SAFETY: plain syscall on ourselves.
-    if unsafe { libc::unshare(flags) } != 0 {
-        return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
-    }
+    unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
     let prepared = Prepared::build(plan).map_err(|e| {
         let code = match e.kind() {
             io::ErrorKind::NotFound => "path_not_found",
@@ -156,9 +158,8 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
     ctx.inject(Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
-    // SAFETY: static NUL-terminated name of the given length.
-    if flags & libc::CLONE_NEWUTS != 0 && unsafe { libc::sethostname(c"chio".as_ptr(), 4) } != 0 {
-        return Err(fail(Stage::Network, "hostname_failed", io::Error::last_os_error()));
+    if flags & libc::CLONE_NEWUTS != 0 {
+        nix::unistd::sethostname("chio").map_err(|e| fail(Stage::Network, "hostname_failed", e))?;
     }
     if plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
@@ -168,12 +169,12 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     }
     ctx.inject(Stage::Namespaces)?;
     let cgroup_ns = !plan.hook(&TestHook::Namespace("cgroup"));
-    // SAFETY: plain syscall; we are in the launch cgroup, which becomes the namespace root.
-    if cgroup_ns && unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
-        return Err(fail(Stage::Namespaces, "namespace_failed", io::Error::last_os_error()));
+    // We are in the launch cgroup, which becomes the namespace root.
+    if cgroup_ns {
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
     }
-    // SAFETY: plain syscall; the init leads a new session so the target has no controlling tty.
-    unsafe { libc::setsid() };
+    // The init leads a new session so the target has no controlling tty.
+    let _ = nix::unistd::setsid();
     block_forwarded_signals();
     spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
 }
@@ -294,9 +295,9 @@ fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Fail> {
         _ => exit_now(1),
     };
     for fd in fds.into_iter().filter(|_| join) {
-        // SAFETY: writing "0" (ourselves) to a cgroup tasks file opened by the supervisor.
-        if unsafe { libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) } != 1 {
-            return Err(fail(Stage::Cgroup, "cgroup_failed", io::Error::last_os_error()));
+        // "0": ourselves, into the cgroup whose tasks file the supervisor opened.
+        if nix::unistd::write(&fd, b"0").map_err(|e| fail(Stage::Cgroup, "cgroup_failed", e))? != 1 {
+            return Err(fail(Stage::Cgroup, "cgroup_failed", "a short write to a cgroup tasks file"));
         }
     }
     Ok(())
@@ -304,23 +305,17 @@ fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Fail> {
 
 /// The init cannot supervise the target: end the cage.
 fn give_up(target: libc::pid_t) -> ! {
-    // SAFETY: plain kill of our own child.
-    unsafe { libc::kill(target, libc::SIGKILL) };
+    let _ = kill(Pid::from_raw(target), Signal::SIGKILL);
     exit_now(1)
 }
 
 /// Block the signals the init waits for with sigwaitinfo (and SIGCHLD).
 fn block_forwarded_signals() {
-    // SAFETY: sigset manipulation on a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        for s in FORWARDED {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    let mut set = SigSet::empty();
+    for s in FORWARDED.into_iter().chain([libc::SIGCHLD]).filter_map(|s| Signal::try_from(s).ok()) {
+        set.add(s);
     }
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
 }
 
 /// The init after the target exists: shed privileges, forward signals, reap, and report the
@@ -351,8 +346,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     };
     // The host's stdin, stdout and stderr are no business of the init's.
     let detached = sys::openat(cwd_fd(), c"/dev/null", libc::O_RDWR, 0).is_ok_and(|null| {
-        // SAFETY: dup2 of our own fds.
-        (0..3).all(|fd| unsafe { libc::dup2(null.as_raw_fd(), fd) } == fd)
+        nix::unistd::dup2_stdin(&null).and_then(|_| dup2_stdout(&null)).and_then(|_| dup2_stderr(&null)).is_ok()
     });
     if shed.is_err() || orphaned || !detached || seccomp::install_init(ctx.filters).is_err() {
         give_up(target);
@@ -417,26 +411,23 @@ fn write_result(status: libc::c_int) {
 }
 
 fn loopback_up() -> io::Result<()> {
-    // SAFETY: a throwaway socket and an ifreq for "lo".
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return Err(io::Error::last_os_error());
-        }
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let s = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    // SAFETY: an ifreq for "lo" on our own socket (nix has no interface-flags ioctl).
+    let r = unsafe {
         let mut req: libc::ifreq = std::mem::zeroed();
         for (i, b) in b"lo".iter().enumerate() {
             req.ifr_name[i] = *b as libc::c_char;
         }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req);
+        let mut r = libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req);
         if r == 0 {
             req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &req);
+            r = libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req);
         }
-        let err = io::Error::last_os_error();
-        libc::close(s);
-        if r != 0 {
-            return Err(err);
-        }
+        r
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -540,8 +531,8 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     let gid = if plan.hook(&TestHook::Gid) { plan.gid.wrapping_sub(1) } else { plan.gid };
     identity::set_ids(uid, gid).map_err(|e| fail(Stage::Identity, "identity_failed", e))?;
     if plan.hook(&TestHook::Groups) {
-        // SAFETY: one group from a local array (CAP_SETGID is still effective here).
-        unsafe { libc::setgroups(1, [gid].as_ptr()) };
+        // One group (CAP_SETGID is still effective here).
+        let _ = nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(gid)]);
     }
     if !hooked_caps {
         identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
@@ -562,14 +553,11 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         identity::no_new_privs().map_err(|e| fail(Stage::Identity, "no_new_privs_failed", e))?;
     }
     let cwd = path::cstring(&plan.cwd).map_err(|e| fail(Stage::Identity, "cwd_unavailable", e))?;
-    // SAFETY: NUL-terminated path.
-    if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
         return Err(fail(Stage::Identity, "cwd_unavailable", format!("cannot enter {}: {e}", plan.cwd.display())));
     }
     if plan.hook(&TestHook::Cwd) {
-        // SAFETY: static path.
-        unsafe { libc::chdir(c"/".as_ptr()) };
+        let _ = nix::unistd::chdir(c"/");
     }
     ctx.inject(Stage::Landlock)?;
     apply_landlock(ctx, &prepared.access, &mut reported)?;
@@ -587,11 +575,8 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     };
     channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
     if let Some(script) = target.script_fd {
-        // Kept open across exec for the interpreter (its number is in argv).
-        // SAFETY: clearing FD_CLOEXEC on our own fd, which is then left open on purpose.
-        if unsafe { libc::fcntl(script.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
-            return Err(fail(Stage::Target, "script_fd_failed", io::Error::last_os_error()));
-        }
+        // Kept open across exec for the interpreter (its number is in argv): FD_CLOEXEC cleared.
+        fcntl(&script, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
         let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script);
     }
     ctx.inject(Stage::Seccomp)?;
@@ -704,9 +689,8 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
     };
     let (fd, p) = path;
     let mut head = [0u8; 256];
-    // SAFETY: pread into a local buffer.
-    let n = unsafe { libc::pread(fd.as_raw_fd(), head.as_mut_ptr().cast(), head.len(), 0) };
-    let head = &head[..n.max(0) as usize];
+    let n = nix::sys::uio::pread(&fd, &mut head, 0).unwrap_or(0);
+    let head = &head[..n];
     if !head.starts_with(b"#!") {
         return Ok(Resolved { exec_fd: fd, exec_path: p, script_fd: None, script_path: None, argv: plan.argv.clone() });
     }

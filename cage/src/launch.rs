@@ -467,11 +467,11 @@ fn launch_cage(
 struct FreshInit<'a> {
     pid: libc::pid_t,
     sock: &'a OwnedFd,
-    aside: Option<libc::cpu_set_t>,
+    aside: Option<nix::sched::CpuSet>,
 }
 
 /// Puts the supervisor back on every CPU when dropped (normally as soon as the cgroup exists).
-struct Restore(Option<libc::cpu_set_t>);
+struct Restore(Option<nix::sched::CpuSet>);
 
 impl Drop for Restore {
     fn drop(&mut self) {

@@ -469,7 +469,7 @@ impl Prepared {
             attach_nested(sk, n)?;
         }
         let proc = sys::fs_mount(c"proc", &[], MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
-        if sys::fstatfs(proc.as_fd())?.f_type as i64 != PROC_SUPER_MAGIC {
+        if nix::sys::statfs::fstatfs(proc.as_fd())?.filesystem_type().0 as i64 != PROC_SUPER_MAGIC {
             return Err(io::Error::other("the new /proc mount is not procfs"));
         }
         seal_memfds(proc.as_fd()).map_err(|e| err_at("writing", "/proc/sys/vm/memfd_noexec", e))?;

@@ -1,10 +1,18 @@
-//! Thin, checked wrappers over the raw system calls the cage needs and libc does not wrap
-//! (the new mount API, openat2, execveat, close_range, pidfd). Every wrapper returns
-//! `io::Result` and takes/returns owned fds so nothing leaks on an error path.
+//! Thin, checked wrappers over the system calls the cage makes on paths and descriptors. Those
+//! nix wraps go through nix; raw calls remain only for what nix lacks: the new mount API
+//! (open_tree, mount_setattr, move_mount, fsopen/fsconfig/fsmount), openat2 with our resolve
+//! flags, execveat, close_range, pidfd_open, a fork-style clone (nix's clone needs a callback
+//! stack) and clone3. Every wrapper returns `io::Result` and takes/returns owned fds so nothing
+//! leaks on an error path.
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sched::{sched_getaffinity, sched_getcpu, sched_setaffinity, CpuSet};
+use nix::sys::stat::{FchmodatFlags, Mode, SFlag};
+use nix::unistd::Pid;
 
 /// `open_tree` flags.
 pub const OPEN_TREE_CLONE: u32 = 0x1;
@@ -153,52 +161,35 @@ pub fn openat2(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32, resolve:
     })
 }
 
-/// Plain `openat` (used with `O_NOFOLLOW` by the per-component walk).
+/// Plain `openat`, close-on-exec (used with `O_NOFOLLOW` by the per-component walk).
 pub fn openat(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    // SAFETY: valid fd and NUL-terminated path.
-    owned(unsafe { libc::openat(dir.as_raw_fd(), path.as_ptr(), flags | libc::O_CLOEXEC, mode) } as libc::c_long)
+    let flags = OFlag::from_bits_retain(flags) | OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::openat(dir, path, flags, Mode::from_bits_retain(mode))?)
 }
 
 /// `fstatat` of `name` below `dir` with `flags` (`AT_SYMLINK_NOFOLLOW`, or 0 to follow).
 pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<libc::stat> {
-    // SAFETY: stat is plain data; the kernel fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, NUL-terminated name and out-pointer.
-    check(unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, flags) } as libc::c_long)?;
-    Ok(st)
+    Ok(nix::sys::stat::fstatat(dir, name, AtFlags::from_bits_retain(flags))?)
 }
 
 /// `fstat` of an fd.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
-    // SAFETY: stat is plain data; the kernel fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as libc::c_long)?;
-    Ok(st)
-}
-
-/// `fstatfs` of an fd (used to prove a mount is really procfs).
-pub fn fstatfs(fd: BorrowedFd<'_>) -> io::Result<libc::statfs> {
-    // SAFETY: statfs is plain data; the kernel fills it.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    check(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } as libc::c_long)?;
-    Ok(st)
+    Ok(nix::sys::stat::fstat(fd)?)
 }
 
 /// `mkdirat`, treating an existing entry as an error (the skeleton is always fresh).
 pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) } as libc::c_long).map(drop)
+    Ok(nix::sys::stat::mkdirat(dir, name, Mode::from_bits_retain(mode))?)
 }
 
 /// `mknodat` (a device node in the cage's own `/dev`), then its mode exactly (the umask would
 /// clear bits).
 pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, dev: libc::dev_t) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) } as libc::c_long)?;
-    // SAFETY: valid fd and NUL-terminated name; a device node is not a symlink.
-    check(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode & 0o7777, 0) } as libc::c_long).map(drop)
+    let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
+    let perm = Mode::from_bits_truncate(mode & 0o7777);
+    nix::sys::stat::mknodat(dir, name, kind, perm, dev)?;
+    // A device node is not a symlink: following is the same as not.
+    Ok(nix::sys::stat::fchmodat(dir, name, perm, FchmodatFlags::FollowSymlink)?)
 }
 
 /// `open_tree(dir, name, OPEN_TREE_CLONE)`: a detached bind mount of one file or directory.
@@ -232,25 +223,17 @@ pub fn mkfileat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
 
 /// `symlinkat`.
 pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated strings.
-    check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) } as libc::c_long).map(drop)
+    Ok(nix::unistd::symlinkat(target, dir, name)?)
 }
 
 /// `readlinkat` into an owned byte vector.
 pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: buffer is valid for its length.
-    let n =
-        check(unsafe { libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }
-            as libc::c_long)?;
-    buf.truncate(n as usize);
-    Ok(buf)
+    Ok(std::os::unix::ffi::OsStringExt::into_vec(nix::fcntl::readlinkat(dir, name)?))
 }
 
 /// `dup` (close-on-exec) of an fd.
 pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    // SAFETY: plain fcntl on a valid fd.
-    owned(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) } as libc::c_long)
+    fd.try_clone_to_owned()
 }
 
 /// `pidfd_open` for a child, so waiting can be combined with poll and a deadline.
@@ -327,14 +310,10 @@ pub fn clone_into_cgroup(flags: u64, cgroup: BorrowedFd<'_>) -> io::Result<libc:
 
 /// `pivot_root(".", ".")` after `fchdir` into the new root; the old root is then detached.
 pub fn pivot_into(new_root: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: plain syscalls on a valid fd and static paths.
-    unsafe {
-        check(libc::fchdir(new_root.as_raw_fd()) as libc::c_long)?;
-        check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()))?;
-        check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as libc::c_long)?;
-        check(libc::chdir(c"/".as_ptr()) as libc::c_long)?;
-    }
-    Ok(())
+    nix::unistd::fchdir(new_root)?;
+    nix::unistd::pivot_root(c".", c".")?;
+    nix::mount::umount2(c".", nix::mount::MntFlags::MNT_DETACH)?;
+    Ok(nix::unistd::chdir(c"/")?)
 }
 
 /// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`, `pid` being `self` or a number.
@@ -359,26 +338,18 @@ pub fn thread_count() -> io::Result<u64> {
 /// it started only when the parent blocked, up to 2 ms later); stepping aside hands the child
 /// that CPU at once. `None` (nothing changed) when the child is elsewhere already or there is
 /// no other CPU.
-pub fn step_aside(child: libc::pid_t) -> Option<libc::cpu_set_t> {
-    // SAFETY: plain syscall.
-    let here = unsafe { libc::sched_getcpu() };
-    if task_cpu(child)? != here {
+pub fn step_aside(child: libc::pid_t) -> Option<CpuSet> {
+    let here = sched_getcpu().ok()?;
+    if task_cpu(child)? != here as i32 {
         return None;
     }
-    // SAFETY: cpu_set_t is plain data; the affinity calls get its exact size.
-    unsafe {
-        let mut mask: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mask) != 0 {
-            return None;
-        }
-        let other = (0..libc::CPU_SETSIZE as usize).find(|&c| c as i32 != here && libc::CPU_ISSET(c, &mask))?;
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(other, &mut one);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
-            return None;
-        }
-        Some(mask)
-    }
+    let me = Pid::from_raw(0);
+    let mask = sched_getaffinity(me).ok()?;
+    let other = (0..CpuSet::count()).find(|&c| c != here && mask.is_set(c).unwrap_or(false))?;
+    let mut one = CpuSet::new();
+    one.set(other).ok()?;
+    sched_setaffinity(me, &one).ok()?;
+    Some(mask)
 }
 
 /// The CPU `pid` is queued on or last ran on (field 39 of `/proc/<pid>/stat`).
@@ -387,7 +358,6 @@ fn task_cpu(pid: libc::pid_t) -> Option<i32> {
 }
 
 /// Undo [`step_aside`].
-pub fn restore_affinity(mask: &libc::cpu_set_t) {
-    // SAFETY: a full cpu_set_t read earlier by sched_getaffinity.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), mask) };
+pub fn restore_affinity(mask: &CpuSet) {
+    let _ = sched_setaffinity(Pid::from_raw(0), mask);
 }
