@@ -7,9 +7,17 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Instant;
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::ptrace;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 
 use crate::cgroup::{Hierarchy, LaunchCgroup, Usage};
 use crate::channel::{self, CageMsg, ABORT, GO};
@@ -371,19 +379,12 @@ impl Wiring {
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: fcntl on our own fd.
-    let ok = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } == 0;
-    ok.then_some(()).ok_or_else(io::Error::last_os_error)
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Ok(())
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a valid 2-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fds from the kernel.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
 /// Clone the init and take the launch from there to the target's end. On cgroup v2 the init
@@ -642,8 +643,8 @@ impl Traced<'_> {
                 stop(Stage::Observe, "evidence_not_recorded", e)
             })?;
         }
-        // SAFETY: detaching our tracee; it continues from the exec stop.
-        unsafe { libc::ptrace(libc::PTRACE_DETACH, self.tpid, 0, 0) };
+        // Detached, the tracee continues from the exec stop.
+        let _ = ptrace::detach(Pid::from_raw(self.tpid), None);
         rec.mark("exec_observed");
         Ok(exec_at)
     }
@@ -652,23 +653,18 @@ impl Traced<'_> {
 /// Kill a tracee and consume its exit notification. Without this the cage's init could never
 /// finish tearing down its namespace: the zombie tracee waits for its tracer (us) first.
 fn release_tracee(tpid: libc::pid_t) {
-    // SAFETY: kill, ptrace and wait on our own tracee.
-    unsafe {
-        // A supervisor without CAP_KILL over the target's uid cannot signal it; as its tracer it
-        // still ends it from the stop it is in, resumed with SIGKILL. When neither works, waiting
-        // would never end: the cage's teardown (the init's death) reaps it instead.
-        if libc::kill(tpid, libc::SIGKILL) != 0 && libc::ptrace(libc::PTRACE_CONT, tpid, 0, libc::SIGKILL) != 0 {
-            return;
-        }
-        loop {
-            let mut status = 0;
-            let r = libc::waitpid(tpid, &mut status, libc::__WALL);
-            if r == tpid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
-                break;
-            }
-            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                break;
-            }
+    let pid = Pid::from_raw(tpid);
+    // A supervisor without CAP_KILL over the target's uid cannot signal it; as its tracer it
+    // still ends it from the stop it is in, resumed with SIGKILL. When neither works, waiting
+    // would never end: the cage's teardown (the init's death) reaps it instead.
+    if kill(pid, Signal::SIGKILL).is_err() && ptrace::cont(pid, Signal::SIGKILL).is_err() {
+        return;
+    }
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => break,
+            Err(Errno::EINTR) | Ok(_) => {}
+            Err(_) => break,
         }
     }
 }
@@ -705,42 +701,30 @@ fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {
 }
 
 fn seize(tpid: libc::pid_t) -> Result<(), Stop> {
-    let opts = libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL;
-    // SAFETY: PTRACE_SEIZE of the target, which is blocked waiting for our GO.
-    if unsafe { libc::ptrace(libc::PTRACE_SEIZE, tpid, 0, opts as libc::c_ulong) } != 0 {
-        return Err(stop(Stage::Exec, "ptrace_failed", io::Error::last_os_error()));
-    }
-    Ok(())
+    // The target is blocked waiting for our GO.
+    let opts = ptrace::Options::PTRACE_O_TRACEEXEC | ptrace::Options::PTRACE_O_EXITKILL;
+    ptrace::seize(Pid::from_raw(tpid), opts).map_err(|e| stop(Stage::Exec, "ptrace_failed", e))
 }
 
 /// Wait for the target's exec stop; an exit instead means exec failed (the cage says why).
 fn wait_exec(tpid: libc::pid_t, sock: &OwnedFd) -> Result<(), Stop> {
+    let pid = Pid::from_raw(tpid);
     loop {
-        let mut status = 0;
-        // SAFETY: waiting for our tracee.
-        let r = unsafe { libc::waitpid(tpid, &mut status, libc::__WALL) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
+        let stopped = match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(stop(Stage::Exec, "ptrace_failed", e)),
+            Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_EXEC => return Ok(()),
+            Ok(WaitStatus::PtraceEvent(_, sig, _) | WaitStatus::Stopped(_, sig)) => sig,
+            Ok(status) => {
+                // The target exited before exec: its report explains why.
+                return Err(cage_report(sock).unwrap_or_else(|| {
+                    stop(Stage::Exec, "exec_failed", format!("the target ended before exec ({status:?})"))
+                }));
             }
-            return Err(stop(Stage::Exec, "ptrace_failed", e));
-        }
-        if libc::WIFSTOPPED(status) {
-            if status >> 8 == libc::SIGTRAP | (libc::PTRACE_EVENT_EXEC << 8) {
-                return Ok(());
-            }
-            // A signal-delivery or group stop before exec: pass the signal on.
-            let sig = libc::WSTOPSIG(status);
-            let inject = if sig == libc::SIGTRAP || sig == libc::SIGSTOP { 0 } else { sig };
-            // SAFETY: continuing our tracee.
-            unsafe { libc::ptrace(libc::PTRACE_CONT, tpid, 0, inject as libc::c_ulong) };
-            continue;
-        }
-        // The target exited before exec: its report explains why.
-        return Err(cage_report(sock).unwrap_or_else(|| {
-            stop(Stage::Exec, "exec_failed", format!("the target ended before exec (status {status:#x})"))
-        }));
+        };
+        // A signal-delivery or group stop before exec: pass the signal on.
+        let inject = (stopped != Signal::SIGTRAP && stopped != Signal::SIGSTOP).then_some(stopped);
+        let _ = ptrace::cont(pid, inject);
     }
 }
 
@@ -754,23 +738,20 @@ fn cage_report(sock: &OwnedFd) -> Option<Stop> {
     }
 }
 
-fn poll_in(fd: RawFd, ms: i32) -> io::Result<bool> {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+fn poll_in(fd: BorrowedFd<'_>, ms: i32) -> io::Result<bool> {
+    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
     loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r >= 0 {
-            return Ok(r > 0);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
+        let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut p, timeout) {
+            Ok(n) => return Ok(n > 0),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 fn recv_timeout(sock: &OwnedFd, ms: i32) -> Result<channel::Received, Stop> {
-    match poll_in(sock.as_raw_fd(), ms) {
+    match poll_in(sock.as_fd(), ms) {
         Ok(true) => channel::recv(sock.as_fd()).map_err(|e| stop(Stage::Namespaces, "channel_failed", e)),
         Ok(false) => Err(stop(Stage::Namespaces, "setup_timeout", format!("no word from the cage within {ms} ms"))),
         Err(e) => Err(stop(Stage::Namespaces, "channel_failed", e)),
@@ -779,18 +760,15 @@ fn recv_timeout(sock: &OwnedFd, ms: i32) -> Result<channel::Received, Stop> {
 
 /// True when the peer end is closed everywhere within `ms`.
 fn eof_within(sock: &OwnedFd, ms: i32) -> bool {
-    matches!(poll_in(sock.as_raw_fd(), ms), Ok(true))
+    matches!(poll_in(sock.as_fd(), ms), Ok(true))
         && matches!(channel::recv(sock.as_fd()), Ok(channel::Received { msg: None, .. }))
 }
 
+/// Kill and reap our own child, the cage's init (its namespace dies with it).
 fn kill_and_reap(pid: libc::pid_t) {
-    // SAFETY: killing and reaping our own child (the cage's init; its namespace dies with it).
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        let mut status = 0;
-        while libc::waitpid(pid, &mut status, 0) < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-        }
-    }
+    let pid = Pid::from_raw(pid);
+    let _ = kill(pid, Signal::SIGKILL);
+    while let Err(Errno::EINTR) = waitpid(pid, None) {}
 }
 
 /// Make sure fds 0-2 are open so no setup fd can land on them.

@@ -9,9 +9,13 @@
 //! the deadline still fires, because the loop waits in poll and nowhere else.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
 
 use crate::record::Outcome;
 
@@ -118,8 +122,7 @@ enum Sink {
 impl Sink {
     fn open(fd: BorrowedFd<'_>) -> io::Result<Sink> {
         let st = crate::sys::fstat(fd)?;
-        // SAFETY: isatty only queries the fd.
-        let tty = unsafe { libc::isatty(fd.as_raw_fd()) } == 1;
+        let tty = nix::unistd::isatty(fd).unwrap_or(false);
         match st.st_mode & libc::S_IFMT {
             libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd.as_raw_fd())),
             // /dev/null and its kind never make a writer wait; terminals can.
@@ -306,18 +309,18 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
         } else {
             r.deadline.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32
         };
-        // SAFETY: valid pollfds (negative fds are ignored by poll).
+        // SAFETY: valid pollfds; negative fds are ignored by poll (raw: nix's PollFd cannot
+        // hold such an idle slot).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
-        if sig != 0 {
-            // SAFETY: forwarding to our child, the cage's init, which forwards to the target.
-            unsafe { libc::kill(r.init, sig) };
+        // Forwarded to our child, the cage's init, which forwards it to the target.
+        if let Ok(sig) = Signal::try_from(PENDING_SIGNAL.swap(0, Ordering::SeqCst)) {
+            let _ = kill(Pid::from_raw(r.init), sig);
         }
         // The deadline is a time, not "poll timed out": a sink that is always ready must not
         // postpone it.
         if !killed && reaped.is_none() && Instant::now() >= r.deadline {
-            // SAFETY: killing our child; the kernel then kills its whole pid namespace.
-            unsafe { libc::kill(r.init, libc::SIGKILL) };
+            // Our child: the kernel then kills its whole pid namespace.
+            let _ = kill(Pid::from_raw(r.init), Signal::SIGKILL);
             killed = true;
             outcome.limit_hit.push("wall_time".into());
         }
@@ -338,9 +341,7 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
             (r.on_result)();
         }
         if fds[6].revents != 0 && reaped.is_none() {
-            let mut status = 0;
-            // SAFETY: reaping our child.
-            unsafe { libc::waitpid(r.init, &mut status, 0) };
+            let _ = waitpid(Pid::from_raw(r.init), None);
             reaped = Some(Instant::now());
             outcome.wall_ms = r.started.elapsed().as_millis() as u64;
         }
@@ -366,9 +367,8 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
 /// The init's report of how the target ended; without one the cage was killed.
 fn read_result(fd: &OwnedFd, o: &mut Outcome) {
     let mut buf = [0u8; 32];
-    // SAFETY: nonblocking-enough read: every writer is dead, so this returns data or EOF.
-    let n = unsafe { libc::read(fd.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n != 32 {
+    // Nonblocking enough: every writer is dead, so this returns data or EOF.
+    if nix::unistd::read(fd, &mut buf).ok() != Some(32) {
         o.signal = Some(libc::SIGKILL);
         return;
     }

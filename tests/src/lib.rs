@@ -611,3 +611,72 @@ pub fn launch_cgroups_of(pid: u32) -> Vec<PathBuf> {
     }
     found
 }
+
+/// A cgroup of a test's own under the test's cgroup in every v1 hierarchy a launch uses. A chio
+/// process started in it (see [`PrivateParent::enter`]) makes its launch cgroups there, where no
+/// other test's launch sweeps them (each sweeps only its own parent). On a v2 host: nothing.
+pub struct PrivateParent {
+    dirs: Vec<PathBuf>,
+    tasks: Vec<std::fs::File>,
+}
+
+impl PrivateParent {
+    /// Make `chio-test-<tag>` in each hierarchy.
+    pub fn new(tag: &str) -> PrivateParent {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for c in ["cpuacct", "memory", "pids", "cpu"] {
+            let Ok(mount) = std::fs::canonicalize(Path::new("/sys/fs/cgroup").join(c)) else { continue };
+            let rel = own.lines().find_map(|l| {
+                let mut p = l.splitn(3, ':');
+                let (_, ctrls, path) = (p.next()?, p.next()?, p.next()?);
+                ctrls.split(',').any(|x| x == c).then(|| path.trim_start_matches('/').to_string())
+            });
+            let Some(rel) = rel else { continue };
+            let dir = mount.join(rel).join(format!("chio-test-{tag}"));
+            if !dirs.contains(&dir) {
+                std::fs::create_dir(&dir).unwrap();
+                dirs.push(dir);
+            }
+        }
+        let tasks =
+            dirs.iter().map(|d| std::fs::OpenOptions::new().write(true).open(d.join("tasks")).unwrap()).collect();
+        PrivateParent { dirs, tasks }
+    }
+
+    /// Start `cmd` inside it.
+    pub fn enter(&self, cmd: &mut std::process::Command) {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fds: Vec<i32> = self.tasks.iter().map(|f| f.as_raw_fd()).collect();
+        // SAFETY: only write(2) of a static byte to descriptors opened before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &fds {
+                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// The directories (one per hierarchy).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+}
+
+impl Drop for PrivateParent {
+    fn drop(&mut self) {
+        for d in &self.dirs {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}

@@ -614,14 +614,23 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
 
 /// `chio cage run` of the probe's sleeper tagged `tag`, returned once the sleeper runs.
 fn sleeping_cage(e: &Suite, tag: &str, extra: &[&str]) -> std::process::Child {
+    sleeping_cage_in(e, tag, extra, None)
+}
+
+/// [`sleeping_cage`], its supervisor started in `parent` when one is given.
+fn sleeping_cage_in(
+    e: &Suite,
+    tag: &str,
+    extra: &[&str],
+    parent: Option<&chio_tests::PrivateParent>,
+) -> std::process::Child {
     let root = e.rootfs.to_str().unwrap();
-    let mut sup = Command::new(&e.chio)
-        .args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", tag])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(&e.chio);
+    cmd.args(["cage", "run", "--rootfs", root, "--", "/probe", "sleeper", tag]).args(extra);
+    if let Some(p) = parent {
+        p.enter(&mut cmd);
+    }
+    let mut sup = cmd.stdout(Stdio::piped()).stdin(Stdio::null()).spawn().unwrap();
     let line = BufReader::new(sup.stdout.take().unwrap()).lines().next().unwrap().unwrap();
     assert_eq!(line, "SLEEPING");
     sup
@@ -654,16 +663,18 @@ fn init_dies_with_the_supervisor_even_without_the_janitor() {
     // init's own parent-death signal (re-armed after its uid change) can end the cage.
     let Some(e) = env("pdeathsig") else { return };
     let tag = format!("chio-pdeathsig-{}", std::process::id());
-    let mut sup = sleeping_cage(&e, &tag, &[]);
+    // In a parent of its own: no other test's launch sweeps the orphaned cgroup below.
+    let parent = chio_tests::PrivateParent::new(&tag);
+    let mut sup = sleeping_cage_in(&e, &tag, &[], Some(&parent));
     let janitor = child_named(sup.id(), "chio-janitor").expect("the launch has a janitor");
     // SAFETY: killing the janitor of our own launch.
     unsafe { libc::kill(janitor as i32, libc::SIGKILL) };
     sup.kill().unwrap();
     sup.wait().unwrap();
     let left = wait_gone(&tag, Duration::from_secs(5));
-    // Isolated from the other tests' launches: one of them sweeping this orphaned cgroup would
-    // kill its processes and remove it. The cgroup must still be here, so the parent-death
-    // signal, not a sweep, ended the cage.
+    // Isolated from the other tests' launches (its own parent): one of them sweeping this
+    // orphaned cgroup would kill its processes and remove it. The cgroup must still be here, so
+    // the parent-death signal, not a sweep, ended the cage.
     let cgroups = chio_tests::launch_cgroups_of(sup.id());
     assert!(!cgroups.is_empty(), "the launch cgroup was swept by another launch: the test proves nothing");
     for d in cgroups {
