@@ -431,19 +431,9 @@ impl Prepared {
     /// Cage side (inside the new mount and pid namespaces): attach everything at `staging`,
     /// mount procfs and seal the skeleton read-only.
     pub fn attach(&self, staging: &Path) -> io::Result<()> {
-        // SAFETY: plain mount(2) call with static strings.
-        if unsafe {
-            libc::mount(
-                c"".as_ptr(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            )
-        } != 0
-        {
-            return Err(err_at("making private", "/", io::Error::last_os_error()));
-        }
+        let private = nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE;
+        nix::mount::mount(None::<&str>, "/", None::<&str>, private, None::<&str>)
+            .map_err(|e| err_at("making private", "/", e.into()))?;
         let staging_fd = path::open_host(staging, libc::O_DIRECTORY)?;
         let parent_of_staging = staging.parent().unwrap_or(Path::new("/"));
         let staging_name = cstring(staging.file_name().unwrap_or_default())?;

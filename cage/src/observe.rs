@@ -236,8 +236,8 @@ mod tests {
         for (name, link) in &own {
             assert!(link.starts_with(&format!("{name}:[")), "{name} -> {link}");
         }
-        // SAFETY: getpid/getuid/getgid have no preconditions.
-        let (pid, uid, gid) = unsafe { (libc::getpid(), libc::getuid(), libc::getgid()) };
+        let (pid, uid, gid) =
+            (nix::unistd::getpid().as_raw(), nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let o = read(pid, &own);
         let exe = std::fs::metadata("/proc/self/exe").unwrap();
         assert_eq!((o.exe_device, o.exe_inode), (exe.dev(), exe.ino()));

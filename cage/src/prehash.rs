@@ -4,7 +4,7 @@
 //! early digest stands; otherwise the cage's fd is hashed as before. Either way the digest is of
 //! the file the cage opened: this only moves work off the critical path.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -62,19 +62,13 @@ fn sha256_fd(fd: BorrowedFd<'_>) -> std::io::Result<[u8; 32]> {
     let mut buf = vec![0u8; 32 << 10];
     let mut off: i64 = 0;
     loop {
-        // SAFETY: pread into a buffer of the given length.
-        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n as usize]);
+        let n = match nix::sys::uio::pread(fd, &mut buf, off) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        h.update(&buf[..n]);
         off += n as i64;
     }
     Ok(h.finalize().into())
