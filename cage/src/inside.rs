@@ -98,7 +98,8 @@ impl Ctx<'_> {
 }
 
 fn exit_now(code: i32) -> ! {
-    // SAFETY: _exit never returns and runs no destructors or atexit handlers of the supervisor.
+    // SAFETY: _exit never returns and runs no destructors or atexit handlers of the supervisor
+    // (nix has no _exit).
     unsafe { libc::_exit(code) }
 }
 
@@ -107,14 +108,12 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
     // Die with the supervisor. It may already be dead (killed between clone and here), and then
     // no signal will ever come: with the supervisor's ends closed in this process, its end of
     // the channel is closed everywhere once it has exited — look for that after arming.
-    // SAFETY: plain prctl and closes of fds this process inherited and does not use.
-    let armed = unsafe {
-        let armed = libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == 0;
-        for fd in ctx.supervisor_ends.into_iter().filter(|fd| *fd >= 0) {
-            libc::close(fd);
-        }
-        armed
-    };
+    let armed = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    for fd in ctx.supervisor_ends.into_iter().filter(|fd| *fd >= 0) {
+        // SAFETY: closing fds this process inherited and does not use (raw numbers: the
+        // context carries the supervisor's descriptor numbers, which no OwnedFd here owns).
+        unsafe { libc::close(fd) };
+    }
     if !armed || peer_gone(ctx.sock) {
         exit_now(1);
     }
@@ -208,15 +207,15 @@ fn hide_argv() -> io::Result<()> {
     unsafe {
         std::ptr::copy_nonoverlapping(name.as_ptr(), start as *mut u8, name.len());
         std::ptr::write_bytes((start + name.len()) as *mut u8, 0, end - start - name.len());
-        libc::prctl(libc::PR_SET_NAME, c"chio-init".as_ptr() as libc::c_ulong, 0, 0, 0);
     }
+    let _ = nix::sys::prctl::set_name(c"chio-init");
     Ok(())
 }
 
 /// True when the other end of the status channel is closed (the supervisor is gone).
 fn peer_gone(sock: RawFd) -> bool {
     let mut p = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
-    // SAFETY: a zero-timeout poll of one valid pollfd.
+    // SAFETY: a zero-timeout poll of one valid pollfd (a descriptor number from the context).
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     r < 0 || p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
@@ -322,7 +321,7 @@ fn block_forwarded_signals() {
 /// target's end. When the init exits the kernel kills everything left in the namespace.
 fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     // Keep the result pipe as fd 3.
-    // SAFETY: plain fd syscall on fds we own.
+    // SAFETY: plain fd syscall on fds we own (raw: onto a fixed number).
     if ctx.result_w != 3 && unsafe { libc::dup2(ctx.result_w, 3) } < 0 {
         give_up(target);
     }
@@ -337,12 +336,10 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     // A uid change clears the parent-death signal: arm it again (before seccomp, which would
     // refuse prctl), then make sure the supervisor did not die in between (its end of the
     // result pipe would be closed).
-    // SAFETY: plain prctl and a zero-timeout poll of our own fd.
-    let orphaned = unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 || {
-            let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
-            libc::poll(&mut p, 1, 0) != 0
-        }
+    let orphaned = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() || {
+        let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
+        // SAFETY: a zero-timeout poll of fd 3 (a descriptor number: nix polls only borrowed fds).
+        unsafe { libc::poll(&mut p, 1, 0) != 0 }
     };
     // The host's stdin, stdout and stderr are no business of the init's.
     let detached = sys::openat(cwd_fd(), c"/dev/null", libc::O_RDWR, 0).is_ok_and(|null| {
@@ -392,22 +389,23 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
 
 /// Result record: kind (0 exit, 1 signal), value, cpu µs, max RSS KiB of the reaped tree.
 fn write_result(status: libc::c_int) {
-    // SAFETY: getrusage into a local struct; write of a local buffer to our result fd.
-    unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
-        let (kind, value) = if libc::WIFSIGNALED(status) {
-            (1i64, i64::from(libc::WTERMSIG(status)))
-        } else {
-            (0i64, i64::from(libc::WEXITSTATUS(status)))
-        };
-        let cpu = (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1_000_000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
-        let mut buf = [0u8; 32];
-        for (i, v) in [kind, value, cpu, ru.ru_maxrss].iter().enumerate() {
-            buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        libc::write(3, buf.as_ptr().cast(), buf.len());
+    let (cpu, rss) =
+        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).map_or((0, 0), |ru| {
+            let (u, s) = (ru.user_time(), ru.system_time());
+            ((u.tv_sec() + s.tv_sec()) * 1_000_000 + u.tv_usec() + s.tv_usec(), ru.max_rss())
+        });
+    let (kind, value) = if libc::WIFSIGNALED(status) {
+        (1i64, i64::from(libc::WTERMSIG(status)))
+    } else {
+        (0i64, i64::from(libc::WEXITSTATUS(status)))
+    };
+    let mut buf = [0u8; 32];
+    for (i, v) in [kind, value, cpu, rss].iter().enumerate() {
+        buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     }
+    // SAFETY: a local buffer to fd 3, the result pipe (a descriptor number: nix writes only to
+    // borrowed fds, and the init's filter allows write(2) itself).
+    unsafe { libc::write(3, buf.as_ptr().cast(), buf.len()) };
 }
 
 fn loopback_up() -> io::Result<()> {
@@ -467,7 +465,8 @@ fn arrange_fds(ctx: &Ctx<'_>) -> io::Result<RawFd> {
         // SAFETY: dup of the inherited read end of the stdin pipe, which stays open.
         fd => sys::dup(unsafe { BorrowedFd::borrow_raw(fd) })?,
     };
-    // SAFETY: fd syscalls on fds inherited from the supervisor.
+    // SAFETY: fd syscalls on fds inherited from the supervisor (raw: onto fixed numbers, which
+    // nix's dup2 wants as OwnedFds this process does not have).
     unsafe {
         if libc::dup2(stdin.as_raw_fd(), 0) < 0 {
             return Err(io::Error::last_os_error());
@@ -489,17 +488,14 @@ fn cwd_fd() -> BorrowedFd<'static> {
 }
 
 fn reset_signals() {
-    // SAFETY: resetting dispositions and the mask of this process before exec.
-    unsafe {
-        for sig in 1..libc::SIGRTMAX() {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
-            }
+    for sig in 1..libc::SIGRTMAX() {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: the default disposition installs no handler (raw: nix's Signal has no
+            // real-time signals, which must be reset too).
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
         }
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
 fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
@@ -606,7 +602,8 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
 /// verified one with an extra fd left open across exec).
 fn hooked_exec(plan: &CagePlan, verified: OwnedFd) -> Result<OwnedFd, Fail> {
     if plan.hook(&TestHook::Fd) {
-        // SAFETY: a copy of fd 0 without FD_CLOEXEC, left open on purpose.
+        // SAFETY: a copy of fd 0 without FD_CLOEXEC, left open on purpose (raw: a test hook on a
+        // descriptor number).
         unsafe { libc::fcntl(0, libc::F_DUPFD, 9) };
     }
     match &plan.test_hook {

@@ -368,7 +368,7 @@ fn check_len(prog: &Program) -> Result<(), String> {
 
 fn apply(prog: &Program, what: &str) -> Result<(), String> {
     let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
-    // SAFETY: fprog points at a live program of the given length.
+    // SAFETY: fprog points at a live program of the given length (raw: nix has no seccomp).
     let r = unsafe {
         libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER as libc::c_ulong, &fprog as *const libc::sock_fprog)
     };

@@ -91,7 +91,8 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 fn set_handlers(handler: libc::sighandler_t) {
     for sig in FORWARD {
-        // SAFETY: installing a handler that only stores to an atomic (async-signal-safe).
+        // SAFETY: installing a handler that only stores to an atomic (async-signal-safe); raw
+        // like nix's own sigaction, which is unsafe for the same reason.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = handler;
@@ -147,7 +148,8 @@ impl Sink {
 
     /// Write what can be written now; Ok(0) when the destination is full.
     fn write_some(&self, data: &[u8]) -> io::Result<usize> {
-        // SAFETY: writes from a live buffer of the given length to an fd we hold.
+        // SAFETY: writes from a live buffer of the given length to an fd we hold (raw: the sink
+        // is a descriptor number the caller lent, possibly a socket needing MSG_DONTWAIT).
         let n = unsafe {
             match self {
                 Sink::Socket(fd) => {
@@ -216,7 +218,8 @@ impl Pump {
     fn fill(&mut self) {
         let Some(src) = self.src else { return };
         self.buf.resize(CHUNK, 0);
-        // SAFETY: read into a buffer of the given length.
+        // SAFETY: read into a buffer of the given length (raw: the source is a descriptor number
+        // the pump keeps while it is open).
         let n = unsafe { libc::read(src, self.buf.as_mut_ptr().cast(), CHUNK) };
         if n < 0 && matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
             self.buf.clear();
