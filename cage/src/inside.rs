@@ -241,6 +241,8 @@ extern "C" fn target_entry(arg: *mut libc::c_void) -> libc::c_int {
 /// and the exec would tear them down again) and the init sleeps until the target has exec'd or
 /// died; the init is single-threaded, so the target has the address space to itself meanwhile.
 fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
+    // The target's stack and clone are raw: nix's clone boxes a callback and cannot express
+    // CLONE_VM|CLONE_VFORK on a stack unmapped right after; its mman calls are unsafe alike.
     // SAFETY: a fresh private anonymous mapping; the lowest page becomes a guard page.
     let stack = unsafe {
         libc::mmap(
@@ -286,7 +288,8 @@ fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
 /// cgroup v1: wait for the supervisor's `tasks` files and move ourselves in (writing "0"). A
 /// thread moving itself skips the global threadgroup lock that moving another process takes.
 fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Fail> {
-    // SAFETY: the fd stays open for the whole call (it is the init's status channel).
+    // SAFETY: the fd stays open for the whole call (it is the init's status channel, a
+    // descriptor number from the context).
     let got = channel::recv(unsafe { BorrowedFd::borrow_raw(sock) });
     let fds = match got {
         Ok(channel::Received { msg: Some(CageMsg::Join), fds, .. }) if !fds.is_empty() => fds,
@@ -353,6 +356,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     if !ctx.plan.hook(&TestHook::Channel) && sys::close_from(4).is_err() {
         give_up(target);
     }
+    // Raw: nix has no wait4 with rusage, and the init's filter allows exactly these syscalls.
     // SAFETY: sigset built locally; wait4/kill/write on our own children and fd.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -462,7 +466,8 @@ fn arrange_fds(ctx: &Ctx<'_>) -> io::Result<RawFd> {
     // a number (3, say) that the channel is about to take.
     let stdin = match ctx.stdin_r {
         -1 => sys::openat(cwd_fd(), c"/dev/null", libc::O_RDONLY, 0)?,
-        // SAFETY: dup of the inherited read end of the stdin pipe, which stays open.
+        // SAFETY: dup of the inherited read end of the stdin pipe, which stays open (a
+        // descriptor number from the context).
         fd => sys::dup(unsafe { BorrowedFd::borrow_raw(fd) })?,
     };
     // SAFETY: fd syscalls on fds inherited from the supervisor (raw: onto fixed numbers, which
