@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Image import benchmark (not part of the test run).
 
-  sudo tests/bench/import.py [--runs N] [--synthetic [--mib 200] [--files 6000]] [--disk]
+  sudo tests/bench/import.py [--runs N] [--synthetic [--mib 200] [--files 6000]] [--disk] [--compare OLD_CHIO]
 
 The image (by default) is a real Debian root: `debootstrap --variant=minbase bookworm` (cached in
 /var/tmp/chio-bench-minbase; debootstrap is installed with apt-get if missing), cut into three
@@ -123,6 +123,7 @@ def main():
     ap.add_argument("--synthetic", action="store_true")
     ap.add_argument("--mib", type=int, default=200); ap.add_argument("--files", type=int, default=6000)
     ap.add_argument("--disk", action="store_true", help="extract under /var/tmp instead of a tmpfs")
+    ap.add_argument("--compare", help="an earlier chio build, timed interleaved as chio-old")
     a = ap.parse_args()
     # The installable artifact: the static release build.
     chio = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True,
@@ -148,17 +149,20 @@ def bench(a, chio, layout, blobs, out):
     # Each tool's previous tree is removed (and the disk synced) before its clock starts.
     def fresh(name):
         d = os.path.join(out, name); shutil.rmtree(d, ignore_errors=True); sh("sync"); return d
-    def run_chio(d):
-        sh(chio, "image", "import", layout, "--state-dir", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def run_chio(d, binary=chio):
+        sh(binary, "image", "import", layout, "--state-dir", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     def run_tar(d):
         os.makedirs(d)
         for b in blobs:
             sh("tar", "-xzf", b, "-C", d)
     def run_umoci(d):
         sh("umoci", "raw", "unpack", "--rootless", "--image", layout + ":bench", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    t = {"chio": [], "tar": [], "umoci": []}
+    runners = [("chio", run_chio), ("tar", run_tar), ("umoci", run_umoci)]
+    if a.compare:
+        runners.append(("chio-old", lambda d: run_chio(d, a.compare)))
+    t = {k: [] for k, _ in runners}
     for _ in range(a.runs):
-        for k, fn in (("chio", run_chio), ("tar", run_tar), ("umoci", run_umoci)):
+        for k, fn in runners:
             d = fresh(k)
             t[k].append(timed(lambda: fn(d)))
     reimport = statistics.median(timed(lambda: run_chio(os.path.join(out, "chio"))) for _ in range(a.runs))
@@ -167,6 +171,8 @@ def bench(a, chio, layout, blobs, out):
         print(f"  {k:6s} median {v:6.2f} s")
     print(f"  chio re-import of the present image (verify only) median {reimport:.2f} s")
     print(f"  ratio chio/tar = {med['chio'] / med['tar']:.2f}   umoci/chio = {med['umoci'] / med['chio']:.2f}")
+    if a.compare:
+        print(f"  ratio chio/chio-old = {med['chio'] / med['chio-old']:.3f}")
 
 
 if __name__ == "__main__":

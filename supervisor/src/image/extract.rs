@@ -16,6 +16,11 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
+use nix::errno::Errno;
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{self, FchmodatFlags, Mode, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{unlinkat, Gid, Uid, UnlinkatFlags};
 use sha2::{Digest, Sha256};
 use tar::EntryType;
 
@@ -149,13 +154,10 @@ fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result
 }
 
 fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<libc::stat>> {
-    // SAFETY: stat is plain data.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, name and out-pointer.
-    match check(unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) }) {
-        Ok(()) => Ok(Some(st)),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(e) => Err(e),
+    match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -195,8 +197,8 @@ fn open_parent(root: BorrowedFd<'_>, names: &[OsString], create: bool, raw: &[u8
         cur = match openat(cur.as_fd(), &c, flags, 0) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {
-                // SAFETY: valid fd and name.
-                check(unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755) }).map_err(io_err(raw))?;
+                stat::mkdirat(cur.as_fd(), c.as_c_str(), Mode::from_bits_truncate(0o755))
+                    .map_err(|e| io_err(raw)(e.into()))?;
                 openat(cur.as_fd(), &c, flags, 0).map_err(io_err(raw))?
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => in_root(root, &dirs[..=i], raw)?,
@@ -227,12 +229,10 @@ fn remove(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
         for child in list(sub.as_fd())? {
             remove(sub.as_fd(), &child)?;
         }
-        // SAFETY: valid fd and name.
-        check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })?;
+        unlinkat(dir, name, UnlinkatFlags::RemoveDir)?;
         return Ok(true);
     }
-    // SAFETY: valid fd and name.
-    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })?;
+    unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
     Ok(false)
 }
 
@@ -324,8 +324,7 @@ pub fn apply_layer<R: Read>(
         created: HashSet::new(),
         report: LayerReport::default(),
         parent_cache: None,
-        // SAFETY: geteuid has no preconditions.
-        as_root: unsafe { libc::geteuid() } == 0,
+        as_root: nix::unistd::geteuid().is_root(),
         buf: vec![0; 256 << 10],
     };
     let mut pending = Pending::default();
@@ -427,17 +426,13 @@ impl Layer<'_> {
         let mtime = h.mtime().unwrap_or(0) as i64;
         let shown = String::from_utf8_lossy(raw).into_owned();
         match kind {
-            EntryType::Directory => {
-                match lstatat(parent, name).map_err(io_err(raw))? {
-                    Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
-                    _ => {
-                        removed_dir |= remove(parent, name).map_err(io_err(raw))?;
-                        // SAFETY: valid fd and name.
-                        check(unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) })
-                            .map_err(io_err(raw))?;
-                    }
+            EntryType::Directory => match lstatat(parent, name).map_err(io_err(raw))? {
+                Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+                _ => {
+                    removed_dir |= remove(parent, name).map_err(io_err(raw))?;
+                    stat::mkdirat(parent, name, Mode::from_bits_truncate(0o700)).map_err(|e| io_err(raw)(e.into()))?;
                 }
-            }
+            },
             EntryType::Regular | EntryType::Continuous => {
                 let size = entry.size();
                 if totals.bytes + size > self.budgets.max_bytes {
@@ -459,9 +454,7 @@ impl Layer<'_> {
                 }
                 removed_dir |= remove(parent, name).map_err(io_err(raw))?;
                 let t = CString::new(target).map_err(|_| refused(raw, "NUL in a symlink target"))?;
-                // SAFETY: valid fd and NUL-terminated strings.
-                check(unsafe { libc::symlinkat(t.as_ptr(), parent.as_raw_fd(), name.as_ptr()) })
-                    .map_err(io_err(raw))?;
+                nix::unistd::symlinkat(t.as_c_str(), parent, name).map_err(|e| io_err(raw)(e.into()))?;
             }
             EntryType::Link => {
                 let target =
@@ -480,8 +473,8 @@ impl Layer<'_> {
             }
             EntryType::Fifo => {
                 removed_dir |= remove(parent, name).map_err(io_err(raw))?;
-                // SAFETY: valid fd and name.
-                check(unsafe { libc::mkfifoat(parent.as_raw_fd(), name.as_ptr(), 0o600) }).map_err(io_err(raw))?;
+                nix::unistd::mkfifoat(parent, name, Mode::from_bits_truncate(0o600))
+                    .map_err(|e| io_err(raw)(e.into()))?;
             }
             other => return Err(refused(raw, format!("unsupported entry type {other:?}"))),
         }
@@ -531,32 +524,27 @@ impl Layer<'_> {
         }
         let f = w.inner;
         let fd = f.as_raw_fd();
-        // SAFETY: stat is plain data filled by the kernel for our own fd.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid fd and out-pointer.
-        check(unsafe { libc::fstat(fd, &mut st) }).map_err(io_err(raw))?;
+        let st = stat::fstat(&f).map_err(|e| io_err(raw)(e.into()))?;
         self.report.content.insert(st.st_ino, w.hash.finalize().into());
         for (k, v) in &p.xattrs {
             let k = CString::new(k.as_slice()).map_err(|_| refused(raw, "NUL in an xattr name"))?;
-            // SAFETY: valid fd, name and value buffer.
+            // SAFETY: valid fd, name and value buffer (raw: nix has no xattr calls).
             check(unsafe { libc::fsetxattr(fd, k.as_ptr(), v.as_ptr().cast(), v.len(), 0) }).map_err(io_err(raw))?;
         }
-        let t = libc::timespec { tv_sec: mtime, tv_nsec: 0 };
+        let t = TimeSpec::new(mtime, 0);
         // Owner and mode are set only where the new file differs (usually root:root, and the
         // permission bits as created): two system calls fewer per file.
         let chown = self.as_root && (st.st_uid, st.st_gid) != (uid, gid);
         let chmod = chown || st.st_mode & 0o7777 != mode;
-        // SAFETY: plain fd syscalls on the file we just created; chown before chmod, which
-        // would otherwise have its setuid bits cleared.
-        unsafe {
-            if chown {
-                check(libc::fchown(fd, uid, gid)).map_err(io_err(raw))?;
-            }
-            if chmod {
-                check(libc::fchmod(fd, mode)).map_err(io_err(raw))?;
-            }
-            check(libc::futimens(fd, [t, t].as_ptr())).map_err(io_err(raw))?;
+        let e = |e: Errno| io_err(raw)(e.into());
+        // chown before chmod, which would otherwise have its setuid bits cleared.
+        if chown {
+            nix::unistd::fchown(&f, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(e)?;
         }
+        if chmod {
+            stat::fchmod(&f, Mode::from_bits_truncate(mode)).map_err(e)?;
+        }
+        stat::futimens(&f, &t, &t).map_err(e)?;
         Ok(())
     }
 
@@ -570,19 +558,16 @@ impl Layer<'_> {
         raw: &[u8],
     ) -> Result<(), ExtractError> {
         if self.as_root {
-            // SAFETY: valid fd and name.
-            check(unsafe { libc::fchownat(dir.as_raw_fd(), name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
-                .map_err(io_err(raw))?;
+            let (u, g) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+            nix::unistd::fchownat(dir, name, u, g, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| io_err(raw)(e.into()))?;
         }
         if kind != EntryType::Symlink {
             // fchmodat does not follow here: the entry was just created by us as a non-symlink.
-            // SAFETY: valid fd and name.
-            check(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode, 0) }).map_err(io_err(raw))?;
+            stat::fchmodat(dir, name, Mode::from_bits_truncate(mode), FchmodatFlags::FollowSymlink)
+                .map_err(|e| io_err(raw)(e.into()))?;
         }
-        let t = libc::timespec { tv_sec: mtime, tv_nsec: 0 };
-        // SAFETY: valid fd, name and two timespecs.
-        check(unsafe { libc::utimensat(dir.as_raw_fd(), name.as_ptr(), [t, t].as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
-            .map_err(io_err(raw))?;
+        let t = TimeSpec::new(mtime, 0);
+        stat::utimensat(dir, name, &t, &t, UtimensatFlags::NoFollowSymlink).map_err(|e| io_err(raw)(e.into()))?;
         Ok(())
     }
 
@@ -606,9 +591,9 @@ impl Layer<'_> {
             }
         }
         let removed_dir = remove(dir, name).map_err(io_err(raw))?;
-        // SAFETY: valid fds and names; flags 0 never follows a symlink target.
-        check(unsafe { libc::linkat(tparent.as_raw_fd(), tname.as_ptr(), dir.as_raw_fd(), name.as_ptr(), 0) })
-            .map_err(io_err(raw))?;
+        // No flag: a symlink target is never followed.
+        nix::unistd::linkat(tparent, tname.as_c_str(), dir, name, AtFlags::empty())
+            .map_err(|e| io_err(raw)(e.into()))?;
         Ok(removed_dir)
     }
 

@@ -110,7 +110,9 @@ impl ImageStore {
 
     fn lock(&self) -> io::Result<fs::File> {
         let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.dir.join("lock"))?;
-        // SAFETY: flock on our own open file; released when it is closed.
+        // Raw flock(2), released when the file is closed: std's File::lock is newer than our
+        // MSRV, and nix's Flock unlocks on drop, which would end a lock inherited copies hold.
+        // SAFETY: flock on our own open file.
         if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -419,7 +421,7 @@ impl ImageStore {
     /// image being removed cannot be held.
     pub fn hold(&self, rec: &ImageRecord) -> io::Result<fs::File> {
         let dir = fs::File::open(self.rootfs(rec))?;
-        // SAFETY: flock on our own open directory fd.
+        // SAFETY: flock on our own open directory fd (raw: see `lock`).
         if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&dir), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
             return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("image {} is being removed", rec.image_id)));
         }
@@ -431,7 +433,8 @@ impl ImageStore {
     pub fn remove(&self, rec: &ImageRecord) -> io::Result<bool> {
         let _lock = self.lock()?;
         let rootfs = fs::File::open(self.rootfs(rec))?;
-        // SAFETY: flock on our own open directory fd; held until the removal is done.
+        // SAFETY: flock on our own open directory fd; held until the removal is done (raw: see
+        // `lock`).
         if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&rootfs), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let users = lock_holders(&rootfs);
             return Err(io::Error::new(
