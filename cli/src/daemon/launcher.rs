@@ -84,8 +84,8 @@ impl Launcher {
 /// The launcher's loop. Never returns.
 fn serve(sock: OwnedFd) -> ! {
     set_name(c"chio-launcher");
-    // SAFETY: prctl with plain integer arguments; the launcher dies with the daemon.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    // The launcher dies with the daemon.
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     // Systemd's stop (KillMode=mixed) and a terminal's ^C reach the daemon, which decides.
     for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         // SAFETY: setting a disposition to SIG_IGN installs no handler.
@@ -96,7 +96,7 @@ fn serve(sock: OwnedFd) -> ! {
     let sfd =
         chld.thread_block().and_then(|_| SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK));
     let Ok(sfd) = sfd else {
-        // SAFETY: leaving without running the daemon's destructors.
+        // SAFETY: leaving without running the daemon's destructors (nix has no _exit).
         unsafe { libc::_exit(1) }
     };
     // Compiled once here, inherited by every launch process.
@@ -218,12 +218,13 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
     // SAFETY: the launcher is single-threaded; the child runs `launch_child`, which never returns.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
-            // SAFETY: closing the launcher's own descriptors in the child; prctl with integers.
+            // SAFETY: closing the launcher's own descriptors in the child, where only the
+            // launcher's borrowed handles name them (raw: no owner here to drop).
             unsafe {
                 libc::close(sock.as_raw_fd());
                 libc::close(sfd.as_raw_fd());
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             }
+            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
             drop(ours);
             let _ = blocked.thread_unblock();
             for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
@@ -371,6 +372,5 @@ fn reap(running: &mut HashSet<Pid>, flags: WaitPidFlag) -> Vec<Pid> {
 }
 
 fn set_name(name: &std::ffi::CStr) {
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string.
-    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) };
+    let _ = nix::sys::prctl::set_name(name);
 }
