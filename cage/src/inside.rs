@@ -653,10 +653,13 @@ fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Re
         Ok(rs)
     };
     let rs = build().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
-    reported.landlock_fs = if abi >= 4 { "FullyEnforced" } else { "PartiallyEnforced" }.to_string();
-    reported.landlock_net = status(rs.net);
-    reported.landlock_scope = status(rs.scoped);
-    rs.restrict_self().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
+    let (net, scoped) = (rs.net, rs.scoped);
+    // Each class the ruleset handles has the crate's status for it; below ABI 4 the file rights
+    // lack truncate, so the file class is partial whatever the kernel says of the ruleset.
+    let enforced = rs.restrict_self().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
+    reported.landlock_fs = if abi >= 4 { enforced.clone() } else { "PartiallyEnforced".to_string() };
+    reported.landlock_net = if net { enforced.clone() } else { status(false) };
+    reported.landlock_scope = if scoped { enforced } else { status(false) };
     Ok(())
 }
 

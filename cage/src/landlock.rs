@@ -130,12 +130,13 @@ impl Ruleset {
     }
 
     /// Enforce the ruleset on the calling thread (no_new_privs must be set). Anything short of
-    /// the whole ruleset enforced is an error.
-    pub fn restrict_self(self) -> io::Result<()> {
+    /// the whole ruleset enforced is an error; otherwise the crate's status, as the record names
+    /// it (`FullyEnforced`).
+    pub fn restrict_self(self) -> io::Result<String> {
         let status = self.created.restrict_self().map_err(ll)?;
         if status.ruleset != RulesetStatus::FullyEnforced {
             return Err(io::Error::other(format!("the kernel enforced the ruleset only as {:?}", status.ruleset)));
         }
-        Ok(())
+        Ok(format!("{:?}", status.ruleset))
     }
 }
