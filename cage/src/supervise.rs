@@ -9,11 +9,13 @@
 //! the deadline still fires, because the loop waits in poll and nowhere else.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::MsgFlags;
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
@@ -103,76 +105,75 @@ fn set_handlers(handler: libc::sighandler_t) {
 }
 
 /// A host-side destination written without ever blocking.
-enum Sink {
+enum Sink<'a> {
     /// Our own non-blocking file description of the same terminal, pipe or FIFO, opened
     /// through `/proc/self/fd` — O_NONBLOCK on the shared description would change it for
     /// every other process holding it.
     Reopened(OwnedFd),
     /// A socket: `send(MSG_DONTWAIT)` is non-blocking per call.
-    Socket(RawFd),
+    Socket(BorrowedFd<'a>),
     /// A regular file, block device or a character device that is not a terminal (`/dev/null`):
     /// writes complete without waiting for a reader.
-    File(RawFd),
+    File(BorrowedFd<'a>),
     /// Our own pipe (stdin's), already non-blocking.
     Own(OwnedFd),
     /// A terminal or pipe we could not reopen: written only after POLLOUT and at most
     /// `PIPE_BUF` bytes at a time, which a pipe with room takes without waiting.
-    Gated(RawFd),
+    Gated(BorrowedFd<'a>),
 }
 
-impl Sink {
-    fn open(fd: BorrowedFd<'_>) -> io::Result<Sink> {
+impl<'a> Sink<'a> {
+    fn open(fd: BorrowedFd<'a>) -> io::Result<Sink<'a>> {
         let st = crate::sys::fstat(fd)?;
         let tty = nix::unistd::isatty(fd).unwrap_or(false);
         match st.st_mode & libc::S_IFMT {
-            libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd.as_raw_fd())),
+            libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd)),
             // /dev/null and its kind never make a writer wait; terminals can.
-            libc::S_IFCHR if !tty => Ok(Sink::File(fd.as_raw_fd())),
-            libc::S_IFSOCK => Ok(Sink::Socket(fd.as_raw_fd())),
+            libc::S_IFCHR if !tty => Ok(Sink::File(fd)),
+            libc::S_IFSOCK => Ok(Sink::Socket(fd)),
             _ => {
                 let path =
                     std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io::Error::other)?;
                 let flags = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
                 let cwd = nix::fcntl::AT_FDCWD;
-                Ok(crate::sys::openat(cwd, &path, flags, 0).map_or(Sink::Gated(fd.as_raw_fd()), Sink::Reopened))
+                Ok(crate::sys::openat(cwd, &path, flags, 0).map_or(Sink::Gated(fd), Sink::Reopened))
             }
         }
     }
 
-    fn raw(&self) -> RawFd {
+    fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Sink::Reopened(f) | Sink::Own(f) => f.as_raw_fd(),
+            Sink::Reopened(f) | Sink::Own(f) => f.as_fd(),
             Sink::Socket(fd) | Sink::File(fd) | Sink::Gated(fd) => *fd,
         }
     }
 
+    fn raw(&self) -> RawFd {
+        self.fd().as_raw_fd()
+    }
+
     /// Write what can be written now; Ok(0) when the destination is full.
     fn write_some(&self, data: &[u8]) -> io::Result<usize> {
-        // SAFETY: writes from a live buffer of the given length to an fd we hold (raw: the sink
-        // is a descriptor number the caller lent, possibly a socket needing MSG_DONTWAIT).
-        let n = unsafe {
-            match self {
-                Sink::Socket(fd) => {
-                    libc::send(*fd, data.as_ptr().cast(), data.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-                }
-                Sink::Gated(fd) => libc::write(*fd, data.as_ptr().cast(), data.len().min(libc::PIPE_BUF)),
-                _ => libc::write(self.raw(), data.as_ptr().cast(), data.len()),
+        let written = match self {
+            Sink::Socket(fd) => {
+                let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+                nix::sys::socket::send(fd.as_raw_fd(), data, flags)
             }
+            Sink::Gated(fd) => nix::unistd::write(fd, &data[..data.len().min(libc::PIPE_BUF)]),
+            _ => nix::unistd::write(self.fd(), data),
         };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        match io::Error::last_os_error() {
-            e if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => Ok(0),
-            e => Err(e),
+        match written {
+            Ok(n) => Ok(n),
+            Err(Errno::EAGAIN | Errno::EINTR) => Ok(0),
+            Err(e) => Err(e.into()),
         }
     }
 }
 
 /// One stream from a source fd to a sink: read only when the last read has been written.
-struct Pump {
-    src: Option<RawFd>,
-    sink: Option<Sink>,
+struct Pump<'a> {
+    src: Option<BorrowedFd<'a>>,
+    sink: Option<Sink<'a>>,
     buf: Vec<u8>,
     at: usize,
     limit: u64,
@@ -181,8 +182,8 @@ struct Pump {
     last_byte: Option<u8>,
 }
 
-impl Pump {
-    fn new(src: RawFd, sink: io::Result<Sink>, limit: u64) -> Pump {
+impl<'a> Pump<'a> {
+    fn new(src: BorrowedFd<'a>, sink: io::Result<Sink<'a>>, limit: u64) -> Pump<'a> {
         let (sink, dropped_all) = match sink {
             Ok(s) => (Some(s), false),
             Err(_) => (None, true),
@@ -205,7 +206,7 @@ impl Pump {
 
     /// Poll entries: the source when nothing is pending, the sink when something is.
     fn poll_src(&self) -> libc::pollfd {
-        let fd = if self.pending() { -1 } else { self.src.unwrap_or(-1) };
+        let fd = if self.pending() { -1 } else { self.src.map_or(-1, |s| s.as_raw_fd()) };
         libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
     }
 
@@ -218,14 +219,14 @@ impl Pump {
     fn fill(&mut self) {
         let Some(src) = self.src else { return };
         self.buf.resize(CHUNK, 0);
-        // SAFETY: read into a buffer of the given length (raw: the source is a descriptor number
-        // the pump keeps while it is open).
-        let n = unsafe { libc::read(src, self.buf.as_mut_ptr().cast(), CHUNK) };
-        if n < 0 && matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
-            self.buf.clear();
-            return;
-        }
-        let n = n.max(0) as u64;
+        let n = match nix::unistd::read(src, &mut self.buf[..CHUNK]) {
+            Err(Errno::EINTR | Errno::EAGAIN) => {
+                self.buf.clear();
+                return;
+            }
+            // An error ends the stream as EOF does.
+            r => r.unwrap_or(0) as u64,
+        };
         if n == 0 {
             self.src = None;
         }
@@ -273,10 +274,10 @@ impl Pump {
 pub fn run(r: Run<'_, '_>) -> Outcome {
     PENDING_SIGNAL.store(0, Ordering::SeqCst);
     set_handlers(on_signal as *const () as libc::sighandler_t);
-    let mut out = Pump::new(r.stdout.as_raw_fd(), Sink::open(r.sinks.stdout), r.output_limit);
-    let mut err = Pump::new(r.stderr.as_raw_fd(), Sink::open(r.sinks.stderr), r.output_limit);
+    let mut out = Pump::new(r.stdout.as_fd(), Sink::open(r.sinks.stdout), r.output_limit);
+    let mut err = Pump::new(r.stderr.as_fd(), Sink::open(r.sinks.stderr), r.output_limit);
     let mut input = match (r.sinks.stdin, r.stdin) {
-        (Some(host), Some(pipe)) => Pump::new(host.as_raw_fd(), Ok(Sink::Own(pipe)), u64::MAX),
+        (Some(host), Some(pipe)) => Pump::new(host, Ok(Sink::Own(pipe)), u64::MAX),
         _ => Pump { src: None, sink: None, buf: Vec::new(), at: 0, limit: 0, kept: 0, dropped: 0, last_byte: None },
     };
     let mut outcome = Outcome::default();

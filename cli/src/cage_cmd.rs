@@ -246,8 +246,7 @@ pub fn run(a: &RunArgs) -> Result<i32> {
 /// Launch the command in this process (the one-shot form, and the daemon's launch child, which
 /// brings what its launcher made `ahead` of the request).
 pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead) -> Result<Launched> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
              (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"

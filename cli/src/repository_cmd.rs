@@ -327,6 +327,5 @@ pub(crate) fn require_root(what: &str) -> Result<(), RepoError> {
 }
 
 fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }

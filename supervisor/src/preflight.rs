@@ -104,9 +104,9 @@ pub fn platform(require_enforcement: bool) -> Finding {
 
 /// The syscalls a launch needs, each asked of the kernel.
 fn syscalls(f: &mut Finding) {
-    // SAFETY: prctl queries with no pointers.
-    let (seccomp, nnp) =
-        unsafe { (libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0), libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)) };
+    // SAFETY: a prctl query with no pointers (raw: nix has no seccomp-mode getter).
+    let seccomp = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+    let nnp = nix::sys::prctl::get_no_new_privs().map_or(-1, i32::from);
     f.note("seccomp_mode_of_chio", seccomp.to_string());
     f.note("no_new_privs_of_chio", nnp.to_string());
     if seccomp < 0 {

@@ -95,8 +95,11 @@ echo "launch=$($R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/s
 echo "stranger=$(setpriv --reuid other --regid other --init-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true >/dev/null 2>&1; echo $?)"
 echo "nobody=$(setpriv --reuid nobody --regid nogroup --clear-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true 2>&1 | grep -c 'Permission denied')"
 $R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/sh -c 'sleep 60; : long-launch' >/dev/null 2>&1 &
-for i in $(seq 100); do grep -lq "[l]ong-launch" /proc/[0-9]*/cmdline 2>/dev/null && break; sleep 0.05; done
-echo "running=$(grep -l '[l]ong-launch' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+# The cage's shell (comm dash: executed from its fd), not the client (comm chio), which may be
+# all that exists yet.
+caged() { for f in $(grep -l '[l]ong-launch' /proc/[0-9]*/cmdline 2>/dev/null); do [ "$(cat ${f%/cmdline}/comm 2>/dev/null)" != chio ] && echo; done | wc -l; }
+for i in $(seq 100); do [ "$(caged)" -gt 0 ] && break; sleep 0.05; done
+echo "running=$(caged)"
 T0=$(date +%s%N); systemctl stop chio-supervisor.service; T1=$(date +%s%N)
 echo "stop_ms=$(( (T1 - T0) / 1000000 ))"
 echo "stopped=$(systemctl is-active chio-supervisor.service)"

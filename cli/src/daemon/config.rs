@@ -243,8 +243,7 @@ mod tests {
         let path = dir.join("supervisor.json");
         std::fs::write(&path, r#"{"schema":"chio.supervisor-config.v1"}"#).unwrap();
         let mode = |m: u32| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = nix::unistd::geteuid().is_root();
         mode(0o644);
         let loaded = Config::load(&path);
         mode(0o664);

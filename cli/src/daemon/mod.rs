@@ -60,8 +60,7 @@ pub fn run(cmd: &SupervisorCommand) -> Result<i32> {
 }
 
 fn serve(a: &ServeArgs) -> Result<i32> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio supervisor serve needs root: it builds every cage (run it from chio-supervisor.service or with sudo)"
         );

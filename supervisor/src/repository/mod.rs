@@ -15,8 +15,7 @@ pub mod workspace;
 /// process kills itself here with SIGKILL (what a crash or an OOM kill looks like from outside).
 pub(crate) fn crash_point(point: &str) {
     if cfg!(feature = "test-hooks") && std::env::var("CHIO_TEST_CRASH").is_ok_and(|v| v == point) {
-        // SAFETY: raise has no preconditions.
-        unsafe { libc::raise(libc::SIGKILL) };
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     }
 }
 pub mod mcp;
