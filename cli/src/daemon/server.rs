@@ -172,6 +172,48 @@ fn refusal(id: Option<&str>, why: String, exit_code: i32) -> Value {
     json!({"id": id, "error": why, "exit_code": exit_code})
 }
 
+/// An answer: built here, or a launch's own JSON object passed through as it came (a launch
+/// record is a few KiB; decoding and encoding it again cost the round trip ~0.1 ms).
+enum Answer {
+    Built(Value),
+    Passed(String),
+}
+
+impl Answer {
+    /// The answer's text with `id` as its first member.
+    fn with_id(self, id: &str) -> String {
+        match self {
+            Answer::Built(mut v) => {
+                v["id"] = json!(id);
+                v.to_string()
+            }
+            Answer::Passed(text) => {
+                let rest = text.trim_start().strip_prefix('{').unwrap_or("}").trim_start();
+                let sep = if rest.starts_with('}') { "" } else { "," };
+                format!("{{\"id\":{}{sep}{rest}", json!(id))
+            }
+        }
+    }
+}
+
+/// What the daemon reads of a launch's answer: the status and state for its log. Decoding into
+/// it also proves the answer is one JSON object.
+#[derive(serde::Deserialize)]
+struct Summary {
+    #[serde(default)]
+    exit_status: Option<Value>,
+    #[serde(default)]
+    exit_code: Option<Value>,
+    #[serde(default)]
+    record: Option<RecordSummary>,
+}
+
+#[derive(serde::Deserialize)]
+struct RecordSummary {
+    #[serde(default)]
+    state: Option<String>,
+}
+
 async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
     let Ok(_slot) = s.connections.clone().try_acquire_owned() else {
         let why = format!("the supervisor is serving its limit of {} connections; try again", s.config.max_connections);
@@ -215,7 +257,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             Err(e) => return drop(reply(&mut stream, &refusal(None, format!("not a request: {e}"), 2)).await),
         };
         let (answer, settling) = answer(&s, req, fds, Peer { uid, gid, role }).await;
-        let replied = reply(&mut stream, &answer).await;
+        let replied = reply_text(&mut stream, answer).await;
         // The answer is journaled while it travels; the next request on this connection (and
         // a stop) waits for that.
         if let Some(Err(why)) = settle(settling).await {
@@ -242,53 +284,57 @@ struct Peer {
     role: Role,
 }
 
-async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Value, Settling) {
+/// The answer line (without its newline) to one request.
+async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (String, Settling) {
     let Peer { uid, role, .. } = peer;
     if req.id.is_empty()
         || req.id.len() > 128
         || !req.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
     {
-        return (refusal(None, "a request id is 1–128 characters of [A-Za-z0-9._-]".into(), 2), None);
+        return (refusal(None, "a request id is 1–128 characters of [A-Za-z0-9._-]".into(), 2).to_string(), None);
     }
     let id = req.id.clone();
     let mut settling = None;
-    let mut v = match req.op.as_str() {
-        "ping" if fds.is_empty() => json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}),
-        "repository" if role == Role::Launch => {
-            refusal(None, format!("uid {uid}: the repository operations need the admin or repository role"), 77)
+    let a = match req.op.as_str() {
+        "ping" if fds.is_empty() => {
+            Answer::Built(json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}))
         }
+        "repository" if role == Role::Launch => Answer::Built(refusal(
+            None,
+            format!("uid {uid}: the repository operations need the admin or repository role"),
+            77,
+        )),
         "launch" | "repository" if fds.len() == req.fds.count() => {
-            let (v, journaling) = launch(s, req, fds, peer).await;
+            let (a, journaling) = launch(s, req, fds, peer).await;
             settling = journaling;
-            v
+            a
         }
         "ping" | "launch" | "repository" => {
-            refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2)
+            Answer::Built(refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2))
         }
-        other => refusal(None, format!("unknown operation {other:?} (ping, launch, repository)"), 2),
+        other => Answer::Built(refusal(None, format!("unknown operation {other:?} (ping, launch, repository)"), 2)),
     };
-    v["id"] = json!(id);
-    (v, settling)
+    (a.with_id(&id), settling)
 }
 
-async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Value, Settling) {
+async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Answer, Settling) {
     let uid = peer.uid;
     let Some(_share) = s.share(uid, Kind::Launch) else {
         let why = format!(
             "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
             s.config.max_launches_per_client
         );
-        return (refusal(None, why, 75), None);
+        return (Answer::Built(refusal(None, why, 75)), None);
     };
     let Ok(_slot) = s.launches.acquire().await else {
-        return (refusal(None, "the supervisor is stopping".into(), 75), None);
+        return (Answer::Built(refusal(None, "the supervisor is stopping".into(), 75)), None);
     };
     s.running.fetch_add(1, Ordering::SeqCst);
     let answer = dispatch(s, req, fds, peer).await;
     s.running.fetch_sub(1, Ordering::SeqCst);
     match answer {
-        Ok((v, settling)) => (v, settling),
-        Err(why) => (refusal(None, why, 125), None),
+        Ok((a, settling)) => (a, settling),
+        Err(why) => (Answer::Built(refusal(None, why, 125)), None),
     }
 }
 
@@ -296,7 +342,7 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Val
 /// unawaited: the reply need not wait for it — until it lands, a repeat of the id is told the
 /// request is running, and a crash before it leaves the request `outcome_unknown`, never run
 /// again). A repeated id gets the retained answer of a finished request and never runs twice.
-async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Result<(Value, Settling), String> {
+async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Result<(Answer, Settling), String> {
     let Peer { uid, gid, role } = peer;
     let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
     let digest = chio_kernel::canonical::to_canonical(&value)
@@ -311,7 +357,7 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Re
     .await?
     {
         Begin::Proceed => {}
-        Begin::Retained(answer) => return Ok((serde_json::from_str(&answer).map_err(|e| e.to_string())?, None)),
+        Begin::Retained(answer) => return Ok((Answer::Passed(answer), None)),
         Begin::Conflict { .. } => return Err(format!("request id {id:?} was already used for another request")),
         Begin::InProgress => return Err(format!("request id {id:?} is running")),
         Begin::OutcomeUnknown => {
@@ -324,14 +370,16 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Re
     daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
     let job = Job { role: role.name().into(), uid, gid, request: req, daemon };
     let bytes = run_job(s, &job, fds).await;
-    let v: Value = match bytes {
-        Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("the launch's answer is not JSON: {e}"))?,
+    let text = match bytes {
+        Ok(b) => String::from_utf8(b).map_err(|e| format!("the launch's answer is not text: {e}"))?,
         Err(why) => {
             journal(s, move |st| st.op_unknown(&key)).await?;
             return Err(why);
         }
     };
-    let answer = v.to_string();
+    let summary: Summary =
+        serde_json::from_str(&text).map_err(|e| format!("the launch's answer is not a JSON object: {e}"))?;
+    let answer = text.clone();
     let (store, running) = (s.journal.clone(), s.running.clone());
     running.fetch_add(1, Ordering::SeqCst);
     let settling = tokio::spawn(async move {
@@ -339,10 +387,10 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Re
         running.fetch_sub(1, Ordering::SeqCst);
         done
     });
-    let state = v.pointer("/record/state").and_then(Value::as_str).unwrap_or("-");
-    let status = v.get("exit_status").or(v.get("exit_code")).unwrap_or(&Value::Null);
+    let state = summary.record.and_then(|r| r.state).unwrap_or_else(|| "-".into());
+    let status = summary.exit_status.or(summary.exit_code).unwrap_or(Value::Null);
     eprintln!("chio supervisor: uid {uid} request {id} role {} exit {status} state {state}", role.name());
-    Ok((v, Some(settling)))
+    Ok((Answer::Passed(text), Some(settling)))
 }
 
 /// A journal operation on the daemon's store, off the I/O thread.
@@ -422,10 +470,30 @@ async fn read_request(stream: &UnixStream) -> Result<Option<(Vec<u8>, Vec<OwnedF
 }
 
 async fn reply(stream: &mut UnixStream, v: &Value) -> std::io::Result<()> {
-    let mut line = v.to_string().into_bytes();
+    reply_text(stream, v.to_string()).await
+}
+
+async fn reply_text(stream: &mut UnixStream, text: String) -> std::io::Result<()> {
+    let mut line = text.into_bytes();
     line.push(b'\n');
     match tokio::time::timeout(Duration::from_secs(10), stream.write_all(&line)).await {
         Ok(r) => r,
         Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A passed-through answer gets the id as its first member and stays one JSON object.
+    #[test]
+    fn the_id_goes_first_into_any_answer() {
+        let parsed = |t: String| serde_json::from_str::<Value>(&t).expect("JSON");
+        let a = parsed(Answer::Passed(r#"{"exit_status":3,"record":{"state":"FullyEnforced"}}"#.into()).with_id("r-1"));
+        assert_eq!(a, json!({"id": "r-1", "exit_status": 3, "record": {"state": "FullyEnforced"}}));
+        assert_eq!(parsed(Answer::Passed(" { } ".into()).with_id("r.2")), json!({"id": "r.2"}));
+        assert_eq!(parsed(Answer::Built(json!({"a": 1})).with_id("x")), json!({"id": "x", "a": 1}));
+        assert!(Answer::Passed(r#"{"b":2}"#.into()).with_id("x").starts_with(r#"{"id":"x","#));
     }
 }
