@@ -46,8 +46,8 @@ impl Ahead {
     /// Make the next launch's resources, sharing `digests`. The caller must be single-threaded
     /// (the calling thread spends a moment in the new namespace) and must be the process that
     /// will launch (the cgroup's name carries its pid: the janitor and every sweep go by it).
-    /// What could not be made is left to the launch.
-    /// `stop` is asked between the steps: once it says so, the rest is left to the launch.
+    /// `stop` is asked between the steps; what it stops, or what could not be made, is left to
+    /// the launch.
     pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool) -> Ahead {
         let mut ahead = Ahead::sharing(digests);
         ahead.netns = fresh_netns().ok();

@@ -74,7 +74,7 @@ impl Digests {
         if before == 0 || before % 2 == 1 {
             return None;
         }
-        let words: Vec<u64> = s.words.iter().map(|w| w.load(Ordering::Acquire)).collect();
+        let words: [u64; WORDS] = std::array::from_fn(|i| s.words[i].load(Ordering::Acquire));
         if s.seq.load(Ordering::Acquire) != before || words[..ID_WORDS].iter().zip(id).any(|(a, b)| *a != *b as u64) {
             return None;
         }

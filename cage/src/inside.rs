@@ -185,7 +185,7 @@ fn enter_netns(fd: RawFd, enter: bool) -> io::Result<()> {
     // is closed here exactly once.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     if enter {
-        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        nix::sched::setns(&fd, CloneFlags::CLONE_NEWNET)?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! Exit codes: 0 ok (execute: the command's status), 1 failure, 2 bad input, 3 refused by a
 //! check, 4 operation-key conflict, 5 evidence that does not verify.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use chio_supervisor::repository::execute::{self, ExecRequest, Transition};
@@ -125,6 +125,17 @@ pub enum RepositoryCommand {
         #[arg(long = "server-id", value_name = "ID")]
         server_id: Option<String>,
     },
+}
+
+/// The line an export reports.
+pub fn exported(r: &export::ExportReport, out: &Path) -> String {
+    format!(
+        "exported {} transition(s), {} receipt(s) to {}; final {}",
+        r.transitions,
+        r.receipts,
+        out.display(),
+        r.final_digest
+    )
 }
 
 /// Run a repository subcommand.
@@ -284,13 +295,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
         RepositoryCommand::Export { state, out } => {
             let ws = workspace::open(state)?;
             let report = export::export(&ws, out)?;
-            say!(
-                "exported {} transition(s), {} receipt(s) to {}; final {}",
-                report.transitions,
-                report.receipts,
-                out.display(),
-                report.final_digest
-            )?;
+            say!("{}", exported(&report, out))?;
             Ok(0)
         }
         RepositoryCommand::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {

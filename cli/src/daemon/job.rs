@@ -118,13 +118,7 @@ fn repository(job: &Job, args: &[OsString]) -> String {
 fn exported_as_client(job: &Job, state: &std::path::Path, out: &std::path::Path) -> i32 {
     match super::export_as::export(state, out, job.uid, job.gid) {
         Ok(r) => {
-            println!(
-                "exported {} transition(s), {} receipt(s) to {}; final {}",
-                r.transitions,
-                r.receipts,
-                out.display(),
-                r.final_digest
-            );
+            println!("{}", crate::repository_cmd::exported(&r, out));
             0
         }
         Err(e) => {

@@ -1,8 +1,8 @@
 //! The launcher: a single-threaded process forked before the daemon starts its runtime. The
 //! cage's `launch` forks and must not run in a threaded process, so every launch is a child
 //! forked by this process — one child per launch, so launches run side by side. The next
-//! launch's child is forked before its job arrives (a spare, with its network namespace made
-//! ahead: forking and unsharing then cost the request nothing), and waits for it. The daemon
+//! launch's child is forked before its job arrives (a spare); while no launch runs it makes its
+//! cage's network namespace and launch cgroup ahead (`chio_cage::ahead`), then waits. The daemon
 //! talks to it over a SOCK_SEQPACKET pair: `launch` (with the job and the client's descriptors)
 //! and `kill` (stop every launch now); EOF means the daemon is gone: every launch is killed.
 //!
@@ -101,9 +101,9 @@ fn serve(sock: OwnedFd) -> ! {
     };
     // Compiled once here, inherited by every launch process.
     let _ = chio_cage::seccomp::compiled();
-    // The digests every launch shares, and the next launch's child, forked with its network
-    // namespace while nothing waits (see chio_cage::ahead). Without them (they could not be
-    // made) a launch makes its own namespace and hashes its target, as the one-shot form does.
+    // The digests every launch shares, and the next launch's child (see `fork_spare`). Without
+    // them (they could not be made) a launch hashes its target and makes its own namespace and
+    // cgroup, as the one-shot form does.
     let digests = Digests::new().ok();
     let mut spare: Option<Spare> = None;
     let mut running: HashSet<Pid> = HashSet::new();
@@ -293,15 +293,15 @@ fn hand(spare: &Spare, fds: &[OwnedFd]) -> Result<(), Handed> {
     let cmsg = [ControlMessage::ScmRights(&raw)];
     let sent =
         sendmsg::<UnixAddr>(spare.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None);
-    if sent.is_err() {
-        return Err(Handed::NotTaken);
+    if sent.is_ok() {
+        let mut p = [PollFd::new(spare.sock.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut p, PollTimeout::from(HAND_TIMEOUT_MS));
+        if taken(spare) {
+            return Ok(());
+        }
     }
-    let mut p = [PollFd::new(spare.sock.as_fd(), PollFlags::POLLIN)];
-    let _ = poll(&mut p, PollTimeout::from(HAND_TIMEOUT_MS));
-    if taken(spare) {
-        return Ok(());
-    }
-    // Dead, or stuck: make sure it is dead, then look once more.
+    // Dead, or stuck: make sure it is dead (and reaped, so a sweep finds its cgroup orphaned),
+    // then look once more.
     let _ = nix::sys::signal::kill(spare.pid, Signal::SIGKILL);
     let _ = waitpid(spare.pid, None);
     if taken(spare) {
