@@ -220,6 +220,9 @@ fn peer_gone(sock: RawFd) -> bool {
     r < 0 || p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// Size of the init's report of the target's end (five little-endian i64s, one write).
+pub const RESULT_BYTES: usize = 40;
+
 /// Stack for the target between its spawn and its exec; it runs our setup code only.
 const TARGET_STACK: usize = 1 << 20;
 
@@ -321,7 +324,9 @@ fn block_forwarded_signals() {
 }
 
 /// The init after the target exists: shed privileges, forward signals, reap, and report the
-/// target's end. When the init exits the kernel kills everything left in the namespace.
+/// target's end — once everything else the command started is dead and reaped too, so that
+/// the report means the command is over (the supervisor answers on it without waiting for
+/// the init's own exit, which tears the namespaces down).
 fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     // Keep the result pipe as fd 3.
     // SAFETY: plain fd syscall on fds we own (raw: onto a fixed number).
@@ -376,7 +381,8 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
                         break;
                     }
                     if pid == target {
-                        write_result(status);
+                        let killed = end_the_rest();
+                        write_result(status, killed);
                         libc::_exit(0);
                     }
                 }
@@ -391,8 +397,32 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     }
 }
 
-/// Result record: kind (0 exit, 1 signal), value, cpu µs, max RSS KiB of the reaped tree.
-fn write_result(status: libc::c_int) {
+/// Kill every other process of the cage and reap them all (orphans are the init's children).
+/// kill(-1) from a namespace's init reaches every process in the namespace but itself; a fork
+/// racing it is either reached or aborted by the kernel, and wait4 blocks until none is left.
+/// Returns how many it killed (those that had exited on their own are not counted).
+fn end_the_rest() -> i64 {
+    let mut killed = 0;
+    // SAFETY: kill and wait4 on our own namespace, with local buffers. Raw like the loop in
+    // `reap` that calls this: the init's filter pins these exact syscalls.
+    unsafe {
+        libc::kill(-1, libc::SIGKILL);
+        loop {
+            let mut status = 0;
+            let mut ru: libc::rusage = std::mem::zeroed();
+            if libc::wait4(-1, &mut status, 0, &mut ru) > 0 {
+                killed += i64::from(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
+            } else if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+    }
+    killed
+}
+
+/// Result record: kind (0 exit, 1 signal), value, cpu µs, max RSS KiB of the reaped tree, and
+/// the number of processes killed at the end.
+fn write_result(status: libc::c_int, killed: i64) {
     let (cpu, rss) =
         nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).map_or((0, 0), |ru| {
             let (u, s) = (ru.user_time(), ru.system_time());
@@ -403,8 +433,8 @@ fn write_result(status: libc::c_int) {
     } else {
         (0i64, i64::from(libc::WEXITSTATUS(status)))
     };
-    let mut buf = [0u8; 32];
-    for (i, v) in [kind, value, cpu, rss].iter().enumerate() {
+    let mut buf = [0u8; RESULT_BYTES];
+    for (i, v) in [kind, value, cpu, rss, killed].iter().enumerate() {
         buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     }
     // SAFETY: a local buffer to fd 3, the result pipe (a descriptor number: nix writes only to

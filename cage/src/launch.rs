@@ -84,13 +84,51 @@ fn new_record(plan: &CagePlan) -> LaunchRecord {
 /// Run `plan` to completion: the target's stdout/stderr go to `sinks` (capped), and the record
 /// says what was enforced and how it ended. The calling process must be single-threaded.
 pub fn launch(plan: &CagePlan, sinks: &mut Sinks<'_>) -> LaunchRecord {
+    let (mut rec, teardown) = launch_to_end(plan, sinks);
+    teardown.finish_into(&mut rec);
+    rec
+}
+
+/// [`launch`] up to the command's end: the record is complete once every process of the cage
+/// but its init is gone (the init reports only then) and the output is drained. What is left
+/// — the init's own exit, which tears its namespaces down, and the launch cgroup's removal — is
+/// the returned [`Teardown`]'s: a daemon answers its client first and finishes it afterwards.
+pub fn launch_to_end(plan: &CagePlan, sinks: &mut Sinks<'_>) -> (LaunchRecord, Teardown) {
     let mut rec = new_record(plan);
-    if let Err(s) = run(plan, sinks, &mut rec) {
+    let mut held = Held { ahead: sinks.ahead.cgroup.take(), ..Held::default() };
+    if let Err(s) = run(plan, sinks, &mut rec, &mut held) {
         rec.state = s.state;
         rec.failure = Some(Failure { code: s.code, stage: s.stage, detail: s.detail });
     }
     rec.ended_at = Some(record::now_rfc3339());
-    rec
+    (rec, Teardown(Some(held)))
+}
+
+/// What a launch still holds after its command's end (see [`launch_to_end`]). Finished when
+/// dropped, if [`Teardown::finish`] was not called.
+pub struct Teardown(Option<Held>);
+
+impl Teardown {
+    /// Reap the cage's init (its exit ends the cage's namespaces) and remove the launch cgroup.
+    pub fn finish(mut self) -> Result<(), String> {
+        self.0.take().map_or(Ok(()), Held::tear_down)
+    }
+
+    /// Finish, and say in `rec` when the cgroup could not be removed.
+    pub fn finish_into(self, rec: &mut LaunchRecord) {
+        if let Err(e) = self.finish() {
+            rec.not_confined.push(format!("cgroup_not_removed: {e}"));
+        }
+        rec.mark("cleaned_up");
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            let _ = held.tear_down();
+        }
+    }
 }
 
 fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
@@ -223,7 +261,7 @@ fn require(plan: &CagePlan, rec: &mut LaunchRecord, ok: bool, s: Stop) -> Result
     }
 }
 
-fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result<(), Stop> {
+fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mut Held) -> Result<(), Stop> {
     check_plan(plan)?;
     inject(plan, Stage::Resolve)?;
     ensure_stdio();
@@ -242,11 +280,11 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord) -> Result
     let filters = seccomp::compiled().as_ref().map_err(|e| stop(Stage::Seccomp, "seccomp_failed", e))?;
     rec.mark("resolve");
     inject(plan, Stage::Cgroup)?;
-    let mut held = Held { ahead: sinks.ahead.cgroup.take(), ..Held::default() };
-    let result = launch_cage(plan, sinks, rec, filters, abi, &mut held);
+    let result = launch_cage(plan, sinks, rec, filters, abi, held);
     rec.mark("target_ended");
-    held.tear_down(rec);
-    rec.mark("cleaned_up");
+    if let Some(cg) = &held.cgroup {
+        record_usage(held.usage.take().unwrap_or_else(|| cg.usage()), rec);
+    }
     result
 }
 
@@ -259,24 +297,26 @@ struct Held {
     janitor: Option<janitor::Janitor>,
     /// The cgroup's usage, read as soon as the target's end was reported.
     usage: Option<Usage>,
+    /// The cage's init when it reported the command's end but was not reaped yet.
+    init: Option<Pid>,
 }
 
 impl Held {
-    fn tear_down(self, rec: &mut LaunchRecord) {
+    fn tear_down(self) -> Result<(), String> {
         if let Some(unused) = &self.ahead {
             let _ = unused.remove();
         }
-        let Some(cg) = &self.cgroup else { return };
-        record_usage(self.usage.unwrap_or_else(|| cg.usage()), rec);
+        if let Some(init) = self.init {
+            while let Err(Errno::EINTR) = waitpid(init, None) {}
+        }
+        let Some(cg) = &self.cgroup else { return Ok(()) };
         // The init has been reaped by now, and with it (PID 1 of the cage's pid namespace) every
         // cage process, so the cgroup is normally empty; removal kills whatever it still finds.
         let removed = match self.janitor {
             Some(j) => j.finish(),
             None => cg.remove(),
         };
-        if let Err(e) = removed {
-            rec.not_confined.push(format!("cgroup_not_removed: {e}"));
-        }
+        removed.map_err(|e| e.to_string())
     }
 }
 
@@ -446,7 +486,7 @@ fn launch_cage(
     let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
     let cg = held.cgroup.as_ref();
     let mut on_result = || held.usage = cg.map(LaunchCgroup::usage);
-    let outcome = supervise::run(supervise::Run {
+    let ended = supervise::run(supervise::Run {
         init,
         pidfd: pidfd.as_fd(),
         stdout: stdout.0,
@@ -459,7 +499,10 @@ fn launch_cage(
         sinks,
         on_result: &mut on_result,
     });
-    rec.outcome = Some(outcome);
+    if !ended.init_reaped {
+        held.init = Some(Pid::from_raw(init));
+    }
+    rec.outcome = Some(ended.outcome);
     Ok(())
 }
 

@@ -24,7 +24,7 @@ pub mod supervise;
 pub mod sys;
 
 pub use ahead::Ahead;
-pub use launch::{launch, NAMESPACES};
+pub use launch::{launch, launch_to_end, Teardown, NAMESPACES};
 pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage, TestHook};
 pub use record::{LaunchRecord, State};
 pub use supervise::Sinks;

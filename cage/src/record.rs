@@ -236,6 +236,10 @@ pub struct Outcome {
     pub stderr_dropped: u64,
     /// Ceilings that were hit: `wall_time`, `memory`, `pids`, `output`, `cpu`.
     pub limit_hit: Vec<String>,
+    /// Processes the command left running when its main process ended, which the cage killed
+    /// (before the end was reported: nothing the command started outlives it).
+    #[serde(default)]
+    pub killed_at_end: u64,
 }
 
 /// The record of one launch.

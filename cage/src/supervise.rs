@@ -19,6 +19,7 @@ use nix::sys::socket::MsgFlags;
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
+use crate::inside::RESULT_BYTES;
 use crate::record::Outcome;
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -270,8 +271,18 @@ impl<'a> Pump<'a> {
     }
 }
 
-/// Run the loop until the init is reaped and output drained.
-pub fn run(r: Run<'_, '_>) -> Outcome {
+/// How a supervised launch ended.
+pub struct Ended {
+    /// The command's end, output and ceilings.
+    pub outcome: Outcome,
+    /// Whether the init was reaped here. It reports the command's end only once every other
+    /// process of the cage is gone, so with its report and the output drained the command is
+    /// over; its own exit (which tears the namespaces down) is then the caller's to reap.
+    pub init_reaped: bool,
+}
+
+/// Run the loop until the init has reported (or is reaped) and the output is drained.
+pub fn run(r: Run<'_, '_>) -> Ended {
     PENDING_SIGNAL.store(0, Ordering::SeqCst);
     set_handlers(on_signal as *const () as libc::sighandler_t);
     let mut out = Pump::new(r.stdout.as_fd(), Sink::open(r.sinks.stdout), r.output_limit);
@@ -285,8 +296,8 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
     let mut reaped: Option<Instant> = None;
     let mut result_read = false;
     loop {
-        if reaped.is_some_and(|t| t.elapsed() > Duration::from_millis(DRAIN_MS))
-            || (reaped.is_some() && out.done() && err.done())
+        let ended = reaped.is_some() || result_read;
+        if reaped.is_some_and(|t| t.elapsed() > Duration::from_millis(DRAIN_MS)) || (ended && out.done() && err.done())
         {
             break;
         }
@@ -342,12 +353,15 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
         if fds[7].revents != 0 && !result_read {
             read_result(&r.result, &mut outcome);
             result_read = true;
+            outcome.wall_ms = r.started.elapsed().as_millis() as u64;
             (r.on_result)();
         }
         if fds[6].revents != 0 && reaped.is_none() {
             let _ = waitpid(Pid::from_raw(r.init), None);
             reaped = Some(Instant::now());
-            outcome.wall_ms = r.started.elapsed().as_millis() as u64;
+            if !result_read {
+                outcome.wall_ms = r.started.elapsed().as_millis() as u64;
+            }
         }
     }
     set_handlers(libc::SIG_DFL);
@@ -365,14 +379,15 @@ pub fn run(r: Run<'_, '_>) -> Outcome {
     if out.dropped + err.dropped > 0 {
         outcome.limit_hit.push("output".into());
     }
-    outcome
+    Ended { outcome, init_reaped: reaped.is_some() }
 }
 
 /// The init's report of how the target ended; without one the cage was killed.
 fn read_result(fd: &OwnedFd, o: &mut Outcome) {
-    let mut buf = [0u8; 32];
-    // Nonblocking enough: every writer is dead, so this returns data or EOF.
-    if nix::unistd::read(fd, &mut buf).ok() != Some(32) {
+    let mut buf = [0u8; RESULT_BYTES];
+    // Read when the pipe is readable or its only writer (the init) is reaped: the report is one
+    // write under PIPE_BUF, so this gets all of it or EOF without waiting.
+    if nix::unistd::read(fd, &mut buf).ok() != Some(RESULT_BYTES) {
         o.signal = Some(libc::SIGKILL);
         return;
     }
@@ -384,4 +399,5 @@ fn read_result(fd: &OwnedFd, o: &mut Outcome) {
     }
     o.cpu_ms = (v(2) / 1000) as u64;
     o.peak_memory_bytes = (v(3) * 1024) as u64;
+    o.killed_at_end = v(4).max(0) as u64;
 }

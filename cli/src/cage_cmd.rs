@@ -233,6 +233,21 @@ pub struct Launched {
     pub record: Option<LaunchRecord>,
     /// The ids of the receipts written for it.
     pub receipts: Vec<String>,
+    /// What is left to do after the command's end, when the caller asked to do it (see
+    /// [`Teardown`]).
+    pub teardown: Option<chio_cage::Teardown>,
+}
+
+/// When a launch's teardown — the cage init's exit, which ends its namespaces, and the launch
+/// cgroup's removal — happens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Teardown {
+    /// Before the record is reported, which then says whether the cgroup was removed: the
+    /// one-shot form.
+    First,
+    /// After: the daemon answers its client as soon as the command is over (every cage
+    /// process is gone and its output drained) and winds the cage down afterwards.
+    Later,
 }
 
 /// Run the command; returns the process exit status.
@@ -240,12 +255,12 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     if let Some(socket) = &a.supervisor {
         return crate::daemon::client::cage_run(socket, a);
     }
-    Ok(launch(a, chio_cage::Ahead::default())?.status)
+    Ok(launch(a, chio_cage::Ahead::default(), Teardown::First)?.status)
 }
 
 /// Launch the command in this process (the one-shot form, and the daemon's launch child, which
-/// brings what its launcher made `ahead` of the request).
-pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead) -> Result<Launched> {
+/// brings what its launcher made `ahead` of the request and tears the cage down `Later`).
+pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: Teardown) -> Result<Launched> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
@@ -255,7 +270,7 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead) -> Result<Launched> {
     let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {
         (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
             Ok(planned) => planned,
-            Err(status) => return Ok(Launched { status, record: None, receipts: Vec::new() }),
+            Err(status) => return Ok(Launched { status, record: None, receipts: Vec::new(), teardown: None }),
         },
         _ => plan_from(a)?,
     };
@@ -284,7 +299,14 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead) -> Result<Launched> {
         Ok(())
     };
     sinks.on_enforced = Some(&mut record_enforcement);
-    let rec = chio_cage::launch(&plan, &mut sinks);
+    let (mut rec, left) = chio_cage::launch_to_end(&plan, &mut sinks);
+    let left = match teardown {
+        Teardown::First => {
+            left.finish_into(&mut rec);
+            None
+        }
+        Teardown::Later => Some(left),
+    };
     if sinks.stderr_mid_line {
         // chio's own lines (and the --json record) always start a line of their own.
         eprintln!();
@@ -310,7 +332,7 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead) -> Result<Launched> {
     }
     report(a, &rec, record_file)?;
     let status = if unrecorded { 125 } else { rec.exit_status() };
-    Ok(Launched { status, record: Some(rec), receipts: receipt_ids })
+    Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left })
 }
 
 /// Say before the run when the command's uid and gid cannot write the workspace (the cage has

@@ -247,6 +247,42 @@ fn a_launch_through_the_daemon_is_the_one_shot_launch() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
+/// The daemon answers as soon as the command is over, before its cage is wound down — so "over"
+/// must include everything the command started: processes it left running (in the background,
+/// in a session of their own) are killed, reaped and counted before the answer, in both forms.
+#[test]
+fn nothing_a_command_started_outlives_its_answer() {
+    if !privileged("daemon_answer_first") {
+        return;
+    }
+    let dir = Scratch::new("daemon-answer-first");
+    let d = Daemon::start(&dir, config(json!({})));
+    // `sleep` sums its arguments: the tag is a second, harmless one.
+    let tag = format!("0.{}", std::process::id());
+    let script = format!("for i in 1 2; do sleep 300 {tag} & done; setsid sleep 300 {tag} & echo started");
+    let argv = ["--json", "--", "/bin/sh", "-c", script.as_str()];
+    let mut direct = Command::new(chio());
+    for (form, out) in
+        [("daemon", d.run(None, &argv, None)), ("one-shot", direct.args(["cage", "run"]).args(argv).output().unwrap())]
+    {
+        // Read at once: nothing may be left to die after the answer.
+        let left = processes_tagged(&tag);
+        assert_eq!(
+            (out.status.code(), text(&out.stdout)),
+            (Some(0), "started\n".into()),
+            "{form}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(left, Vec::<u32>::new(), "{form}: processes of the command outlived its answer");
+        let r = record(&out);
+        assert_eq!(r["state"], "FullyEnforced", "{form}");
+        assert_eq!(r["outcome"]["killed_at_end"], 3, "{form}: {}", r["outcome"]);
+    }
+    // A command that leaves nothing behind has nothing killed.
+    let out = d.run(None, &["--json", "--", "/bin/sh", "-c", "sleep 0.01 & wait"], None);
+    assert_eq!(record(&out)["outcome"]["killed_at_end"], 0);
+}
+
 #[test]
 fn peers_get_the_role_their_credentials_map_to() {
     if !privileged("daemon_roles") {

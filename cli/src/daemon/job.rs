@@ -54,30 +54,43 @@ pub fn failure(why: &str) -> String {
     json!({"error": why, "exit_code": 125}).to_string()
 }
 
-/// Run the job `text` with the client's descriptors and what the launcher made `ahead`;
-/// returns the answer (JSON).
-pub fn run(text: &[u8], client: Vec<OwnedFd>, ahead: Ahead) -> String {
+/// A job's answer (JSON), and what its launch still has to tear down once that is sent.
+pub struct Answered {
+    /// The answer.
+    pub text: String,
+    /// The cage's teardown, left for after the answer.
+    pub teardown: Option<chio_cage::Teardown>,
+}
+
+impl From<String> for Answered {
+    fn from(text: String) -> Answered {
+        Answered { text, teardown: None }
+    }
+}
+
+/// Run the job `text` with the client's descriptors and what the launcher made `ahead`.
+pub fn run(text: &[u8], client: Vec<OwnedFd>, ahead: Ahead) -> Answered {
     let job: Job = match serde_json::from_slice(text) {
         Ok(j) => j,
-        Err(e) => return failure(&format!("the launcher received a malformed job: {e}")),
+        Err(e) => return failure(&format!("the launcher received a malformed job: {e}")).into(),
     };
     if let Err(e) = take_client_side(&job, client) {
-        return failure(&e);
+        return failure(&e).into();
     }
     let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
     if job.request.op == "repository" {
-        return repository(&job, &args);
+        return repository(&job, &args).into();
     }
     let mut a = match cage_cmd::parse_args(&args) {
         Ok(a) => a,
         Err(e) => {
             // clap's own message and usage status, on the client's stderr, as the one-shot form.
             let _ = e.print();
-            return json!({"exit_status": e.exit_code(), "record": null, "receipts": []}).to_string();
+            return json!({"exit_status": e.exit_code(), "record": null, "receipts": []}).to_string().into();
         }
     };
     if let Err(why) = admit(&job, &mut a) {
-        return failure(&why);
+        return failure(&why).into();
     }
     launched(&a, ahead)
 }
@@ -229,13 +242,15 @@ fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
 }
 
 /// Launch; the answer carries cage run's exit status, the record and the receipt ids.
-fn launched(a: &RunArgs, ahead: Ahead) -> String {
-    match cage_cmd::launch(a, ahead) {
-        Ok(l) => json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}),
+fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
+    match cage_cmd::launch(a, ahead, cage_cmd::Teardown::Later) {
+        Ok(l) => Answered {
+            text: json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}).to_string(),
+            teardown: l.teardown,
+        },
         Err(e) => {
             eprintln!("chio: {e:#}");
-            json!({"exit_status": 125, "record": Value::Null, "receipts": []})
+            json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()
         }
     }
-    .to_string()
 }

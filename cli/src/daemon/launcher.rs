@@ -9,7 +9,7 @@
 //! Each launch child dies with the launcher (PDEATHSIG), and each cage with its launch child
 //! (the cage's own PDEATHSIG, PTRACE_O_EXITKILL and janitor): killing this process ends them all.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -32,6 +32,8 @@ const KILL: &[u8] = b"kill";
 const PREPARE: &[u8] = b"prepare";
 /// A spare's answer once it holds its job.
 const TAKEN: &[u8] = b"taken";
+/// A launch's word once its client has the answer (it is only winding its cage down now).
+const ANSWERED: &[u8] = b"answered";
 /// How long a spare may take to say it took its job (it may be finishing its work ahead).
 const HAND_TIMEOUT_MS: u16 = 5000;
 /// Descriptors on one `launch` message: the job, the result pipe and up to four of the client's.
@@ -106,17 +108,27 @@ fn serve(sock: OwnedFd) -> ! {
     // cgroup, as the one-shot form does.
     let digests = Digests::new().ok();
     let mut spare: Option<Spare> = None;
-    let mut running: HashSet<Pid> = HashSet::new();
+    let mut running = Running::new();
     loop {
         if spare.is_none() {
             spare = fork_spare(digests, &sock, &sfd, &chld);
         }
         prepare_when_idle(&mut spare, &running);
-        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
+        let answering: Vec<Pid> = running.iter().filter_map(|(pid, s)| s.as_ref().map(|_| *pid)).collect();
+        fds.extend(running.values().flatten().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
         if poll(&mut fds, PollTimeout::NONE).is_err() {
             continue;
         }
-        if fds[1].any().unwrap_or(false) {
+        let said: Vec<Pid> =
+            answering.iter().zip(&fds[2..]).filter(|(_, f)| f.any().unwrap_or(false)).map(|(p, _)| *p).collect();
+        let (job, signals) = (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false));
+        drop(fds);
+        for pid in said {
+            // "answered", or EOF (it died): either way no longer on a client's critical path.
+            running.insert(pid, None);
+        }
+        if signals {
             while let Ok(Some(_)) = sfd.read_signal() {}
             let gone = reap(&mut running, WaitPidFlag::WNOHANG);
             // A spare that died before its job (killed: it had no time to remove the cgroup it
@@ -126,7 +138,7 @@ fn serve(sock: OwnedFd) -> ! {
                 sweep();
             }
         }
-        if !fds[0].any().unwrap_or(false) {
+        if !job {
             continue;
         }
         match receive(&sock) {
@@ -138,7 +150,7 @@ fn serve(sock: OwnedFd) -> ! {
                     let Some(s) = spare.take().or_else(|| fork_spare(digests, &sock, &sfd, &chld)) else { break };
                     match hand(&s, &fds) {
                         Ok(()) => {
-                            running.insert(s.pid);
+                            running.insert(s.pid, Some(s.sock));
                             // Let the launch start before the next spare is forked (on this
                             // CPU the fork would otherwise go first).
                             let _ = nix::sched::sched_yield();
@@ -255,9 +267,8 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
             };
             // Taken: from here the job is ours (see `hand`).
             let _ = nix::unistd::write(&theirs, TAKEN);
-            drop(theirs);
             set_name(c"chio-launch");
-            launch_child(fds, ahead)
+            launch_child(fds, ahead, theirs)
         }
         Ok(ForkResult::Parent { child }) => Some(Spare { pid: child, sock: ours, told: false }),
         Err(_) => None,
@@ -275,10 +286,14 @@ fn pending(sock: &OwnedFd) -> bool {
     poll(&mut p, PollTimeout::ZERO).is_ok_and(|n| n > 0)
 }
 
-/// Tell the spare to make its work ahead, once, when no launch runs: on a small host that work
-/// would otherwise take CPU from a running launch's critical path.
-fn prepare_when_idle(spare: &mut Option<Spare>, running: &HashSet<Pid>) {
-    if let Some(s) = spare.as_mut().filter(|s| !s.told && running.is_empty()) {
+/// Launch children by pid, each with its socket until it says its client has the answer.
+type Running = HashMap<Pid, Option<OwnedFd>>;
+
+/// Tell the spare to make its work ahead, once, when no launch is on its way to an answer (one
+/// winding its cage down does not count): on a small host that work would otherwise take CPU
+/// from a running launch's critical path.
+fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running) {
+    if let Some(s) = spare.as_mut().filter(|s| !s.told && running.values().all(Option::is_none)) {
         let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(PREPARE)], &[], MsgFlags::MSG_NOSIGNAL, None);
         s.told = sent.is_ok();
     }
@@ -325,29 +340,49 @@ fn taken(spare: &Spare) -> bool {
     matches!(nix::sys::socket::recv(spare.sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT), Ok(n) if &b[..n] == TAKEN)
 }
 
-fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead) -> ! {
+fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     let client = fds.split_off(2);
     let (job_fd, result_fd) = match (fds.pop(), fds.pop()) {
         (Some(result), Some(job)) => (job, result),
         // SAFETY: leaving without running the daemon's destructors.
         _ => unsafe { libc::_exit(1) },
     };
+    // The daemon's log, for what happens after the answer (the job makes the client's
+    // descriptors this process's 0, 1 and 2).
+    let log = nix::unistd::dup(io::stderr()).ok();
     let mut text = Vec::new();
-    let answer = match std::fs::File::from(job_fd).read_to_end(&mut text) {
+    let answered = match std::fs::File::from(job_fd).read_to_end(&mut text) {
         Ok(_) => job::run(&text, client, ahead),
-        Err(e) => job::failure(&format!("reading the job: {e}")),
+        Err(e) => job::failure(&format!("reading the job: {e}")).into(),
     };
     let mut out = std::fs::File::from(result_fd);
-    let _ = out.write_all(answer.as_bytes());
+    let _ = out.write_all(answered.text.as_bytes());
     drop(out);
+    let _ = nix::unistd::write(&launcher, ANSWERED);
+    drop(launcher);
     let _ = io::stdout().flush();
     let _ = io::stderr().flush();
+    // The client has its answer: let go of its descriptors (whoever reads its output sees EOF
+    // now), then wind the cage down.
+    let to_log = match (log, std::fs::File::open("/dev/null")) {
+        (Some(log), Ok(null)) => nix::unistd::dup2_stdin(&null)
+            .and_then(|_| nix::unistd::dup2_stdout(&null))
+            .and_then(|_| nix::unistd::dup2_stderr(&log))
+            .is_ok(),
+        _ => false,
+    };
+    if let Some(Err(e)) = answered.teardown.map(chio_cage::Teardown::finish) {
+        // (Never on the client's stderr, which may belong to its next command by now.)
+        if to_log {
+            eprintln!("chio supervisor: after a launch (pid {}): {e}", std::process::id());
+        }
+    }
     // SAFETY: leaving without running the launcher's destructors.
     unsafe { libc::_exit(0) }
 }
 
-fn kill(running: &HashSet<Pid>) {
-    for &pid in running {
+fn kill(running: &Running) {
+    for &pid in running.keys() {
         // The pid is ours and not reaped yet, so it cannot name another process.
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     }
@@ -355,7 +390,7 @@ fn kill(running: &HashSet<Pid>) {
 
 /// Reap children: with WNOHANG every one that has ended (launches and a dead spare), otherwise
 /// wait for every running launch. Returns the pids reaped.
-fn reap(running: &mut HashSet<Pid>, flags: WaitPidFlag) -> Vec<Pid> {
+fn reap(running: &mut Running, flags: WaitPidFlag) -> Vec<Pid> {
     let mut gone = Vec::new();
     while flags.contains(WaitPidFlag::WNOHANG) || !running.is_empty() {
         match waitpid(None, Some(flags)) {
