@@ -394,6 +394,45 @@ fn raw_with_fds(socket: &Path, line: &[u8], files: &[&std::fs::File]) -> Value {
     serde_json::from_str(&answer).unwrap_or_else(|_| panic!("not an answer: {answer:?}"))
 }
 
+/// A request id runs once. The daemon hands a job on while its journal entry is still being
+/// written and holds it at a gate until the entry lands; a request the journal turns away
+/// (a repeat, or another request under a used id) must leave no trace: not run again, and not
+/// a byte on the client's descriptors — only the answer.
+#[test]
+fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
+    if !privileged("daemon_gate") {
+        return;
+    }
+    let dir = Scratch::new("daemon-gate");
+    let d = Daemon::start(&dir, config(json!({})));
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let request = |args: Value| {
+        let line = json!({"id": "once-1", "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}});
+        format!("{line}\n").into_bytes()
+    };
+    let args = json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", "echo ran >> count; echo hello; echo note >&2"]);
+    let send = |line: &[u8], n: u32| {
+        let (out, err) = (dir.join(&format!("out{n}")), dir.join(&format!("err{n}")));
+        let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
+        let answer = raw_with_fds(&d.socket, line, &[&files[0], &files[1]]);
+        (answer, std::fs::read_to_string(out).unwrap() + &std::fs::read_to_string(err).unwrap())
+    };
+    let (first, said) = send(&request(args.clone()), 1);
+    assert_eq!((first["exit_status"].as_i64(), said.as_str()), (Some(0), "hello\nnote\n"), "{first}");
+    // The same request again: the retained answer, and nothing runs or is written.
+    let (again, said) = send(&request(args), 2);
+    assert_eq!(again["record"], first["record"]);
+    assert_eq!(said, "", "a repeat wrote to the client's descriptors");
+    // Another request under the used id — even one whose arguments do not parse, which would
+    // print a usage error were it let go — is refused with nothing written.
+    let (other, said) = send(&request(json!(["--no-such-flag"])), 3);
+    assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
+    assert_eq!(said, "", "a refused request wrote to the client's descriptors");
+    assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
+}
+
 #[test]
 fn hostile_requests_are_answered_and_stall_no_one() {
     if !privileged("daemon_hostile") {

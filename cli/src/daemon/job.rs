@@ -69,30 +69,60 @@ impl From<String> for Answered {
 }
 
 /// Run the job `text` with the client's descriptors and what the launcher made `ahead`.
-pub fn run(text: &[u8], client: Vec<OwnedFd>, ahead: Ahead) -> Answered {
+///
+/// Everything up to `gate` is private to this process (the job read, the client's descriptors
+/// taken, the arguments parsed and checked): the daemon sends "go" on it once the request's
+/// journal entry has landed. EOF there means the request is withdrawn (the journal refused
+/// it, or the daemon died): nothing has been done — not a byte written to the client — and
+/// None is returned.
+pub fn run(text: &[u8], client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Option<Answered> {
     let job: Job = match serde_json::from_slice(text) {
         Ok(j) => j,
-        Err(e) => return failure(&format!("the launcher received a malformed job: {e}")).into(),
+        Err(e) => return go(gate).then(|| failure(&format!("the launcher received a malformed job: {e}")).into()),
     };
     if let Err(e) = take_client_side(&job, client) {
-        return failure(&e).into();
+        return go(gate).then(|| failure(&e).into());
     }
     let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
     if job.request.op == "repository" {
-        return repository(&job, &args).into();
+        return go(gate).then(|| repository(&job, &args).into());
     }
-    let mut a = match cage_cmd::parse_args(&args) {
-        Ok(a) => a,
-        Err(e) => {
-            // clap's own message and usage status, on the client's stderr, as the one-shot form.
-            let _ = e.print();
-            return json!({"exit_status": e.exit_code(), "record": null, "receipts": []}).to_string().into();
-        }
+    let parsed = cage_cmd::parse_args(&args);
+    let admitted = match parsed {
+        Ok(mut a) => admit(&job, &mut a).map(|_| a).map_err(Refused::Role),
+        Err(e) => Err(Refused::Usage(e)),
     };
-    if let Err(why) = admit(&job, &mut a) {
-        return failure(&why).into();
+    if !go(gate) {
+        return None;
     }
-    launched(&a, ahead)
+    Some(match admitted {
+        Ok(a) => launched(&a, ahead),
+        // clap's own message and usage status, on the client's stderr, as the one-shot form.
+        Err(Refused::Usage(e)) => {
+            let _ = e.print();
+            json!({"exit_status": e.exit_code(), "record": null, "receipts": []}).to_string().into()
+        }
+        Err(Refused::Role(why)) => failure(&why).into(),
+    })
+}
+
+/// Why a launch request is not run.
+enum Refused {
+    /// The arguments do not parse.
+    Usage(clap::Error),
+    /// The client's role does not allow them.
+    Role(String),
+}
+
+/// Wait at the gate: true once the daemon says go, false at EOF (the request is withdrawn).
+fn go(gate: OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    loop {
+        match nix::unistd::read(&gate, &mut b) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r == Ok(1),
+        }
+    }
 }
 
 /// Run the argument parser once while waiting for a job: its first run in a fresh process

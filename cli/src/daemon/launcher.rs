@@ -36,8 +36,9 @@ const TAKEN: &[u8] = b"taken";
 const ANSWERED: &[u8] = b"answered";
 /// How long a spare may take to say it took its job (it may be finishing its work ahead).
 const HAND_TIMEOUT_MS: u16 = 5000;
-/// Descriptors on one `launch` message: the job, the result pipe and up to four of the client's.
-const MAX_JOB_FDS: usize = 6;
+/// Descriptors on one `launch` message: the job, the result pipe, the gate and up to four of
+/// the client's.
+const MAX_JOB_FDS: usize = 7;
 
 /// The daemon's handle on its launcher.
 pub struct Launcher {
@@ -63,13 +64,14 @@ pub fn spawn() -> io::Result<Launcher> {
 
 impl Launcher {
     /// Hand a job to the launcher: `job` (JSON) travels in a memfd, `result` is the
-    /// write end of the pipe the launch child answers on, `client` the client's descriptors.
-    pub fn submit(&self, job: &[u8], result: &OwnedFd, client: &[OwnedFd]) -> io::Result<()> {
+    /// write end of the pipe the launch child answers on, `gate` the read end of the pipe that
+    /// lets it go (see `job::run`), `client` the client's descriptors.
+    pub fn submit(&self, job: &[u8], result: &OwnedFd, gate: &OwnedFd, client: &[OwnedFd]) -> io::Result<()> {
         let memfd = nix::sys::memfd::memfd_create(c"chio-job", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
         let mut f = std::fs::File::from(memfd);
         f.write_all(job)?;
         f.rewind()?;
-        let mut fds: Vec<RawFd> = vec![f.as_raw_fd(), result.as_raw_fd()];
+        let mut fds: Vec<RawFd> = vec![f.as_raw_fd(), result.as_raw_fd(), gate.as_raw_fd()];
         fds.extend(client.iter().map(|c| c.as_raw_fd()));
         let cmsg = [ControlMessage::ScmRights(&fds)];
         sendmsg::<UnixAddr>(self.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
@@ -207,7 +209,7 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     }
     let bytes = msg.bytes;
     Ok(match &buf[..bytes] {
-        LAUNCH if fds.len() >= 2 => Message::Launch(fds),
+        LAUNCH if fds.len() >= 3 => Message::Launch(fds),
         KILL => Message::Kill,
         PREPARE => Message::Prepare,
         _ => Message::Other,
@@ -341,9 +343,9 @@ fn taken(spare: &Spare) -> bool {
 }
 
 fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
-    let client = fds.split_off(2);
-    let (job_fd, result_fd) = match (fds.pop(), fds.pop()) {
-        (Some(result), Some(job)) => (job, result),
+    let client = fds.split_off(3);
+    let (job_fd, result_fd, gate) = match (fds.pop(), fds.pop(), fds.pop()) {
+        (Some(gate), Some(result), Some(job)) => (job, result, gate),
         // SAFETY: leaving without running the daemon's destructors.
         _ => unsafe { libc::_exit(1) },
     };
@@ -352,8 +354,13 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     let log = nix::unistd::dup(io::stderr()).ok();
     let mut text = Vec::new();
     let answered = match std::fs::File::from(job_fd).read_to_end(&mut text) {
-        Ok(_) => job::run(&text, client, ahead),
-        Err(e) => job::failure(&format!("reading the job: {e}")).into(),
+        Ok(_) => job::run(&text, client, gate, ahead),
+        Err(e) => Some(job::failure(&format!("reading the job: {e}")).into()),
+    };
+    // Withdrawn at the gate: nothing was done, nothing is answered.
+    let Some(answered) = answered else {
+        // SAFETY: leaving without running the launcher's destructors.
+        unsafe { libc::_exit(0) }
     };
     let mut out = std::fs::File::from(result_fd);
     let _ = out.write_all(answered.text.as_bytes());

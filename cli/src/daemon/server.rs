@@ -342,6 +342,12 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> (Ans
 /// unawaited: the reply need not wait for it — until it lands, a repeat of the id is told the
 /// request is running, and a crash before it leaves the request `outcome_unknown`, never run
 /// again). A repeated id gets the retained answer of a finished request and never runs twice.
+///
+/// The job goes to the launcher while its journal entry is being written: its launch process
+/// takes the client's descriptors and parses the arguments meanwhile, but does nothing anyone
+/// can see — no output, no file, no cage — until the daemon sends "go", which it does only
+/// once the entry has landed. A request the journal refuses (or a daemon that dies first)
+/// closes the gate instead, and that launch process exits having done nothing.
 async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Result<(Answer, Settling), String> {
     let Peer { uid, gid, role } = peer;
     let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
@@ -350,12 +356,15 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Re
         .map_err(|e| e.to_string())?;
     let key = format!("{JOURNAL_PREFIX}{uid}:{}", req.id);
     let id = req.id.clone();
-    match journal(s, {
+    let begin = {
         let (key, digest) = (key.clone(), digest.clone());
-        move |st| st.op_begin_dispatched(&key, &digest)
-    })
-    .await?
-    {
+        journal_started(s.journal.clone(), move |st| st.op_begin_dispatched(&key, &digest))
+    };
+    let mut daemon = s.daemon.clone();
+    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
+    let job = Job { role: role.name().into(), uid, gid, request: req, daemon };
+    let submitted = submit(s, &job, fds);
+    match begin.await.map_err(|e| e.to_string())?? {
         Begin::Proceed => {}
         Begin::Retained(answer) => return Ok((Answer::Passed(answer), None)),
         Begin::Conflict { .. } => return Err(format!("request id {id:?} was already used for another request")),
@@ -366,10 +375,10 @@ async fn dispatch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer) -> Re
             ))
         }
     }
-    let mut daemon = s.daemon.clone();
-    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
-    let job = Job { role: role.name().into(), uid, gid, request: req, daemon };
-    let bytes = run_job(s, &job, fds).await;
+    let bytes = match submitted {
+        Ok(gated) => gated.open(&job).await,
+        Err(why) => Err(why),
+    };
     let text = match bytes {
         Ok(b) => String::from_utf8(b).map_err(|e| format!("the launch's answer is not text: {e}"))?,
         Err(why) => {
@@ -405,21 +414,50 @@ async fn journal_owned<T: Send + 'static>(
     store: Arc<Mutex<Store>>,
     op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
 ) -> Result<T, String> {
+    journal_started(store, op).await.map_err(|e| e.to_string())?
+}
+
+/// A journal operation started now on a blocking thread (awaiting the handle gets its result).
+fn journal_started<T: Send + 'static>(
+    store: Arc<Mutex<Store>>,
+    op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<T, String>> {
     tokio::task::spawn_blocking(move || {
         let mut st = store.lock().map_err(|_| "the journal's lock is poisoned".to_string())?;
         op(&mut st).map_err(|e| format!("the request journal: {e}"))
     })
-    .await
-    .map_err(|e| e.to_string())?
 }
 
-/// Hand `job` to the launcher and read the launch child's answer.
-async fn run_job(s: &Shared, job: &Job, fds: Vec<OwnedFd>) -> Result<Vec<u8>, String> {
+/// A job handed to the launcher and held at its gate: the read end of its answer pipe and the
+/// write end of its "go" pipe. Dropped without [`Gated::open`], the gate closes (EOF) and the
+/// launch process exits having done nothing.
+struct Gated {
+    answer: OwnedFd,
+    go: OwnedFd,
+}
+
+/// Hand `job` to the launcher, held at its gate.
+fn submit(s: &Shared, job: &Job, fds: Vec<OwnedFd>) -> Result<Gated, String> {
     let text = serde_json::to_vec(job).map_err(|e| e.to_string())?;
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-    s.launcher.submit(&text, &write, &fds).map_err(|e| format!("handing the launch to the launcher: {e}"))?;
-    // Only the launch child holds the write end now: EOF is its answer, or its death.
-    drop((write, fds));
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
+    let ((answer, write), (gate, go)) = (pipe()?, pipe()?);
+    s.launcher.submit(&text, &write, &gate, &fds).map_err(|e| format!("handing the launch to the launcher: {e}"))?;
+    // Only the launch child holds the answer's write end and the gate's read end now: EOF on
+    // the answer is its answer, or its death.
+    Ok(Gated { answer, go })
+}
+
+impl Gated {
+    /// Let the launch go, and read its answer.
+    async fn open(self, job: &Job) -> Result<Vec<u8>, String> {
+        nix::unistd::write(&self.go, b"g").map_err(|e| format!("letting the launch go: {e}"))?;
+        drop(self.go);
+        answer_of(self.answer, job).await
+    }
+}
+
+/// Read the launch child's answer.
+async fn answer_of(read: OwnedFd, job: &Job) -> Result<Vec<u8>, String> {
     let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read).map_err(|e| format!("answer pipe: {e}"))?;
     let mut bytes = Vec::new();
     (&mut rx)
