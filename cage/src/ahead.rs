@@ -24,6 +24,7 @@ use nix::sched::{setns, unshare, CloneFlags};
 
 use crate::cgroup::{Controller, Hierarchy, LaunchCgroup};
 use crate::digests::Digests;
+use crate::mounts::HostBase;
 
 /// What was made for the next launch.
 #[derive(Debug, Default)]
@@ -35,12 +36,14 @@ pub struct Ahead {
     /// The launch cgroup, made (without ceilings: those come with the request) by the process
     /// that will launch, in the host's hierarchy with every controller a launch may need.
     pub cgroup: Option<LaunchCgroup>,
+    /// The host-system part of a default root's mounts (see [`HostBase`]).
+    pub host: Option<HostBase>,
 }
 
 impl Ahead {
     /// Nothing made yet, only the shared `digests`.
     pub fn sharing(digests: Option<Digests>) -> Ahead {
-        Ahead { netns: None, digests, cgroup: None }
+        Ahead { netns: None, digests, cgroup: None, host: None }
     }
 
     /// Make the next launch's resources, sharing `digests`. The caller must be single-threaded
@@ -54,6 +57,9 @@ impl Ahead {
         if !stop() {
             let hierarchy = Hierarchy::detect(None);
             ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, &hierarchy).ok();
+        }
+        if !stop() {
+            ahead.host = HostBase::make().ok();
         }
         ahead
     }

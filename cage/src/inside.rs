@@ -66,6 +66,8 @@ pub struct Ctx<'a> {
     /// A fresh network namespace made ahead of the request (see [`crate::ahead`]) to enter
     /// instead of unsharing one, or -1.
     pub netns: RawFd,
+    /// The default root's host part made ahead of the request (see [`crate::mounts::HostBase`]).
+    pub host_base: Option<&'a crate::mounts::HostBase>,
 }
 
 /// How a stage failed.
@@ -143,7 +145,7 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
         flags &= !libc::CLONE_NEWNET;
     }
     unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
-    let prepared = Prepared::build(plan).map_err(|e| {
+    let prepared = Prepared::build(plan, ctx.host_base).map_err(|e| {
         let code = match e.kind() {
             io::ErrorKind::NotFound => "path_not_found",
             io::ErrorKind::InvalidInput => "path_refused",

@@ -449,7 +449,7 @@ fn launch_cage(
     let w = Wiring::new(sinks.stdin.is_some())?;
     inject(plan, Stage::Namespaces)?;
     // Taken, so that the supervisor's copy closes as soon as the init has its own.
-    let (netns, known) = (sinks.ahead.netns.take(), sinks.ahead.digests);
+    let (netns, known, host_base) = (sinks.ahead.netns.take(), sinks.ahead.digests, sinks.ahead.host.take());
     let ctx = Ctx {
         plan,
         filters,
@@ -462,6 +462,7 @@ fn launch_cage(
         stdin_r: w.stdin.as_ref().map_or(-1, |s| s.1.as_raw_fd()),
         supervisor_ends: w.supervisor_ends(),
         netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        host_base: host_base.as_ref(),
     };
     let cloned = match &v2_dir {
         // (A test hook leaves the init outside the launch cgroup.)
@@ -474,7 +475,8 @@ fn launch_cage(
         Ok(pid) => pid,
         Err(e) => return Err(stop(Stage::Namespaces, "namespace_failed", e)),
     };
-    drop(netns);
+    // The init has its own copies: the supervisor keeps no handle on the cage's mounts.
+    drop((netns, host_base));
     // From here the init exists: every error path must kill it before returning.
     // Give the init this CPU while we make the cgroup and the janitor on another.
     let aside = sys::step_aside(init);

@@ -149,13 +149,67 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
     Ok(typed)
 }
 
+/// The plan-independent part of a default-root cage's mounts, made ahead of the request by a
+/// daemon's spare (see [`crate::ahead`]): the skeleton and `/dev` tmpfs, the read-only binds of
+/// the host's `/usr`, `/lib`…, and the cage's own `/etc` with its copies of the host's files.
+/// One launch uses it, and only while every host source it was made from is unchanged (same
+/// device, inode, size, mtime and ctime): otherwise that launch builds its own, as the one-shot
+/// form always does.
+pub struct HostBase {
+    prepared: Prepared,
+    sources: Vec<Option<[i64; 5]>>,
+}
+
+impl HostBase {
+    /// Make it now, from the host's `/`.
+    pub fn make() -> io::Result<HostBase> {
+        let sources = host_sources();
+        let mut prepared = Prepared::empty(false, 0)?;
+        prepared.add_host_system(&[])?;
+        Ok(HostBase { prepared, sources })
+    }
+
+    /// Whether the host's sources are still what it was made from.
+    fn fresh(&self) -> bool {
+        host_sources() == self.sources
+    }
+}
+
+impl std::fmt::Debug for HostBase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBase").field("mounts", &self.prepared.described).finish()
+    }
+}
+
+/// The identity of every host entry a default root is made from (None: absent), in order.
+fn host_sources() -> Vec<Option<[i64; 5]>> {
+    let id = |dir: Option<&OwnedFd>, name: &str| {
+        let c = cstring(name).ok()?;
+        let st = sys::fstatat(dir?.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        Some([
+            st.st_dev as i64,
+            st.st_ino as i64,
+            st.st_size,
+            ns(st.st_mtime, st.st_mtime_nsec),
+            ns(st.st_ctime, st.st_ctime_nsec),
+        ])
+    };
+    let root = path::open_host(Path::new("/"), libc::O_DIRECTORY).ok();
+    let etc = path::open_host(Path::new("/etc"), libc::O_DIRECTORY).ok();
+    let mut ids: Vec<_> = HOST_DIRS.iter().map(|n| id(root.as_ref(), n)).collect();
+    ids.push(id(root.as_ref(), "etc"));
+    ids.extend(HOST_ETC.iter().map(|n| id(etc.as_ref(), n)));
+    ids
+}
+
 impl Prepared {
-    /// Prepare the detached trees for `plan` (supervisor side, before the cage exists).
-    pub fn build(plan: &CagePlan) -> io::Result<Prepared> {
+    /// The skeleton and `/dev` tmpfs, nothing in them yet.
+    fn empty(mask_proc: bool, strip: u64) -> io::Result<Prepared> {
         let skeleton = tmpfs(1 << 20, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
         // Not nodev: it holds the cage's own device nodes (and is sealed read-only once built).
         let dev = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
-        let mut p = Prepared {
+        Ok(Prepared {
             skeleton,
             etc: None,
             dev,
@@ -165,14 +219,52 @@ impl Prepared {
             access: Access::default(),
             described: Vec::new(),
             sources: Vec::new(),
-            mask_proc: plan.uid == 0 || plan.gid == 0,
-            strip: if plan.hook(&TestHook::MountFlags) { MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC } else { 0 },
-        };
-        let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
-        match &plan.root {
-            RootSpec::Directory(dir) => p.add_root_dir(dir, &top_binds)?,
-            RootSpec::HostSystem => p.add_host_system(&top_binds)?,
+            mask_proc,
+            strip,
+        })
+    }
+
+    /// This process's own handles on the same trees (a base made ahead stays the spare's).
+    fn try_clone(&self, mask_proc: bool) -> io::Result<Prepared> {
+        let dup = |f: &OwnedFd| f.try_clone();
+        let mut attach = Vec::with_capacity(self.attach.len());
+        for a in &self.attach {
+            attach.push(Attach { parent: a.parent, name: a.name.clone(), tree: dup(&a.tree)? });
         }
+        Ok(Prepared {
+            skeleton: dup(&self.skeleton)?,
+            etc: self.etc.as_ref().map(dup).transpose()?,
+            dev: dup(&self.dev)?,
+            attach,
+            nested: Vec::new(),
+            skeleton_binds: self.skeleton_binds.clone(),
+            access: self.access.clone(),
+            described: self.described.clone(),
+            sources: self.sources.clone(),
+            mask_proc,
+            strip: self.strip,
+        })
+    }
+
+    /// Prepare the detached trees for `plan`, starting from `base` when it was made ahead for
+    /// a default root that this plan leaves as it is (no bind over a top-level entry, no test
+    /// hook on mount flags) and is still fresh.
+    pub fn build(plan: &CagePlan, base: Option<&HostBase>) -> io::Result<Prepared> {
+        let mask_proc = plan.uid == 0 || plan.gid == 0;
+        let strip = if plan.hook(&TestHook::MountFlags) { MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC } else { 0 };
+        let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
+        let fits = matches!(plan.root, RootSpec::HostSystem) && top_binds.is_empty() && strip == 0;
+        let mut p = match base.filter(|b| fits && b.fresh()) {
+            Some(b) => b.prepared.try_clone(mask_proc)?,
+            None => {
+                let mut p = Prepared::empty(mask_proc, strip)?;
+                match &plan.root {
+                    RootSpec::Directory(dir) => p.add_root_dir(dir, &top_binds)?,
+                    RootSpec::HostSystem => p.add_host_system(&top_binds)?,
+                }
+                p
+            }
+        };
         p.add_special(plan)?;
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;

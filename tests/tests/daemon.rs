@@ -962,3 +962,35 @@ fn the_cgroup_made_ahead_gets_the_requests_ceilings() {
     let (out, hit) = run(&[], hog);
     assert_eq!((out.trim(), hit), ("held", json!([])), "control: the default ceiling holds 200 MB");
 }
+
+/// The spare makes a default root's host part ahead (the binds of `/usr`, `/lib`… and the
+/// cage's own `/etc` with copies of the host's files); a host file that changes after that is
+/// seen by the next launch as it is now, never as it was when the spare made its copy.
+#[test]
+fn a_default_root_made_ahead_is_never_stale() {
+    if !privileged("daemon_host_ahead") {
+        return;
+    }
+    /// Appends a comment line to the host's /etc/hosts; puts the file back when dropped.
+    struct Marked(Vec<u8>);
+    impl Drop for Marked {
+        fn drop(&mut self) {
+            let _ = std::fs::write("/etc/hosts", &self.0);
+        }
+    }
+    let dir = Scratch::new("daemon-host-ahead");
+    let d = Daemon::start(&dir, config(json!({})));
+    let marker = format!("# chio test marker {}", std::process::id());
+    let hosts = || text(&d.run(None, &["--", "/bin/cat", "/etc/hosts"], None).stdout);
+    assert_eq!(hosts(), std::fs::read_to_string("/etc/hosts").unwrap(), "the cage's /etc/hosts is the host's");
+    for _ in 0..2 {
+        d.spare_prepared();
+        // The spare makes the root after its cgroup: give it time to finish.
+        std::thread::sleep(Duration::from_millis(500));
+        let original = std::fs::read("/etc/hosts").unwrap();
+        let _restore = Marked(original.clone());
+        std::fs::write("/etc/hosts", [&original[..], format!("{marker}\n").as_bytes()].concat()).unwrap();
+        assert!(hosts().ends_with(&format!("{marker}\n")), "the launch saw a copy made before the change");
+    }
+    assert!(!std::fs::read_to_string("/etc/hosts").unwrap().contains(&marker));
+}
