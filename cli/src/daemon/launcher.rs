@@ -388,8 +388,13 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     unsafe { libc::_exit(0) }
 }
 
+/// Kill the launches still on their way to an answer (their cages die with them). Those that
+/// answered are only winding their cages down — reaping the init, removing the cgroup, a
+/// moment's work that killing would hand to the janitor — and are left to finish.
 fn kill(running: &Running) {
-    for &pid in running.keys() {
+    // (A word on its socket not read yet is "answered", or EOF: dead already.)
+    let answering = |s: &Option<OwnedFd>| s.as_ref().is_some_and(|s| !pending(s));
+    for (&pid, _) in running.iter().filter(|(_, s)| answering(s)) {
         // The pid is ours and not reaped yet, so it cannot name another process.
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     }
