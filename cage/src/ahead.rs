@@ -51,14 +51,14 @@ impl Ahead {
     /// will launch (the cgroup's name carries its pid: the janitor and every sweep go by it).
     /// `stop` is asked between the steps; what it stops, or what could not be made, is left to
     /// the launch.
-    pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool) -> Ahead {
+    pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool, host: bool) -> Ahead {
         let mut ahead = Ahead::sharing(digests);
         ahead.netns = fresh_netns().ok();
         if !stop() {
             let hierarchy = Hierarchy::detect(None);
             ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, &hierarchy).ok();
         }
-        if !stop() {
+        if host && !stop() {
             ahead.host = HostBase::make().ok();
         }
         ahead
@@ -103,8 +103,8 @@ mod tests {
     #[test]
     fn makes_distinct_namespaces_and_returns_home() {
         let home = inode("/proc/thread-self/ns/net");
-        let a = Ahead::make(None, &|| false);
-        let b = Ahead::make(None, &|| false);
+        let a = Ahead::make(None, &|| false, false);
+        let b = Ahead::make(None, &|| false, false);
         assert_eq!(inode("/proc/thread-self/ns/net"), home, "the thread must be back in its own namespace");
         let ino = |x: &Ahead| {
             let fd = x.netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);

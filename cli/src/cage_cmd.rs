@@ -236,6 +236,8 @@ pub struct Launched {
     /// What is left to do after the command's end, when the caller asked to do it (see
     /// [`Teardown`]).
     pub teardown: Option<chio_cage::Teardown>,
+    /// Whether the cage had the default root (the host's system directories).
+    pub host_root: bool,
 }
 
 /// When a launch's teardown — the cage init's exit, which ends its namespaces, and the launch
@@ -270,7 +272,9 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: Teardown) -> Resul
     let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {
         (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
             Ok(planned) => planned,
-            Err(status) => return Ok(Launched { status, record: None, receipts: Vec::new(), teardown: None }),
+            Err(status) => {
+                return Ok(Launched { status, record: None, receipts: Vec::new(), teardown: None, host_root: false })
+            }
         },
         _ => plan_from(a)?,
     };
@@ -332,7 +336,8 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: Teardown) -> Resul
     }
     report(a, &rec, record_file)?;
     let status = if unrecorded { 125 } else { rec.exit_status() };
-    Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left })
+    let host_root = matches!(plan.root, chio_cage::RootSpec::HostSystem);
+    Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left, host_root })
 }
 
 /// Say before the run when the command's uid and gid cannot write the workspace (the cage has

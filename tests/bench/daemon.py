@@ -6,7 +6,10 @@
 Builds the static release binary and a rootfs holding one static /true, starts the daemon in
 the foreground on a private socket and state directory, and times, interleaved in the same run:
   - daemon-raw: one request on the daemon's socket from this process (a persistent client such
-                as an agent host: no client process), stdout/stderr passed as descriptors
+                as an agent host: no client process), stdout/stderr passed as descriptors, on a
+                connection of its own
+  - daemon-kept: the same on one connection kept from request to request (as the agent
+                environment keeps its own)
   - daemon-cli: chio cage run --supervisor S --rootfs R -- /true   (a client process per launch)
   - one-shot:   chio cage run --rootfs R -- /true
   - bwrap:      bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc
@@ -54,6 +57,27 @@ def request(sock_path, args, rid):
         os.close(null)
     ms = (time.perf_counter() - t) * 1000.0
     return ms, json.loads(buf)
+
+
+class Kept:
+    """One connection kept from request to request (as the agent environment keeps its own)."""
+
+    def __init__(self, sock_path):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(sock_path)
+        self.null = os.open("/dev/null", os.O_WRONLY)
+
+    def request(self, args, rid):
+        line = json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
+        t = time.perf_counter()
+        socket.send_fds(self.s, [line], [self.null, self.null])
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise SystemExit("the daemon closed the kept connection")
+            buf += chunk
+        return (time.perf_counter() - t) * 1000.0, json.loads(buf)
 
 
 def status(pid):
@@ -154,12 +178,16 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
             raw(old_sock)
         for cmd in cmds.values():
             lb.timed(cmd)
-    samples = {k: [] for k in ["daemon-raw"] + (["daemon-raw-old"] if old_sock else []) + list(cmds)}
+    kept = Kept(sock)
+    kept.request(args, f"kept-{os.getpid()}-0")
+    samples = {k: [] for k in ["daemon-raw", "daemon-kept"] + (["daemon-raw-old"] if old_sock else []) + list(cmds)}
     observed = []
     for _ in range(a.runs):
         ms, obs = raw()
         samples["daemon-raw"].append(ms)
         observed.append(obs)
+        n[0] += 1
+        samples["daemon-kept"].append(kept.request(args, f"kept-{os.getpid()}-{n[0]}")[0])
         if old_sock:
             samples["daemon-raw-old"].append(raw(old_sock)[0])
         for k, cmd in cmds.items():

@@ -60,11 +60,13 @@ pub struct Answered {
     pub text: String,
     /// The cage's teardown, left for after the answer.
     pub teardown: Option<chio_cage::Teardown>,
+    /// Whether the cage had the default root (the next launch probably will too).
+    pub host_root: bool,
 }
 
 impl From<String> for Answered {
     fn from(text: String) -> Answered {
-        Answered { text, teardown: None }
+        Answered { text, teardown: None, host_root: false }
     }
 }
 
@@ -277,6 +279,7 @@ fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
         Ok(l) => Answered {
             text: json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}).to_string(),
             teardown: l.teardown,
+            host_root: l.host_root,
         },
         Err(e) => {
             eprintln!("chio: {e:#}");

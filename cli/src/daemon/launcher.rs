@@ -34,6 +34,11 @@ const PREPARE: &[u8] = b"prepare";
 const TAKEN: &[u8] = b"taken";
 /// A launch's word once its client has the answer (it is only winding its cage down now).
 const ANSWERED: &[u8] = b"answered";
+/// The same from a launch whose cage had the default (host system) root.
+const ANSWERED_HOST: &[u8] = b"answered host";
+/// To a spare: make the work ahead, and a default root's host part too (the last launch had
+/// one: the next probably will).
+const PREPARE_HOST: &[u8] = b"prepare host";
 /// How long a spare may take to say it took its job (it may be finishing its work ahead).
 const HAND_TIMEOUT_MS: u16 = 5000;
 /// Descriptors on one `launch` message: the job, the result pipe, the gate and up to four of
@@ -111,11 +116,13 @@ fn serve(sock: OwnedFd) -> ! {
     let digests = Digests::new().ok();
     let mut spare: Option<Spare> = None;
     let mut running = Running::new();
+    // Whether the next launch will likely want a default root (what the last one had).
+    let mut wants_host = true;
     loop {
         if spare.is_none() {
             spare = fork_spare(digests, &sock, &sfd, &chld);
         }
-        prepare_when_idle(&mut spare, &running);
+        prepare_when_idle(&mut spare, &running, wants_host);
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
         let answering: Vec<Pid> = running.iter().filter_map(|(pid, s)| s.as_ref().map(|_| *pid)).collect();
         fds.extend(running.values().flatten().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
@@ -128,7 +135,12 @@ fn serve(sock: OwnedFd) -> ! {
         drop(fds);
         for pid in said {
             // "answered", or EOF (it died): either way no longer on a client's critical path.
-            running.insert(pid, None);
+            if let Some(Some(s)) = running.insert(pid, None) {
+                let mut b = [0u8; 16];
+                if let Ok(n) = nix::sys::socket::recv(s.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT) {
+                    wants_host = &b[..n] == ANSWERED_HOST || (n == 0 && wants_host);
+                }
+            }
         }
         if signals {
             while let Ok(Some(_)) = sfd.read_signal() {}
@@ -168,7 +180,7 @@ fn serve(sock: OwnedFd) -> ! {
                 }
             }
             Ok(Message::Kill) => kill(&running),
-            Ok(Message::Prepare | Message::Other) => {}
+            Ok(Message::Prepare { .. } | Message::Other) => {}
             Err(_) => {
                 // The daemon is gone: nothing may outlive it. The spare ends with our end of
                 // its pair, removing what it made ahead; wait for that before our death kills it.
@@ -188,7 +200,10 @@ fn serve(sock: OwnedFd) -> ! {
 enum Message {
     Launch(Vec<OwnedFd>),
     Kill,
-    Prepare,
+    /// Make the work ahead (`host`: a default root's host part too).
+    Prepare {
+        host: bool,
+    },
     Other,
 }
 
@@ -211,7 +226,8 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     Ok(match &buf[..bytes] {
         LAUNCH if fds.len() >= 3 => Message::Launch(fds),
         KILL => Message::Kill,
-        PREPARE => Message::Prepare,
+        PREPARE => Message::Prepare { host: false },
+        PREPARE_HOST => Message::Prepare { host: true },
         _ => Message::Other,
     })
 }
@@ -250,11 +266,11 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
             let fds = loop {
                 match receive(&theirs) {
                     Ok(Message::Launch(fds)) => break fds,
-                    Ok(Message::Prepare) => {
+                    Ok(Message::Prepare { host }) => {
                         // Step by step, each only while no job is waiting: a job that comes
                         // meanwhile makes the rest itself, as the one-shot form does.
                         let waiting = || pending(&theirs);
-                        ahead = Ahead::make(digests, &waiting);
+                        ahead = Ahead::make(digests, &waiting, host);
                         if !waiting() {
                             job::warm();
                         }
@@ -294,9 +310,10 @@ type Running = HashMap<Pid, Option<OwnedFd>>;
 /// Tell the spare to make its work ahead, once, when no launch is on its way to an answer (one
 /// winding its cage down does not count): on a small host that work would otherwise take CPU
 /// from a running launch's critical path.
-fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running) {
+fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, host: bool) {
     if let Some(s) = spare.as_mut().filter(|s| !s.told && running.values().all(Option::is_none)) {
-        let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(PREPARE)], &[], MsgFlags::MSG_NOSIGNAL, None);
+        let word = if host { PREPARE_HOST } else { PREPARE };
+        let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(word)], &[], MsgFlags::MSG_NOSIGNAL, None);
         s.told = sent.is_ok();
     }
 }
@@ -365,7 +382,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     let mut out = std::fs::File::from(result_fd);
     let _ = out.write_all(answered.text.as_bytes());
     drop(out);
-    let _ = nix::unistd::write(&launcher, ANSWERED);
+    let _ = nix::unistd::write(&launcher, if answered.host_root { ANSWERED_HOST } else { ANSWERED });
     drop(launcher);
     let _ = io::stdout().flush();
     let _ = io::stderr().flush();
