@@ -206,6 +206,8 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
         b = statistics.median(samples["bwrap"])
         print(f"  ratio daemon-raw/bwrap = {statistics.median(samples['daemon-raw']) / b:.2f}  "
               f"one-shot/bwrap = {statistics.median(samples['one-shot']) / b:.2f}")
+    kept.s.close()
+    os.close(kept.null)
     if a.load > 0:
         load(a, args, sock, dpid)
 
