@@ -4,7 +4,10 @@
 //!   the kernel registering the namespace's loopback device and per-namespace tables), which
 //!   the cage's init then enters instead of unsharing its own;
 //! - its launch cgroup, in every hierarchy (≈ 0.3 ms of mkdirs on cgroup v1), whose ceilings
-//!   are written when the request names them.
+//!   are written when the request names them;
+//! - when asked (the last launch had one), a default root's host part ([`HostBase`]: the
+//!   skeleton, the read-only binds of the host's system directories, the cage's own `/etc`),
+//!   which a launch uses only while every host source is unchanged.
 //!
 //! The launcher also shares, with every launch it forks, the table of digests earlier launches
 //! computed ([`crate::digests`]), so that an unchanged tool is not hashed again.
