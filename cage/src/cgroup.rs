@@ -31,7 +31,7 @@ pub enum Controller {
 }
 
 impl Controller {
-    /// Every controller a launch may need, in the order [`needed`] lists them.
+    /// Every controller a launch may need, in the order `needed` lists them.
     pub const ALL: [Controller; 4] = [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu];
 
     fn named(name: &str) -> Option<Controller> {

@@ -6,7 +6,7 @@
 //! unchanged, is not hashed again.
 //!
 //! "Unchanged" is the rule the single launch already applies between its early hash and the
-//! exec stop (see [`crate::prehash`]): the same device, inode, size, mtime and ctime. Any write
+//! exec stop (see `prehash`): the same device, inode, size, mtime and ctime. Any write
 //! moves ctime, which no caller can set, and since Linux 6.13 a change after a `stat` always
 //! gets a new, finer timestamp. A miss only costs the hash.
 //!

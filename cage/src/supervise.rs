@@ -4,7 +4,7 @@
 //!
 //! Nothing here may block: a target can stop the terminal chio writes to (`tcflow(TCOOFF)`),
 //! and any reader of chio's output can be slow. Every host-side write goes through a
-//! non-blocking file description of our own (see [`Sink`]) and is only attempted when poll says
+//! non-blocking file description of our own (see `Sink`) and is only attempted when poll says
 //! it can take data; while a sink is stuck, its pipe is not read and the target blocks on it —
 //! the deadline still fires, because the loop waits in poll and nowhere else.
 
