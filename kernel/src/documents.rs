@@ -62,7 +62,7 @@ pub struct TargetSpec {
     pub path: String,
     /// SHA-256 of the executable (lowercase hex).
     pub sha256: String,
-    /// Full argv, argv[0] first.
+    /// Full argv, `argv[0]` first.
     pub argv: Vec<String>,
 }
 
