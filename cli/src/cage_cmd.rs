@@ -218,11 +218,20 @@ pub fn parser() -> clap::Command {
     RunArgs::augment_args(clap::Command::new("run")).bin_name("chio cage run")
 }
 
-/// Parse `chio cage run`'s flags (`args` without the program name).
+/// Parse `chio cage run`'s flags (`args` without the program name). The parser is built once per
+/// thread and kept: a daemon's launch process inherits the one its spare built while it waited.
 pub fn parse_args(args: &[OsString]) -> std::result::Result<RunArgs, clap::Error> {
     use clap::FromArgMatches;
-    let matches = parser().try_get_matches_from(std::iter::once(OsString::from("run")).chain(args.iter().cloned()))?;
-    RunArgs::from_arg_matches(&matches)
+    thread_local! {
+        static PARSER: std::cell::RefCell<Option<clap::Command>> = const { std::cell::RefCell::new(None) };
+    }
+    PARSER.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        let cmd = kept.get_or_insert_with(parser);
+        let matches =
+            cmd.try_get_matches_from_mut(std::iter::once(OsString::from("run")).chain(args.iter().cloned()))?;
+        RunArgs::from_arg_matches(&matches)
+    })
 }
 
 /// A launch's exit status, its record (none when it never got to launching) and receipt ids.
@@ -399,4 +408,20 @@ pub fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File
         writeln!(err, "{json}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept parser carries nothing from one parse to the next.
+    #[test]
+    fn a_kept_parser_starts_afresh_each_time() {
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        let first = parse_args(&os(&["--uid", "5", "--interactive", "--", "/bin/true"])).unwrap();
+        assert_eq!((first.uid, first.interactive, first.command.clone()), (Some(5), true, os(&["/bin/true"])));
+        assert!(parse_args(&os(&["--no-such-flag"])).is_err());
+        let second = parse_args(&os(&["--", "/bin/false", "x"])).unwrap();
+        assert_eq!((second.uid, second.interactive, second.command), (None, false, os(&["/bin/false", "x"])));
+    }
 }
