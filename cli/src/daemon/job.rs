@@ -127,9 +127,9 @@ fn go(gate: OwnedFd) -> bool {
     }
 }
 
-/// Run the argument parser once while waiting for a job: its first run in a fresh process
-/// builds the parser's tables and touches memory the fork shares with the launcher, which the
-/// job would otherwise pay for (≈ 0.1 ms).
+/// Run the argument parser once while waiting for a job: that builds the parser, which the
+/// job's own parse then uses (see `cage_cmd::parse_args`), and touches memory the fork shares
+/// with the launcher, which the job would otherwise pay for.
 pub fn warm() {
     let _ = cage_cmd::parse_args(&[OsString::from("--"), OsString::from("/bin/true")]);
 }
