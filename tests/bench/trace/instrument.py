@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Add temporary timing marks to the sources (see timeline.py for the whole recipe). Run from the
+repository's root on a clean tree; `git checkout -- . && rm cage/src/trace.rs` removes them."""
+import re
+TRACE = '''//! TEMPORARY timing marks (tests/bench/trace/instrument.py): never committed.
+use std::io::Write;
+use std::sync::OnceLock;
+static F: OnceLock<Option<std::fs::File>> = OnceLock::new();
+pub fn t(label: &str) {
+    let f = F.get_or_init(|| std::fs::OpenOptions::new().append(true).open("/tmp/chio-trace").ok());
+    if let Some(mut f) = f.as_ref() {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let ns = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
+        let line = format!("{} {} {}\\n", std::process::id(), label, ns);
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+'''
+open('cage/src/trace.rs','w').write(TRACE)
+s=open('cage/src/lib.rs').read(); s=s.replace("pub mod sys;","pub mod sys;\npub mod trace;",1); open('cage/src/lib.rs','w').write(s)
+def before(p, anchor, label, crate="chio_cage"):
+    s=open(p).read()
+    i=s.find(anchor)
+    if i<0: print("MISSING", p, label); return
+    # indentation of the anchor line
+    ls=s.rfind("\n",0,i)+1
+    ind=s[ls:i] if s[ls:i].strip()=="" else re.match(r"\s*", s[ls:]).group(0)
+    s=s[:ls]+f"{ind}{crate}::trace::t(\"{label}\");\n"+s[ls:]
+    open(p,'w').write(s)
+C='crate'
+before('cage/src/launch.rs', "let (mut rec, teardown) = launch_to_end", "K0", C)
+before('cage/src/launch.rs', "let mut rec = new_record(plan);", "K_start", C)
+before('cage/src/supervise.rs', "read_result(&r.result, &mut outcome);\n            result_read = true;", "R_result", C)
+before('cage/src/supervise.rs', "if !result_read {\n                outcome.wall_ms", "R_reaped", C)
+for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","ctx.inject(Stage::Mounts)?;"),("I_attached","ctx.inject(Stage::Pivot)?;"),("I_pivoted","ctx.inject(Stage::Network)?;"),("I_net","if ctx.await_cgroup {"),("I_joined","ctx.inject(Stage::Namespaces)?;\n    let cgroup_ns"),("I_spawn","spawn_target(ctx, &prepared).map_err"),("T_start","let sock = match arrange_fds(ctx)")]:
+    before('cage/src/inside.rs', anc, lab, C)
+before('cli/src/daemon/server.rs', "let req: Request = match serde_json::from_slice(&line)", "S_read")
+before('cli/src/daemon/server.rs', "if let Some(Err(why)) = settle(settling).await", "S_replied")
+before('cli/src/daemon/server.rs', "let submitted = submit(s, &job, fds);", "S_submit")
+before('cli/src/daemon/server.rs', "let bytes = match submitted {", "S_begun")
+before('cli/src/daemon/server.rs', "let summary: Summary =", "S_answer")
+before('cli/src/daemon/launcher.rs', "for _ in 0..2 {\n                    let Some(s) = spare.take()", "L_recv")
+before('cli/src/daemon/launcher.rs', "running.insert(s.pid, Some(s.sock));", "L_handed")
+before('cli/src/daemon/launcher.rs', "let _ = nix::unistd::write(&theirs, TAKEN);", "P_recv")
+before('cli/src/daemon/launcher.rs', "let mut out = std::fs::File::from(result_fd);", "P_answered")
+before('cli/src/daemon/launcher.rs', "let _ = nix::unistd::write(&launcher, if answered.host_root", "P_written")
+before('cli/src/daemon/job.rs', "if !go(gate) {", "P_parsed")
+before('cli/src/daemon/job.rs', "Some(match admitted {", "P_go")
+before('cli/src/cage_cmd.rs', "let (mut rec, left) = chio_cage::launch_to_end", "C_planned")
+before('cli/src/cage_cmd.rs', "let left = match teardown {", "C_launched")
+before('cli/src/cage_cmd.rs', "let status = if unrecorded", "C_reported")

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Where a launch through the daemon spends its time, across processes (not part of the test run).
+
+  git stash -u   # (or commit first: instrument.py edits the sources, `git checkout -- .` undoes it)
+  python3 tests/bench/trace/instrument.py && packaging/build-release
+  sudo python3 tests/bench/trace/timeline.py [RUNS]          # a rootfs with a static /true
+  sudo HOSTROOT=1 python3 tests/bench/trace/timeline.py      # the agents' shape: host root, bash
+  git checkout -- . && rm cage/src/trace.rs
+
+instrument.py adds `chio_cage::trace::t("LABEL")` calls that append `pid LABEL monotonic_ns` to
+/tmp/chio-trace when that file exists (this script creates it before the daemon starts and
+removes it after). The marks of the launch record (`timings_us`, relative to K_start) are merged
+in. Prints the median of each step of the chain below, over RUNS requests (default 100).
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))
+import daemon as db  # noqa: E402
+import launch as lb  # noqa: E402
+
+CHIO = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/chio")
+TRACE = "/tmp/chio-trace"
+CHAIN = ["client_start", "S_read", "S_submit", "L_recv", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
+         "C_planned", "K_start", "m_resolve", "I_start", "m_cgroup", "I_unshared", "I_built", "I_attached",
+         "I_pivoted", "I_net", "I_joined", "I_spawn", "T_start", "m_cage_ready", "m_exec_stop", "m_exec_observed",
+         "R_result", "m_target_ended", "C_launched", "C_reported", "P_answered", "S_answer", "S_replied",
+         "client_end"]
+
+
+def main():
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    with tempfile.TemporaryDirectory(prefix="chio-trace-") as tmp:
+        args = ["--rootfs", lb.build_rootfs(tmp), "--", "/true"]
+        if os.environ.get("HOSTROOT"):
+            os.makedirs(tmp + "/ws")
+            args = ["--workspace", tmp + "/ws", "--cwd", "/workspace", "--uid", "0", "--gid", "0", "--memory", "512M",
+                    "--pids", "64", "--cpus", "1", "--net", "none", "--", "/bin/bash", "-c", "true"]
+        conf = os.path.join(tmp, "c.json")
+        with open(conf, "w") as f:
+            json.dump({"schema": "chio.supervisor-config.v1"}, f)
+        open(TRACE, "w").close()
+        d, sock = db.start_daemon(CHIO, tmp, "new", conf)
+        runs = []
+        try:
+            for i in range(10):
+                db.request(sock, args, f"warm-{i}-{time.time_ns()}")
+            for i in range(n):
+                t0 = time.monotonic_ns()
+                _, ans = db.request(sock, args, f"trace-{i}-{time.time_ns()}")
+                runs.append((t0, time.monotonic_ns(), ans["record"]["timings_us"]))
+                time.sleep(0.003)
+        finally:
+            d.terminate()
+            d.wait()
+            with open(TRACE) as f:
+                events = [(l.split()[1], int(l.split()[2])) for l in f if len(l.split()) == 3]
+            os.unlink(TRACE)
+    steps = {}
+    for t0, t1, marks in runs:
+        seen = {"client_start": t0, "client_end": t1}
+        for label, ns in events:
+            if t0 <= ns <= t1:
+                seen.setdefault(label, ns)
+        if "K_start" in seen:
+            for k, us in marks.items():
+                seen["m_" + k] = seen["K_start"] + us * 1000
+        for a, b in zip(CHAIN, CHAIN[1:]):
+            if a in seen and b in seen:
+                steps.setdefault((a, b), []).append((seen[b] - seen[a]) / 1000)
+    for a, b in zip(CHAIN, CHAIN[1:]):
+        if (a, b) in steps:
+            print(f"{statistics.median(steps[(a, b)]):8.0f} us  {a} -> {b}")
+    print(f"round trip median {statistics.median([(t1 - t0) / 1000 for t0, t1, _ in runs]):.0f} us")
+
+
+if __name__ == "__main__":
+    main()
