@@ -10,7 +10,8 @@
 instrument.py adds `chio_cage::trace::t("LABEL")` calls that append `pid LABEL monotonic_ns` to
 /tmp/chio-trace when that file exists (this script creates it before the daemon starts and
 removes it after). The marks of the launch record (`timings_us`, relative to K_start) are merged
-in. Prints the median of each step of the chain below, over RUNS requests (default 100).
+in. Prints the median of each step of the chain below, over RUNS requests (default 100); a
+negative step means its two marks overlap (the journal entry lands while the job is parsed).
 """
 import json
 import os
