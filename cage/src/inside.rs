@@ -197,15 +197,15 @@ fn enter_netns(fd: RawFd, enter: bool) -> io::Result<()> {
 /// the argument area with its own name. (`PR_SET_MM_ARG_START` would move it instead, but needs
 /// CAP_SYS_RESOURCE, which hardened hosts withhold even from root.)
 fn hide_argv() -> io::Result<()> {
-    let start: usize = sys::stat_field("self", 48)?;
-    let end: usize = sys::stat_field("self", 49)?;
+    let (start, end) = sys::arg_area()?;
     let name = b"chio-init";
     if end <= start + name.len() {
         return Err(io::Error::other(format!("argument area {start:#x}..{end:#x} is too small")));
     }
-    // SAFETY: [start, end) is this process's own argument area (the kernel reports it), on the
-    // writable stack of a private copy-on-write address space; nothing reads it afterwards but
-    // procfs. The name is followed by zeros up to `end`.
+    // SAFETY: [start, end) is this process's own argument area (the kernel reports it, to this
+    // process or to the supervisor it is a fork of: see `sys::arg_area`), on the writable stack
+    // of a private copy-on-write address space; nothing reads it afterwards but procfs. The
+    // name is followed by zeros up to `end`.
     unsafe {
         std::ptr::copy_nonoverlapping(name.as_ptr(), start as *mut u8, name.len());
         std::ptr::write_bytes((start + name.len()) as *mut u8, 0, end - start - name.len());

@@ -464,6 +464,8 @@ fn launch_cage(
         netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
         host_base: host_base.as_ref(),
     };
+    // Read here, once per process, so that the init (a copy of this process) need not.
+    let _ = sys::arg_area();
     let cloned = match &v2_dir {
         // (A test hook leaves the init outside the launch cgroup.)
         Some(_) if plan.hook(&crate::plan::TestHook::Cgroup) => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),

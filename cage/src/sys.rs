@@ -327,6 +327,24 @@ pub fn stat_field<T: std::str::FromStr>(pid: &str, n: usize) -> io::Result<T> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("malformed /proc/{pid}/stat")))
 }
 
+/// This process's argument area: `arg_start` and `arg_end` (fields 48 and 49 of
+/// `/proc/self/stat`), read once per process image. A fork has the same one (fork copies the
+/// address space with these bounds; only an exec or `PR_SET_MM_ARG_*` changes them), so a value
+/// read before the cage's init is cloned is the init's own.
+pub fn arg_area() -> io::Result<(usize, usize)> {
+    static AREA: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    if let Some(a) = AREA.get() {
+        return Ok(*a);
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let mut fields = rest.split_whitespace().skip(48 - 3).map(str::parse::<usize>);
+    match (fields.next(), fields.next()) {
+        (Some(Ok(start)), Some(Ok(end))) => Ok(*AREA.get_or_init(|| (start, end))),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat")),
+    }
+}
+
 /// Number of threads of the calling process (field 20 of `/proc/self/stat`).
 pub fn thread_count() -> io::Result<u64> {
     stat_field("self", 20)

@@ -111,8 +111,9 @@ fn serve(sock: OwnedFd) -> ! {
         // SAFETY: leaving without running the daemon's destructors (nix has no _exit).
         unsafe { libc::_exit(1) }
     };
-    // Compiled once here, inherited by every launch process.
+    // Compiled (and read) once here, inherited by every launch process.
     let _ = chio_cage::seccomp::compiled();
+    let _ = chio_cage::sys::arg_area();
     // The digests every launch shares, and the next launch's child (see `fork_spare`). Without
     // them (they could not be made) a launch hashes its target and makes its own namespace and
     // cgroup, as the one-shot form does.
