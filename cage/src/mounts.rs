@@ -157,7 +157,7 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
 /// form always does.
 pub struct HostBase {
     prepared: Prepared,
-    sources: Vec<Option<[i64; 5]>>,
+    sources: Vec<Option<crate::digests::Identity>>,
 }
 
 impl HostBase {
@@ -181,19 +181,13 @@ impl std::fmt::Debug for HostBase {
     }
 }
 
-/// The identity of every host entry a default root is made from (None: absent), in order.
-fn host_sources() -> Vec<Option<[i64; 5]>> {
+/// The identity (a hashed file's: see `prehash::identity`) of every host entry a default root is
+/// made from (None: absent), in order.
+fn host_sources() -> Vec<Option<crate::digests::Identity>> {
     let id = |dir: Option<&OwnedFd>, name: &str| {
         let c = cstring(name).ok()?;
         let st = sys::fstatat(dir?.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok()?;
-        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
-        Some([
-            st.st_dev as i64,
-            st.st_ino as i64,
-            st.st_size,
-            ns(st.st_mtime, st.st_mtime_nsec),
-            ns(st.st_ctime, st.st_ctime_nsec),
-        ])
+        Some(crate::prehash::identity(&st))
     };
     let root = path::open_host(Path::new("/"), libc::O_DIRECTORY).ok();
     let etc = path::open_host(Path::new("/etc"), libc::O_DIRECTORY).ok();

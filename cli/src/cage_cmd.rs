@@ -243,7 +243,7 @@ pub struct Launched {
     /// The ids of the receipts written for it.
     pub receipts: Vec<String>,
     /// What is left to do after the command's end, when the caller asked to do it (see
-    /// [`Teardown`]).
+    /// [`TeardownAt`]).
     pub teardown: Option<chio_cage::Teardown>,
     /// Whether the cage had the default root (the host's system directories).
     pub host_root: bool,
@@ -252,7 +252,7 @@ pub struct Launched {
 /// When a launch's teardown — the cage init's exit, which ends its namespaces, and the launch
 /// cgroup's removal — happens.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Teardown {
+pub enum TeardownAt {
     /// Before the record is reported, which then says whether the cgroup was removed: the
     /// one-shot form.
     First,
@@ -266,12 +266,12 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     if let Some(socket) = &a.supervisor {
         return crate::daemon::client::cage_run(socket, a);
     }
-    Ok(launch(a, chio_cage::Ahead::default(), Teardown::First)?.status)
+    Ok(launch(a, chio_cage::Ahead::default(), TeardownAt::First)?.status)
 }
 
 /// Launch the command in this process (the one-shot form, and the daemon's launch child, which
 /// brings what its launcher made `ahead` of the request and tears the cage down `Later`).
-pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: Teardown) -> Result<Launched> {
+pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: TeardownAt) -> Result<Launched> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
@@ -314,11 +314,11 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: Teardown) -> Resul
     sinks.on_enforced = Some(&mut record_enforcement);
     let (mut rec, left) = chio_cage::launch_to_end(&plan, &mut sinks);
     let left = match teardown {
-        Teardown::First => {
+        TeardownAt::First => {
             left.finish_into(&mut rec);
             None
         }
-        Teardown::Later => Some(left),
+        TeardownAt::Later => Some(left),
     };
     if sinks.stderr_mid_line {
         // chio's own lines (and the --json record) always start a line of their own.

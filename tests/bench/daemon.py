@@ -37,6 +37,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch as lb  # noqa: E402  (build_chio, ensure_bwrap, build_rootfs, timed)
 
 
+def read_answer(s):
+    """One answer line (b"" when the daemon closed the connection first)."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
 def request(sock_path, args, rid):
     """One launch on a fresh connection; returns (ms, answer)."""
     line = json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
@@ -46,12 +57,7 @@ def request(sock_path, args, rid):
     try:
         s.connect(sock_path)
         socket.send_fds(s, [line], [null, null])
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
+        buf = read_answer(s)
     finally:
         s.close()
         os.close(null)
@@ -71,12 +77,9 @@ class Kept:
         line = json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
         t = time.perf_counter()
         socket.send_fds(self.s, [line], [self.null, self.null])
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise SystemExit("the daemon closed the kept connection")
-            buf += chunk
+        buf = read_answer(self.s)
+        if not buf:
+            raise SystemExit("the daemon closed the kept connection")
         return (time.perf_counter() - t) * 1000.0, json.loads(buf)
 
 

@@ -275,7 +275,7 @@ fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
 
 /// Launch; the answer carries cage run's exit status, the record and the receipt ids.
 fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
-    match cage_cmd::launch(a, ahead, cage_cmd::Teardown::Later) {
+    match cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later) {
         Ok(l) => Answered {
             text: json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}).to_string(),
             teardown: l.teardown,
