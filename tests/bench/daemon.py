@@ -14,7 +14,9 @@ the foreground on a private socket and state directory, and times, interleaved i
   - one-shot:   chio cage run --rootfs R -- /true
   - bwrap:      bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc
                 --dev /dev --tmpfs /tmp /true
-It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
+Each round takes the forms in a new order, each after --settle seconds idle (default 5 ms: a
+daemon's teardown and its spare's work ahead happen after the answer and must not be charged to
+whichever form is timed next; an agent's commands are seconds apart). It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
 With --compare, a second daemon from OLD_CHIO (an earlier build) serves daemon-raw-old, timed
 interleaved with the rest, for a before/after ratio from one run.
 The load test then runs N clients (default 2 x cores) launching back to back for SECONDS and
@@ -24,6 +26,7 @@ reports launches, failures, the daemon's RSS and descriptors before and after, a
 import argparse
 import json
 import os
+import random
 import re
 import socket
 import statistics
@@ -114,6 +117,7 @@ def main():
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--load", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=2 * os.cpu_count())
+    ap.add_argument("--settle", type=float, default=0.005, help="seconds idle before each timed launch")
     ap.add_argument("--compare", help="an earlier chio build to time through its own daemon")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -185,16 +189,30 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     kept.request(args, f"kept-{os.getpid()}-0")
     samples = {k: [] for k in ["daemon-raw", "daemon-kept"] + (["daemon-raw-old"] if old_sock else []) + list(cmds)}
     observed = []
-    for _ in range(a.runs):
+
+    def daemon_raw():
         ms, obs = raw()
-        samples["daemon-raw"].append(ms)
         observed.append(obs)
+        return ms
+
+    def daemon_kept():
         n[0] += 1
-        samples["daemon-kept"].append(kept.request(args, f"kept-{os.getpid()}-{n[0]}")[0])
-        if old_sock:
-            samples["daemon-raw-old"].append(raw(old_sock)[0])
-        for k, cmd in cmds.items():
-            samples[k].append(lb.timed(cmd))
+        return kept.request(args, f"kept-{os.getpid()}-{n[0]}")[0]
+
+    runs = {"daemon-raw": daemon_raw, "daemon-kept": daemon_kept}
+    if old_sock:
+        runs["daemon-raw-old"] = lambda: raw(old_sock)[0]
+    for k, cmd in cmds.items():
+        runs[k] = lambda cmd=cmd: lb.timed(cmd)
+    order = list(runs)
+    for _ in range(a.runs):
+        # A daemon answers before it tears the cage down and then its spare gets the next launch
+        # ready: whatever is timed right after it would pay for that work. Each round takes the
+        # forms in a new order and lets the machine settle before each.
+        random.shuffle(order)
+        for k in order:
+            time.sleep(a.settle)
+            samples[k].append(runs[k]())
     print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p95 ms):")
     for k, v in samples.items():
         print(f"  {k:11s} {statistics.median(v):7.2f}  {pct(v, 0.95):7.2f}")
