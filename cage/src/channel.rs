@@ -24,9 +24,21 @@ pub const GO: u8 = b'G';
 pub const ABORT: u8 = b'X';
 const MAX_MSG: usize = 64 * 1024;
 
-/// Messages on the status channel (all cage → supervisor but `Join`).
+/// Messages on the status channel (all cage → supervisor but `Join`, `Plan` and `Ceilings`).
 #[derive(Debug, Serialize, Deserialize)]
 pub enum CageMsg {
+    /// Supervisor → an init cloned ahead of its request (see [`crate::ahead`]): the launch.
+    Plan {
+        /// The plan.
+        plan: Box<crate::plan::CagePlan>,
+        /// Landlock ABI to build for (the host's, or less under a test cap).
+        landlock_abi: u32,
+        /// Whether the supervisor feeds the target's stdin (else the init drops that pipe).
+        feed_stdin: bool,
+    },
+    /// Supervisor → an init cloned ahead, which is in the launch cgroup already: its ceilings
+    /// are written, the target may exist.
+    Ceilings,
     /// Supervisor → init, cgroup v1 only: the fds carry the launch cgroup's `tasks` files, one
     /// per hierarchy, created while the init was building its namespaces.
     Join,
@@ -77,6 +89,10 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Send a message with optional fds and our credentials.
 pub fn send(sock: RawFd, msg: &CageMsg, fds: &[RawFd]) -> io::Result<()> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if body.len() > MAX_MSG {
+        // The receiver would read it cut short.
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a {} byte message", body.len())));
+    }
     let cred = UnixCredentials::new();
     let mut cmsgs = vec![ControlMessage::ScmCredentials(&cred)];
     if !fds.is_empty() {

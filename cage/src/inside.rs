@@ -107,24 +107,29 @@ fn exit_now(code: i32) -> ! {
 
 /// The cage's init: the child of clone(CLONE_NEWPID), PID 1 of the new pid namespace.
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
-    // Die with the supervisor. It may already be dead (killed between clone and here), and then
-    // no signal will ever come: with the supervisor's ends closed in this process, its end of
-    // the channel is closed everywhere once it has exited — look for that after arming.
-    let armed = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
-    for fd in ctx.supervisor_ends.into_iter().filter(|fd| *fd >= 0) {
-        // SAFETY: closing fds this process inherited and does not use (raw numbers: the
-        // context carries the supervisor's descriptor numbers, which no OwnedFd here owns).
-        unsafe { libc::close(fd) };
-    }
-    if !armed || peer_gone(ctx.sock) {
-        exit_now(1);
-    }
+    init_start(ctx.sock, ctx.supervisor_ends);
     match init_setup(ctx) {
         Ok(target) => reap(ctx, target),
         Err(f) => {
             ctx.report(&f);
             exit_now(1)
         }
+    }
+}
+
+/// The init's first steps, before it takes anything from the supervisor.
+fn init_start(sock: RawFd, supervisor_ends: [RawFd; 5]) {
+    // Die with the supervisor. It may already be dead (killed between clone and here), and then
+    // no signal will ever come: with the supervisor's ends closed in this process, its end of
+    // the channel is closed everywhere once it has exited — look for that after arming.
+    let armed = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    for fd in supervisor_ends.into_iter().filter(|fd| *fd >= 0) {
+        // SAFETY: closing fds this process inherited and does not use (raw numbers: the
+        // context carries the supervisor's descriptor numbers, which no OwnedFd here owns).
+        unsafe { libc::close(fd) };
+    }
+    if !armed || peer_gone(sock) {
+        exit_now(1);
     }
 }
 
@@ -139,24 +144,8 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
             flags &= !flag;
         }
     }
-    if ctx.netns >= 0 {
-        let wanted = flags & libc::CLONE_NEWNET != 0;
-        enter_netns(ctx.netns, wanted).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
-        flags &= !libc::CLONE_NEWNET;
-    }
-    unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
-    let prepared = Prepared::build(plan, ctx.host_base).map_err(|e| {
-        let code = match e.kind() {
-            io::ErrorKind::NotFound => "path_not_found",
-            io::ErrorKind::InvalidInput => "path_refused",
-            _ => "resolve_failed",
-        };
-        fail(Stage::Resolve, code, e)
-    })?;
-    ctx.inject(Stage::Mounts)?;
-    prepared.attach(&plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
-    ctx.inject(Stage::Pivot)?;
-    prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
+    enter_namespaces(flags, ctx.netns)?;
+    let prepared = build_root(ctx)?;
     ctx.inject(Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
     if flags & libc::CLONE_NEWUTS != 0 {
@@ -169,15 +158,155 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
         join_cgroup(ctx.sock, !plan.hook(&TestHook::Cgroup))?;
     }
     ctx.inject(Stage::Namespaces)?;
-    let cgroup_ns = !plan.hook(&TestHook::Namespace("cgroup"));
     // We are in the launch cgroup, which becomes the namespace root.
-    if cgroup_ns {
+    if !plan.hook(&TestHook::Namespace("cgroup")) {
         unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
     }
     // The init leads a new session so the target has no controlling tty.
     let _ = nix::unistd::setsid();
     block_forwarded_signals();
     spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+}
+
+/// Unshare the namespaces in `flags`, entering the network namespace made ahead (`netns`, or
+/// -1) instead of unsharing one.
+fn enter_namespaces(mut flags: libc::c_int, netns: RawFd) -> Result<(), Fail> {
+    if netns >= 0 {
+        let wanted = flags & libc::CLONE_NEWNET != 0;
+        enter_netns(netns, wanted).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+        flags &= !libc::CLONE_NEWNET;
+    }
+    unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))
+}
+
+/// The plan's root, attached and pivoted into.
+fn build_root(ctx: &Ctx<'_>) -> Result<Prepared, Fail> {
+    let prepared = Prepared::build(ctx.plan, ctx.host_base).map_err(|e| {
+        let code = match e.kind() {
+            io::ErrorKind::NotFound => "path_not_found",
+            io::ErrorKind::InvalidInput => "path_refused",
+            _ => "resolve_failed",
+        };
+        fail(Stage::Resolve, code, e)
+    })?;
+    ctx.inject(Stage::Mounts)?;
+    prepared.attach(&ctx.plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
+    ctx.inject(Stage::Pivot)?;
+    prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
+    Ok(prepared)
+}
+
+/// What an init cloned ahead of its request has before the plan comes (a [`Ctx`] less the
+/// plan and the landlock ABI; its stdin pipe always exists and is dropped if not fed).
+pub struct AheadCtx<'a> {
+    /// Compiled seccomp filters.
+    pub filters: &'a Filters,
+    /// Cage end of the status channel.
+    pub sock: RawFd,
+    /// cgroup v1: join the launch cgroup from the `tasks` files the supervisor sends at once.
+    pub await_cgroup: bool,
+    /// Write ends of the stdout, stderr and result pipes; read end of the stdin pipe.
+    pub pipes: [RawFd; 4],
+    /// The supervisor's ends, closed by the init first.
+    pub supervisor_ends: [RawFd; 5],
+    /// A network namespace made ahead, or -1.
+    pub netns: RawFd,
+    /// The default root's host part made ahead.
+    pub host_base: Option<&'a crate::mounts::HostBase>,
+}
+
+/// An init cloned ahead of its request (see [`crate::ahead`]): it makes its namespaces and
+/// joins the launch cgroup, then waits for the plan. Whatever the request, it makes exactly
+/// what [`init_main`] would; a plan that would have it make less (a test hook) is not sent to
+/// it. It ends, silently, if the supervisor closes the channel instead.
+pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
+    init_start(a.sock, a.supervisor_ends);
+    let got = ahead_setup(a).and_then(|()| await_plan(a.sock));
+    let (plan, landlock_abi, feed_stdin) = match got {
+        Ok(Some(p)) => p,
+        Ok(None) => exit_now(0),
+        Err(f) => {
+            let _ =
+                channel::send(a.sock, &CageMsg::Failed { stage: f.stage, code: f.code.into(), detail: f.detail }, &[]);
+            exit_now(1)
+        }
+    };
+    let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;
+    if !feed_stdin {
+        // SAFETY: the read end of our own stdin pipe, which no OwnedFd here owns.
+        unsafe { libc::close(stdin_r) };
+    }
+    let ctx = Ctx {
+        plan: &plan,
+        filters: a.filters,
+        landlock_abi,
+        sock: a.sock,
+        await_cgroup: false,
+        stdout_w,
+        stderr_w,
+        result_w,
+        stdin_r: if feed_stdin { stdin_r } else { -1 },
+        supervisor_ends: [-1; 5],
+        netns: -1,
+        host_base: a.host_base,
+    };
+    match planned_setup(&ctx) {
+        Ok(target) => reap(&ctx, target),
+        Err(f) => {
+            ctx.report(&f);
+            exit_now(1)
+        }
+    }
+}
+
+/// An init ahead, before its plan: every namespace, the host name, the launch cgroup.
+fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Fail> {
+    hide_argv().map_err(|e| fail(Stage::Namespaces, "argv_hide_failed", e))?;
+    enter_namespaces(UNSHARED, a.netns)?;
+    nix::unistd::sethostname("chio").map_err(|e| fail(Stage::Network, "hostname_failed", e))?;
+    if a.await_cgroup {
+        join_cgroup(a.sock, true)?;
+    }
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+    let _ = nix::unistd::setsid();
+    Ok(())
+}
+
+/// Wait for the plan (`None`: the supervisor closed the channel, or sent something else).
+/// Every host path in a plan is absolute (`path::open_host` refuses others), so the working
+/// directory the init was cloned with does not matter.
+fn await_plan(sock: RawFd) -> Result<Option<(CagePlan, u32, bool)>, Fail> {
+    // SAFETY: the fd stays open for the whole call (the init's status channel).
+    match channel::recv(unsafe { BorrowedFd::borrow_raw(sock) }) {
+        Ok(channel::Received { msg: Some(CageMsg::Plan { plan, landlock_abi, feed_stdin }), .. }) => {
+            Ok(Some((*plan, landlock_abi, feed_stdin)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// An init ahead, once it has its plan: the root, the network, the ceilings, the target.
+fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
+    let prepared = build_root(ctx)?;
+    ctx.inject(Stage::Network)?;
+    if ctx.plan.net == NetMode::Loopback {
+        loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
+    }
+    await_ceilings(ctx.sock)?;
+    ctx.inject(Stage::Namespaces)?;
+    block_forwarded_signals();
+    spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+}
+
+/// An init ahead is in the launch cgroup already; the target may exist only once the request's
+/// ceilings are written there.
+fn await_ceilings(sock: RawFd) -> Result<(), Fail> {
+    // SAFETY: the fd stays open for the whole call (the init's status channel).
+    match channel::recv(unsafe { BorrowedFd::borrow_raw(sock) }) {
+        Ok(channel::Received { msg: Some(CageMsg::Ceilings), .. }) => Ok(()),
+        // No ceilings means no launch: the supervisor has given up (and will kill us).
+        _ => exit_now(1),
+    }
 }
 
 /// Enter the network namespace made ahead for this launch (unless a test hook withholds it)

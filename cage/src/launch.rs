@@ -95,7 +95,7 @@ pub fn launch(plan: &CagePlan, sinks: &mut Sinks<'_>) -> LaunchRecord {
 /// the returned [`Teardown`]'s: a daemon answers its client first and finishes it afterwards.
 pub fn launch_to_end(plan: &CagePlan, sinks: &mut Sinks<'_>) -> (LaunchRecord, Teardown) {
     let mut rec = new_record(plan);
-    let mut held = Held { ahead: sinks.ahead.cgroup.take(), ..Held::default() };
+    let mut held = Held { ahead: sinks.ahead.cgroup.take(), ahead_init: sinks.ahead.init.take(), ..Held::default() };
     if let Err(s) = run(plan, sinks, &mut rec, &mut held) {
         rec.state = s.state;
         rec.failure = Some(Failure { code: s.code, stage: s.stage, detail: s.detail });
@@ -293,6 +293,8 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mu
 struct Held {
     /// A launch cgroup made ahead of the request, until it is taken (or removed unused).
     ahead: Option<LaunchCgroup>,
+    /// An init cloned ahead into that cgroup, until it takes the plan (or is killed unused).
+    ahead_init: Option<crate::ahead::AheadInit>,
     cgroup: Option<LaunchCgroup>,
     janitor: Option<janitor::Janitor>,
     /// The cgroup's usage, read as soon as the target's end was reported.
@@ -303,6 +305,8 @@ struct Held {
 
 impl Held {
     fn tear_down(self) -> Result<(), String> {
+        // (Killed and reaped first: it is in the cgroup made ahead.)
+        drop(self.ahead_init);
         if let Some(unused) = &self.ahead {
             let _ = unused.remove();
         }
@@ -373,7 +377,7 @@ fn make_cgroup<'h>(
 }
 
 /// Pipes and the status channel of one launch: (supervisor end, cage end) of each.
-struct Wiring {
+pub(crate) struct Wiring {
     sup_sock: OwnedFd,
     cage_sock: OwnedFd,
     stdout: (OwnedFd, OwnedFd),
@@ -383,31 +387,49 @@ struct Wiring {
     stdin: Option<(OwnedFd, OwnedFd)>,
 }
 
+/// The supervisor's ends of a launch's wiring, once the init has its copies of the cage's.
+#[derive(Debug)]
+pub(crate) struct SupEnds {
+    /// The status channel.
+    pub(crate) sock: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    result: OwnedFd,
+    /// The write end of the target's stdin, when the supervisor feeds it.
+    pub(crate) stdin: Option<OwnedFd>,
+}
+
 impl Wiring {
-    fn new(feed_stdin: bool) -> Result<Wiring, Stop> {
-        let io_err = |e: io::Error| stop(Stage::Namespaces, "setup_failed", e);
-        let (sup_sock, cage_sock) = channel::pair().map_err(io_err)?;
+    pub(crate) fn new(feed_stdin: bool) -> io::Result<Wiring> {
+        let (sup_sock, cage_sock) = channel::pair()?;
         let stdin = match feed_stdin {
             true => {
-                let (r, w) = pipe().map_err(io_err)?;
-                set_nonblocking(&w).map_err(io_err)?;
+                let (r, w) = pipe()?;
+                set_nonblocking(&w)?;
                 Some((w, r))
             }
             false => None,
         };
-        Ok(Wiring {
-            sup_sock,
-            cage_sock,
-            stdout: pipe().map_err(io_err)?,
-            stderr: pipe().map_err(io_err)?,
-            result: pipe().map_err(io_err)?,
-            stdin,
-        })
+        Ok(Wiring { sup_sock, cage_sock, stdout: pipe()?, stderr: pipe()?, result: pipe()?, stdin })
+    }
+
+    /// The cage's ends as an init uses them: stdout, stderr and result write ends, stdin's
+    /// read end (or -1), and the status channel.
+    pub(crate) fn cage_ends(&self) -> ([RawFd; 4], RawFd) {
+        let stdin = self.stdin.as_ref().map_or(-1, |s| s.1.as_raw_fd());
+        let pipes = [self.stdout.1.as_raw_fd(), self.stderr.1.as_raw_fd(), self.result.1.as_raw_fd(), stdin];
+        (pipes, self.cage_sock.as_raw_fd())
+    }
+
+    /// Keep the supervisor's ends only (the init, cloned, has its own copies of the cage's).
+    pub(crate) fn into_supervisor_ends(self) -> SupEnds {
+        let Wiring { sup_sock, stdout, stderr, result, stdin, .. } = self;
+        SupEnds { sock: sup_sock, stdout: stdout.0, stderr: stderr.0, result: result.0, stdin: stdin.map(|(w, _)| w) }
     }
 
     /// The supervisor's ends, which the cloned init must close at once: holding the peer's end
     /// of its own channel would hide the supervisor's death from it.
-    fn supervisor_ends(&self) -> [RawFd; 5] {
+    pub(crate) fn supervisor_ends(&self) -> [RawFd; 5] {
         [
             self.sup_sock.as_raw_fd(),
             self.stdout.0.as_raw_fd(),
@@ -427,9 +449,11 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
-/// Clone the init and take the launch from there to the target's end. On cgroup v2 the init
-/// is cloned straight into the launch cgroup, which must exist first; on v1 the supervisor
-/// creates it while the init builds its namespaces (they run on two CPUs) and sends it over.
+/// Clone the init (or hand the plan to one cloned ahead) and take the launch from there to the
+/// target's end. On cgroup v2 the init is cloned straight into the launch cgroup, which must
+/// exist first; on v1 the supervisor creates it while the init builds its namespaces (they run
+/// on two CPUs) and sends it over. An init cloned ahead is in the cgroup already and is told
+/// once its ceilings are written.
 fn launch_cage(
     plan: &CagePlan,
     sinks: &mut Sinks<'_>,
@@ -439,53 +463,24 @@ fn launch_cage(
     held: &mut Held,
 ) -> Result<(), Stop> {
     let hierarchy = Hierarchy::detect(plan.cgroup_v2_root.as_deref());
-    let v2_dir = match hierarchy {
-        Hierarchy::V2(_) => {
-            let cg = make_cgroup(plan, rec, &hierarchy, held)?;
-            Some(cg.v2_dir().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?)
-        }
-        Hierarchy::V1 => None,
-    };
-    let w = Wiring::new(sinks.stdin.is_some())?;
+    // One that does not fit this plan is killed here (before its cgroup is made over).
+    let pre = held.ahead_init.take().filter(|_| ahead_init_fits(plan, &hierarchy, held));
     inject(plan, Stage::Namespaces)?;
-    // Taken, so that the supervisor's copy closes as soon as the init has its own.
-    let (netns, known, host_base) = (sinks.ahead.netns.take(), sinks.ahead.digests, sinks.ahead.host.take());
-    let ctx = Ctx {
-        plan,
-        filters,
-        landlock_abi: abi,
-        sock: w.cage_sock.as_raw_fd(),
-        await_cgroup: v2_dir.is_none(),
-        stdout_w: w.stdout.1.as_raw_fd(),
-        stderr_w: w.stderr.1.as_raw_fd(),
-        result_w: w.result.1.as_raw_fd(),
-        stdin_r: w.stdin.as_ref().map_or(-1, |s| s.1.as_raw_fd()),
-        supervisor_ends: w.supervisor_ends(),
-        netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
-        host_base: host_base.as_ref(),
+    let feed = sinks.stdin.is_some();
+    let known = sinks.ahead.digests;
+    let started = pre.map(|p| p.start(plan, abi, feed));
+    let (init, ends, aside, ahead) = match started {
+        Some(Ok((pid, ends))) => (pid, ends, None, true),
+        // Gone, or the plan would not fit in one message: the launch clones its own.
+        _ => {
+            let (pid, ends) = clone_init(plan, sinks, rec, (filters, abi), held, &hierarchy)?;
+            // Give the init this CPU while we make the cgroup and the janitor on another.
+            (pid, ends, sys::step_aside(pid), false)
+        }
     };
-    // Read here, once per process, so that the init (a copy of this process) need not.
-    let _ = sys::arg_area();
-    let cloned = match &v2_dir {
-        // (A test hook leaves the init outside the launch cgroup.)
-        Some(_) if plan.hook(&crate::plan::TestHook::Cgroup) => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
-        Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir.as_fd()),
-        None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
-    };
-    let init = match cloned {
-        Ok(0) => inside::init_main(&ctx),
-        Ok(pid) => pid,
-        Err(e) => return Err(stop(Stage::Namespaces, "namespace_failed", e)),
-    };
-    // The init has its own copies: the supervisor keeps no handle on the cage's mounts.
-    drop((netns, host_base));
     // From here the init exists: every error path must kill it before returning.
-    // Give the init this CPU while we make the cgroup and the janitor on another.
-    let aside = sys::step_aside(init);
-    let Wiring { sup_sock, cage_sock, stdout, stderr, result, stdin } = w;
-    let stdin_w = stdin.map(|(w, _)| w);
-    drop((cage_sock, stdout.1, stderr.1, result.1));
-    let fresh = FreshInit { pid: init, sock: &sup_sock, aside };
+    let SupEnds { sock, stdout, stderr, result, stdin } = ends;
+    let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
     let started = start_cage(plan, rec, &hierarchy, held, fresh, known, sinks.on_enforced.take());
     let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
     let cg = held.cgroup.as_ref();
@@ -493,10 +488,10 @@ fn launch_cage(
     let ended = supervise::run(supervise::Run {
         init,
         pidfd: pidfd.as_fd(),
-        stdout: stdout.0,
-        stderr: stderr.0,
-        stdin: stdin_w,
-        result: result.0,
+        stdout,
+        stderr,
+        stdin,
+        result,
         deadline: exec_at + std::time::Duration::from_millis(plan.limits.wall_ms),
         output_limit: plan.limits.output_bytes,
         started: exec_at,
@@ -510,12 +505,71 @@ fn launch_cage(
     Ok(())
 }
 
+/// Whether an init cloned ahead can take this plan: it made every namespace and is in the
+/// cgroup made ahead, so the plan must not withhold one (a test hook) and must fit that cgroup.
+fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
+    let withholds = matches!(plan.test_hook, Some(crate::plan::TestHook::Namespace(_) | crate::plan::TestHook::Cgroup));
+    !withholds && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
+}
+
+/// Clone the init now. Returns its pid and the supervisor's ends of its wiring.
+fn clone_init(
+    plan: &CagePlan,
+    sinks: &mut Sinks<'_>,
+    rec: &mut LaunchRecord,
+    (filters, abi): (&Filters, u32),
+    held: &mut Held,
+    hierarchy: &Hierarchy,
+) -> Result<(libc::pid_t, SupEnds), Stop> {
+    let v2_dir = match hierarchy {
+        Hierarchy::V2(_) => {
+            let cg = make_cgroup(plan, rec, hierarchy, held)?;
+            Some(cg.v2_dir().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?)
+        }
+        Hierarchy::V1 => None,
+    };
+    let w = Wiring::new(sinks.stdin.is_some()).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
+    // Taken, so that the supervisor's copy closes as soon as the init has its own.
+    let (netns, host_base) = (sinks.ahead.netns.take(), sinks.ahead.host.take());
+    let ([stdout_w, stderr_w, result_w, stdin_r], sock) = w.cage_ends();
+    let ctx = Ctx {
+        plan,
+        filters,
+        landlock_abi: abi,
+        sock,
+        await_cgroup: v2_dir.is_none(),
+        stdout_w,
+        stderr_w,
+        result_w,
+        stdin_r,
+        supervisor_ends: w.supervisor_ends(),
+        netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        host_base: host_base.as_ref(),
+    };
+    // Read here, once per process, so that the init (a copy of this process) need not.
+    let _ = sys::arg_area();
+    let cloned = match &v2_dir {
+        // (A test hook leaves the init outside the launch cgroup.)
+        Some(_) if plan.hook(&crate::plan::TestHook::Cgroup) => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
+        Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir.as_fd()),
+        None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
+    };
+    match cloned {
+        Ok(0) => inside::init_main(&ctx),
+        // The init has its own copies: the supervisor keeps no handle on the cage's mounts.
+        Ok(pid) => Ok((pid, w.into_supervisor_ends())),
+        Err(e) => Err(stop(Stage::Namespaces, "namespace_failed", e)),
+    }
+}
+
 /// The init just cloned: its pid, the supervisor's end of its channel, and the affinity to
 /// restore after stepping aside for it.
 struct FreshInit<'a> {
     pid: libc::pid_t,
     sock: &'a OwnedFd,
     aside: Option<nix::sched::CpuSet>,
+    /// Cloned ahead: in the launch cgroup already, waiting to hear that its ceilings are set.
+    ahead: bool,
 }
 
 /// Puts the supervisor back on every CPU when dropped (normally as soon as the cgroup exists).
@@ -540,15 +594,22 @@ fn start_cage(
     known: Option<Digests>,
     hook: Option<OnEnforced<'_>>,
 ) -> Result<(Instant, OwnedFd), Stop> {
-    let FreshInit { pid: init, sock, aside } = init;
+    let FreshInit { pid: init, sock, aside, ahead } = init;
     // Back on every CPU once the cgroup exists (before anything forks from us), or on error.
     let restore = Restore(aside);
+    let to_cage = |msg: &CageMsg, fds: &[RawFd]| {
+        channel::send(sock.as_raw_fd(), msg, fds)
+            .map_err(|e| cage_report(sock).unwrap_or_else(|| stop(Stage::Cgroup, "cgroup_failed", e)))
+    };
     if held.cgroup.is_none() {
         let cg = make_cgroup(plan, rec, hierarchy, held)?;
-        let fds = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
-        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        channel::send(sock.as_raw_fd(), &CageMsg::Join, &raw)
-            .map_err(|e| cage_report(sock).unwrap_or_else(|| stop(Stage::Cgroup, "cgroup_failed", e)))?;
+        if !ahead {
+            let fds = cg.self_join_fds().map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
+            to_cage(&CageMsg::Join, &fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>())?;
+        }
+    }
+    if ahead {
+        to_cage(&CageMsg::Ceilings, &[])?;
     }
     let Some(cg) = held.cgroup.as_ref() else {
         return Err(stop(Stage::Cgroup, "cgroup_failed", "no launch cgroup"));
@@ -585,7 +646,7 @@ fn verify_and_exec(
         }
         Some(CageMsg::Failed { stage, code, detail }) => return Err(stop(stage, &code, detail)),
         None => return Err(stop(Stage::Namespaces, "cage_died", "the cage exited during setup without a report")),
-        Some(CageMsg::Join) => {
+        Some(CageMsg::Join | CageMsg::Plan { .. } | CageMsg::Ceilings) => {
             return Err(stop(Stage::Namespaces, "channel_failed", "the cage sent a supervisor message"))
         }
     };

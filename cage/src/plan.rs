@@ -238,6 +238,26 @@ pub enum TestHook {
 }
 
 impl TestHook {
+    /// The `CHIO_TEST_HOOK` value that [`TestHook::parse`] reads back as this hook.
+    pub fn text(&self) -> String {
+        match self {
+            TestHook::Exe(p) => format!("exe={}", p.display()),
+            TestHook::NoNewPrivs => "no_new_privs".into(),
+            TestHook::Seccomp => "seccomp".into(),
+            TestHook::Bounding => "bounding".into(),
+            TestHook::Caps => "caps".into(),
+            TestHook::Uid => "uid".into(),
+            TestHook::Gid => "gid".into(),
+            TestHook::Groups => "groups".into(),
+            TestHook::Namespace(ns) => format!("ns={ns}"),
+            TestHook::Cgroup => "cgroup".into(),
+            TestHook::Fd => "fd".into(),
+            TestHook::Cwd => "cwd".into(),
+            TestHook::Channel => "channel".into(),
+            TestHook::MountFlags => "mount_flags".into(),
+        }
+    }
+
     /// Parse `CHIO_TEST_HOOK`'s value (`exe=/path`, `no_new_privs`, `ns=net`, ...).
     pub fn parse(s: &str) -> Result<TestHook, String> {
         if !cfg!(feature = "test-hooks") {
@@ -268,8 +288,24 @@ impl TestHook {
     }
 }
 
-/// One launch, fully resolved.
-#[derive(Debug, Clone)]
+/// `CHIO_TEST_HOOK`'s text form of a test hook, which is how a plan carries one.
+mod hook_text {
+    use super::TestHook;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(hook: &Option<TestHook>, s: S) -> Result<S::Ok, S::Error> {
+        hook.as_ref().map(TestHook::text).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TestHook>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| TestHook::parse(&t).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+/// One launch, fully resolved. It crosses a process boundary once: a daemon's spare clones the
+/// cage's init before the request, and sends it the plan when the request comes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CagePlan {
     /// Enforcement mode.
     pub mode: Mode,
@@ -311,6 +347,7 @@ pub struct CagePlan {
     /// Test-only: pretend the host's landlock ABI is at most this.
     pub landlock_abi_cap: Option<u32>,
     /// Test-only: make one exec-stop fact false (builds with the `test-hooks` feature only).
+    #[serde(with = "hook_text")]
     pub test_hook: Option<TestHook>,
     /// Where parts of the plan came from (an image's entrypoint, cmd, user, ...), copied into
     /// the launch record as they are.
@@ -352,5 +389,35 @@ impl CagePlan {
     /// True when this build acts on test hooks and the plan names `hook`.
     pub fn hook(&self, hook: &TestHook) -> bool {
         cfg!(feature = "test-hooks") && self.test_hook.as_ref() == Some(hook)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plan crosses to an init cloned ahead as JSON: it must arrive whole, hook included.
+    #[test]
+    fn a_plan_arrives_as_it_was_sent() {
+        let mut plan = CagePlan::new(vec!["/bin/sh".into(), "-c".into(), "true".into()]);
+        plan.root = RootSpec::Directory("/images/a".into());
+        plan.binds.push(Bind { source: "/src".into(), dest: "/dst".into(), writable: true });
+        plan.limits.memory_bytes = Some(1 << 20);
+        plan.inject_failure = Some(Stage::Pivot);
+        plan.annotations.insert("entrypoint".into(), "x".into());
+        let mut hooks = vec![None];
+        if cfg!(feature = "test-hooks") {
+            for t in ["exe=/x", "no_new_privs", "seccomp", "bounding", "caps", "uid", "gid", "groups", "ns=net"] {
+                hooks.push(Some(TestHook::parse(t).unwrap()));
+            }
+            for t in ["ns=ipc", "ns=uts", "ns=cgroup", "cgroup", "fd", "cwd", "channel", "mount_flags"] {
+                hooks.push(Some(TestHook::parse(t).unwrap()));
+            }
+        }
+        for hook in hooks {
+            plan.test_hook = hook;
+            let back: CagePlan = serde_json::from_slice(&serde_json::to_vec(&plan).unwrap()).unwrap();
+            assert_eq!(format!("{back:?}"), format!("{plan:?}"));
+        }
     }
 }

@@ -130,6 +130,23 @@ impl Daemon {
         }
     }
 
+    /// The init the spare cloned ahead of its job, waited for (5 s at most).
+    fn init_ahead(&self) -> u32 {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let spare = self.spare_prepared();
+            let list = std::fs::read_to_string(format!("/proc/{spare}/task/{spare}/children")).unwrap_or_default();
+            let comm = |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if let Some(p) =
+                list.split_whitespace().filter_map(|p| p.parse().ok()).find(|p| comm(p).trim() == "chio-init")
+            {
+                return p;
+            }
+            assert!(Instant::now() < until, "the spare cloned no init ahead");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Wait (10 s at most) until a launch's shell tagged `tag` runs in its cage.
     fn wait_for_shell(&self, tag: &str) {
         let until = Instant::now() + Duration::from_secs(10);
@@ -993,4 +1010,44 @@ fn a_default_root_made_ahead_is_never_stale() {
         assert!(hosts().ends_with(&format!("{marker}\n")), "the launch saw a copy made before the change");
     }
     assert!(!std::fs::read_to_string("/etc/hosts").unwrap().contains(&marker));
+}
+
+/// The spare clones the next launch's init ahead (into its namespaces and launch cgroup), and
+/// the launch takes it: the target runs in the pid, mount, ipc and uts namespaces that init
+/// made before the request (which the init was cloned without: a relative --workspace is the
+/// client's). Each launch takes a different one.
+#[test]
+fn a_launch_takes_the_init_its_spare_cloned_ahead() {
+    if !privileged("daemon_init_ahead") {
+        return;
+    }
+    let dir = Scratch::new("daemon-init-ahead");
+    std::fs::create_dir(dir.join("ws")).unwrap();
+    std::fs::write(dir.join("ws/marker"), "relative\n").unwrap();
+    let d = Daemon::start(&dir, config(json!({})));
+    const NS: [&str; 4] = ["pid", "mnt", "ipc", "uts"];
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let init = d.init_ahead();
+        // Held open, so that no later namespace can take their numbers if that init is not used.
+        let _held: Vec<std::fs::File> =
+            NS.iter().map(|n| std::fs::File::open(format!("/proc/{init}/ns/{n}")).unwrap()).collect();
+        let made: Vec<String> = NS
+            .iter()
+            .map(|n| std::fs::read_link(format!("/proc/{init}/ns/{n}")).unwrap().display().to_string())
+            .collect();
+        let script = NS.map(|n| format!("readlink /proc/self/ns/{n};")).concat() + " cat /workspace/marker";
+        let out = Command::new(chio())
+            .args(["cage", "run", "--supervisor", s(&d.socket), "--workspace", "ws", "--", "/bin/sh", "-c", &script])
+            .current_dir(&dir.0)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let lines: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+        assert_eq!(lines[..4], made[..], "the target runs in the namespaces the init made ahead");
+        assert_eq!(lines[4], "relative", "--workspace ws resolved in the client's directory");
+        seen.push(made);
+    }
+    assert_ne!(seen[0], seen[1], "each launch has an init of its own");
 }
