@@ -29,8 +29,8 @@ import launch as lb  # noqa: E402
 CHIO = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/chio")
 TRACE = "/tmp/chio-trace"
 CHAIN = ["client_start", "S_read", "S_submit", "L_recv", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
-         "C_planned", "K_start", "m_resolve", "I_start", "m_cgroup", "I_unshared", "I_built", "I_attached",
-         "I_pivoted", "I_net", "I_joined", "I_spawn", "T_start", "m_cage_ready", "m_exec_stop", "m_exec_observed",
+         "C_planned", "K_start", "m_resolve", "I_start", "A_plan", "m_cgroup", "I_unshared", "I_built",
+         "I_attached", "I_pivoted", "A_built", "I_net", "I_joined", "A_ceilings", "I_spawn", "A_spawn", "T_start", "m_cage_ready", "m_exec_stop", "m_exec_observed",
          "R_result", "m_target_ended", "C_launched", "C_reported", "P_answered", "S_answer", "S_replied",
          "client_end"]
 
