@@ -33,10 +33,10 @@ before('cage/src/launch.rs', "let (mut rec, teardown) = launch_to_end", "K0", C)
 before('cage/src/launch.rs', "let mut rec = new_record(plan);", "K_start", C)
 before('cage/src/supervise.rs', "read_result(&r.result, &mut outcome);\n            result_read = true;", "R_result", C)
 before('cage/src/supervise.rs', "if !result_read {\n                outcome.wall_ms", "R_reaped", C)
-for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","ctx.inject(Stage::Mounts)?;"),("I_attached","ctx.inject(Stage::Pivot)?;"),("I_pivoted","ctx.inject(Stage::Network)?;"),("I_net","if ctx.await_cgroup {"),("I_joined","ctx.inject(Stage::Namespaces)?;\n    let cgroup_ns"),("I_spawn","spawn_target(ctx, &prepared).map_err"),("T_start","let sock = match arrange_fds(ctx)")]:
+for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","ctx.inject(Stage::Mounts)?;"),("I_attached","ctx.inject(Stage::Pivot)?;"),("I_pivoted","ctx.inject(Stage::Network)?;"),("I_net","if ctx.await_cgroup {"),("I_joined","ctx.inject(Stage::Namespaces)?;\n    // We are in the launch cgroup"),("I_spawn","spawn_target(ctx, &prepared).map_err"),("T_start","let sock = match arrange_fds(ctx)")]:
     before('cage/src/inside.rs', anc, lab, C)
 # An init cloned ahead (the daemon's spare): its plan-dependent steps come last in inside.rs.
-for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;"),("A_built","ctx.inject(Stage::Network)?;"),("A_ceilings","ctx.inject(Stage::Namespaces)?;\n    block_forwarded_signals"),("A_spawn","spawn_target(ctx, &prepared).map_err")]:
+for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;"),("A_built","ctx.inject(Stage::Network)?;"),("A_ceilings","    ctx.inject(Stage::Namespaces)?;\n    block_forwarded_signals"),("A_spawn","spawn_target(ctx, &prepared).map_err")]:
     before('cage/src/inside.rs', anc, lab, C, last=True)
 before('cli/src/daemon/server.rs', "let req: Request = match serde_json::from_slice(&line)", "S_read")
 before('cli/src/daemon/server.rs', "if let Some(Err(why)) = settle(settling).await", "S_replied")

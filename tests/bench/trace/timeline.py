@@ -56,7 +56,7 @@ def main():
                 t0 = time.monotonic_ns()
                 _, ans = db.request(sock, args, f"trace-{i}-{time.time_ns()}")
                 runs.append((t0, time.monotonic_ns(), ans["record"]["timings_us"]))
-                time.sleep(0.003)
+                time.sleep(0.01)
         finally:
             d.terminate()
             d.wait()
@@ -77,7 +77,7 @@ def main():
                 steps.setdefault((a, b), []).append((seen[b] - seen[a]) / 1000)
     for a, b in zip(CHAIN, CHAIN[1:]):
         if (a, b) in steps:
-            print(f"{statistics.median(steps[(a, b)]):8.0f} us  {a} -> {b}")
+            print(f"{statistics.median(steps[(a, b)]):8.0f} us  {a} -> {b}  ({len(steps[(a, b)])})")
     print(f"round trip median {statistics.median([(t1 - t0) / 1000 for t0, t1, _ in runs]):.0f} us")
 
 
