@@ -12,6 +12,8 @@ instrument.py adds `chio_cage::trace::t("LABEL")` calls that append `pid LABEL m
 removes it after). The marks of the launch record (`timings_us`, relative to K_start) are merged
 in. Prints the median of each step of the chain below, over RUNS requests (default 100); a
 negative step means its two marks overlap (the journal entry lands while the job is parsed).
+Each step goes from one mark to the next mark of the chain that the run has (an init cloned
+ahead has no I_ marks, a launch that cloned its own has no A_ marks).
 """
 import json
 import os
@@ -72,11 +74,11 @@ def main():
         if "K_start" in seen:
             for k, us in marks.items():
                 seen["m_" + k] = seen["K_start"] + us * 1000
-        for a, b in zip(CHAIN, CHAIN[1:]):
-            if a in seen and b in seen:
-                steps.setdefault((a, b), []).append((seen[b] - seen[a]) / 1000)
-    for a, b in zip(CHAIN, CHAIN[1:]):
-        if (a, b) in steps:
+        present = [c for c in CHAIN if c in seen]
+        for a, b in zip(present, present[1:]):
+            steps.setdefault((a, b), []).append((seen[b] - seen[a]) / 1000)
+    for a, b in sorted(steps, key=lambda ab: (CHAIN.index(ab[0]), CHAIN.index(ab[1]))):
+        if len(steps[(a, b)]) * 10 >= n:  # a pair seen in fewer than 1 run in 10 is noise
             print(f"{statistics.median(steps[(a, b)]):8.0f} us  {a} -> {b}  ({len(steps[(a, b)])})")
     print(f"round trip median {statistics.median([(t1 - t0) / 1000 for t0, t1, _ in runs]):.0f} us")
 
