@@ -100,12 +100,24 @@ def cgroups_left():
     return sorted(set(left))
 
 
-def is_spare(pid):
+def comm(pid):
     try:
         with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() == "chio-spare"
+            return f.read().strip()
     except OSError:
-        return False
+        return ""
+
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return "0"
+
+
+def is_spare(pid):
+    return comm(pid) == "chio-spare"
 
 
 def pct(v, p):
@@ -264,8 +276,8 @@ def load(a, args, sock, dpid):
         t.join()
     time.sleep(1.0)
     rss1, fds1 = status(dpid)
-    left = [p for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/comm")
-            and open(f"/proc/{p}/comm").read().strip() in ("chio-launch", "chio-init", "true")]
+    left = [p for p in os.listdir("/proc") if p.isdigit() and comm(p) in ("chio-launch", "chio-init", "true")
+            and not is_spare(parent(p))]  # the spare's init, cloned ahead of the next request
     print(f"load: {a.clients} clients for {a.load:.0f} s: {counts[0]} launches "
           f"({counts[0] / a.load:.1f}/s), {len(failures)} failed")
     print(f"  daemon RSS {rss0} -> {rss1} KiB (max during {max(rss_mid or [rss1])}), fds {fds0} -> {fds1}, "
