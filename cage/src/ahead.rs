@@ -9,12 +9,14 @@
 //!   skeleton, the read-only binds of the host's system directories, the cage's own `/etc`),
 //!   which a launch uses only while every host source is unchanged;
 //! - last, the cage's init itself ([`AheadInit`]), cloned into the launch cgroup with the
-//!   namespace and the host part above: it makes its other namespaces (mount, ipc, uts,
-//!   cgroup; the pid namespace comes with the clone), sets its host name, then waits on its
-//!   status channel for the plan. When the request comes the launch sends it the plan instead
-//!   of cloning (≈ 0.15 ms of clone and ≈ 0.1 ms of namespaces and cgroup joining taken off
-//!   the request's path); the init builds the plan's root, the target is started only once the
-//!   request's ceilings are written, and from there the launch is the same. A plan that would
+//!   namespace and the host part above: it makes its ipc, uts and cgroup namespaces (the pid
+//!   namespace comes with the clone), sets its host name, then waits on its status channel
+//!   for the plan. When the request comes the launch sends it the plan instead of cloning
+//!   (≈ 0.15 ms of clone and ≈ 0.1 ms of namespaces and cgroup joining taken off the
+//!   request's path); the init makes its mount namespace then — a copy of the host's mounts
+//!   as they are at the request, not as they were when the spare got ready — builds the plan's
+//!   root, starts the target only once the request's ceilings are written, and from there the
+//!   launch is the same. A plan that would
 //!   withhold a namespace or the cgroup (test hooks), or that the cgroup does not fit, gets an
 //!   init of its own and this one is killed.
 //!

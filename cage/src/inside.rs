@@ -215,8 +215,9 @@ pub struct AheadCtx<'a> {
     pub host_base: Option<&'a crate::mounts::HostBase>,
 }
 
-/// An init cloned ahead of its request (see [`crate::ahead`]): it makes its namespaces and
-/// joins the launch cgroup, then waits for the plan. Whatever the request, it makes exactly
+/// An init cloned ahead of its request (see [`crate::ahead`]): it makes its namespaces (its
+/// mount namespace only once the plan is there) and joins the launch cgroup, then waits for
+/// the plan. Whatever the request, it makes exactly
 /// what [`init_main`] would; a plan that would have it make less (a test hook) is not sent to
 /// it. It ends, silently, if the supervisor closes the channel instead.
 pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
@@ -259,10 +260,13 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
     }
 }
 
-/// An init ahead, before its plan: every namespace, the host name, the launch cgroup.
+/// An init ahead, before its plan: every namespace but the mount namespace, the host name, the
+/// launch cgroup. (A mount namespace is a copy of the host's mount table when it is made; where
+/// the host's mounts do not propagate, one made before the request would miss a mount made
+/// since — and see what it covers, a directory the host has hidden under another mount.)
 fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Fail> {
     hide_argv().map_err(|e| fail(Stage::Namespaces, "argv_hide_failed", e))?;
-    enter_namespaces(UNSHARED, a.netns)?;
+    enter_namespaces(UNSHARED & !libc::CLONE_NEWNS, a.netns)?;
     nix::unistd::sethostname("chio").map_err(|e| fail(Stage::Network, "hostname_failed", e))?;
     if a.await_cgroup {
         join_cgroup(a.sock, true)?;
@@ -285,8 +289,10 @@ fn await_plan(sock: RawFd) -> Result<Option<(CagePlan, u32, bool)>, Fail> {
     }
 }
 
-/// An init ahead, once it has its plan: the root, the network, the ceilings, the target.
+/// An init ahead, once it has its plan: its mount namespace (the host's mounts as they are
+/// now), the root, the network, the ceilings, the target.
 fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
     let prepared = build_root(ctx)?;
     ctx.inject(Stage::Network)?;
     if ctx.plan.net == NetMode::Loopback {

@@ -16,6 +16,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
 use crate::path::{self, cstring};
 use crate::plan::{CagePlan, RootSpec, TestHook};
 use crate::record::SourceFact;
@@ -153,25 +155,42 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
 /// daemon's spare (see [`crate::ahead`]): the skeleton and `/dev` tmpfs, the read-only binds of
 /// the host's `/usr`, `/lib`…, and the cage's own `/etc` with its copies of the host's files.
 /// One launch uses it, and only while every host source it was made from is unchanged (same
-/// device, inode, size, mtime and ctime): otherwise that launch builds its own, as the one-shot
-/// form always does.
+/// device, inode, size, mtime and ctime) and nothing was mounted or unmounted on the host since
+/// (a bind copies the mounts below its source as they were: one made over `/usr/local` later,
+/// or one gone since, would otherwise not be what the cage sees): otherwise that launch builds
+/// its own, as the one-shot form always does.
 pub struct HostBase {
     prepared: Prepared,
     sources: Vec<Option<crate::digests::Identity>>,
+    /// The host's mount table, opened before the binds were made: see [`mounts_changed`].
+    mounts: std::fs::File,
 }
 
 impl HostBase {
     /// Make it now, from the host's `/`.
     pub fn make() -> io::Result<HostBase> {
+        let mounts = std::fs::File::open("/proc/self/mountinfo")?;
         let sources = host_sources();
         let mut prepared = Prepared::empty(false, 0)?;
         prepared.add_host_system(&[])?;
-        Ok(HostBase { prepared, sources })
+        Ok(HostBase { prepared, sources, mounts })
     }
 
-    /// Whether the host's sources are still what it was made from.
+    /// Whether the host's sources and mounts are still what it was made from.
     fn fresh(&self) -> bool {
-        host_sources() == self.sources
+        !mounts_changed(&self.mounts) && host_sources() == self.sources
+    }
+}
+
+/// Whether anything was mounted, unmounted or changed in the mount namespace of `mountinfo`
+/// since it was opened. The kernel keeps an event count per mount namespace; a poll of its
+/// mountinfo reports POLLPRI when the count has moved since the file was opened (or last
+/// polled). The file was opened in the host's namespace, so this holds in the init's own.
+fn mounts_changed(mountinfo: &std::fs::File) -> bool {
+    let mut p = [PollFd::new(mountinfo.as_fd(), PollFlags::POLLPRI)];
+    match poll(&mut p, PollTimeout::ZERO) {
+        Ok(_) => p[0].revents().is_none_or(|r| r.intersects(PollFlags::POLLPRI | PollFlags::POLLERR)),
+        Err(_) => true,
     }
 }
 

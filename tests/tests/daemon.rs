@@ -1051,3 +1051,67 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
     }
     assert_ne!(seen[0], seen[1], "each launch has an init of its own");
 }
+
+/// A tmpfs mounted on the host for the length of a test (lazily unmounted when dropped).
+struct TestMount(PathBuf);
+
+impl TestMount {
+    fn new(at: &Path, file: &str) -> TestMount {
+        let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: plain mount(2) with NUL-terminated strings.
+        let r = unsafe {
+            libc::mount(c"chio-test".as_ptr(), c.as_ptr(), c"tmpfs".as_ptr(), 0, c"size=64k".as_ptr().cast())
+        };
+        assert_eq!(r, 0, "mount tmpfs on {}: {}", at.display(), std::io::Error::last_os_error());
+        let m = TestMount(at.to_path_buf());
+        std::fs::write(at.join(file), "").unwrap();
+        m
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.0.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: umount2(2) of the mount this guard made.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// What the daemon made ahead never hides a host mount change made since: a tmpfs mounted over
+/// the workspace and one over `/usr/local` after the spare got ready (its init cloned, the
+/// default root's host part made) are what the launch sees — not the directories they cover —
+/// and once they are unmounted again after the next spare got ready, the launch sees the
+/// directories, not the gone mounts.
+#[test]
+fn a_host_mount_changed_after_the_spare_got_ready_is_what_the_launch_sees() {
+    if !privileged("daemon_mounts_ahead") {
+        return;
+    }
+    let dir = Scratch::new("daemon-mounts-ahead");
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("under"), "").unwrap();
+    let usr_local = Path::new("/usr/local");
+    assert!(usr_local.is_dir(), "the host has no /usr/local to mount over");
+    let marker = format!("chio-test-{}", std::process::id());
+    let d = Daemon::start(&dir, config(json!({})));
+    let script = format!("ls /workspace; ls /usr/local | grep -x {marker} || echo no-marker");
+    let seen = || {
+        let out = d.run(None, &["--workspace", s(&ws), "--", "/bin/sh", "-c", &script], None);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // A default-root launch first, so that the spare also makes that root's host part.
+    assert_eq!(seen(), "under\nno-marker\n");
+    let ready = |d: &Daemon| {
+        d.init_ahead();
+        // The spare makes the root before it clones the init; give the clone a moment too.
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    ready(&d);
+    let mounts = (TestMount::new(&ws, "over"), TestMount::new(usr_local, &marker));
+    assert_eq!(seen(), format!("over\n{marker}\n"), "the launch saw what the new mounts cover");
+    ready(&d);
+    drop(mounts);
+    assert_eq!(seen(), "under\nno-marker\n", "the launch saw mounts the host had removed");
+}
