@@ -189,7 +189,7 @@ impl HostBase {
 fn mounts_changed(mountinfo: &std::fs::File) -> bool {
     let mut p = [PollFd::new(mountinfo.as_fd(), PollFlags::POLLPRI)];
     match poll(&mut p, PollTimeout::ZERO) {
-        Ok(_) => p[0].revents().is_none_or(|r| r.intersects(PollFlags::POLLPRI | PollFlags::POLLERR)),
+        Ok(_) => !p[0].revents().is_some_and(|r| !r.intersects(PollFlags::POLLPRI | PollFlags::POLLERR)),
         Err(_) => true,
     }
 }
