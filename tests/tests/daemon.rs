@@ -841,8 +841,10 @@ fn one_client_holds_at_most_its_share() {
 }
 
 /// The daemon's launcher makes each launch's network namespace before the request (see
-/// chio_cage::ahead): every cage still gets one of its own — not the host's, not another
-/// running cage's — holding nothing but its loopback device, and no socket.
+/// chio_cage::ahead): every cage still gets one of its own — not the host's, not an earlier
+/// launch's — holding nothing but its loopback device, and no socket. Each namespace compared
+/// is held open by the test while the later ones are made (as if their cages still ran), so
+/// that no number is compared with one the kernel has since given to a new namespace.
 #[test]
 fn every_launch_gets_a_fresh_network_namespace_of_its_own() {
     if !privileged("daemon_netns") {
@@ -850,41 +852,41 @@ fn every_launch_gets_a_fresh_network_namespace_of_its_own() {
     }
     let dir = Scratch::new("daemon-netns");
     let d = Daemon::start(&dir, config(json!({})));
+    let mut held = vec![std::fs::File::open("/proc/self/ns/net").unwrap()];
+    let mut seen = vec![std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string()];
+    let mut fresh = |ns: String| {
+        assert!(ns.starts_with("net:[") && !seen.contains(&ns), "{ns} was seen before: {seen:?}");
+        seen.push(ns);
+    };
+    // Four launches one after another, each on a spare that made its namespace ahead.
+    for i in 0..4 {
+        d.init_ahead();
+        let (child, ns) = netns_launch(&d, &mut held, &format!("netns-tag-{}-{i}", std::process::id()));
+        fresh(ns.clone());
+        only_loopback(child, &ns);
+    }
+}
+
+/// A launch through the daemon that shows its network namespace and its contents, then sleeps
+/// a moment; returns it and its namespace, which `held` keeps open from the host side.
+fn netns_launch(d: &Daemon, held: &mut Vec<std::fs::File>, tag: &str) -> (Child, String) {
     let show = "readlink /proc/self/ns/net; cat /proc/net/dev /proc/net/tcp /proc/net/tcp6 /proc/net/unix | wc -l; \
                 grep -c '^ *lo:' /proc/net/dev";
-    let tag = format!("netns-tag-{}", std::process::id());
-    let mut long = Command::new(chio());
-    long.args([
-        "cage",
-        "run",
-        "--supervisor",
-        s(&d.socket),
-        "--",
-        "/bin/sh",
-        "-c",
-        &format!("{show}; sleep 30; : {tag}"),
-    ]);
-    let long = long.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    d.wait_for_shell(&tag);
-    let mut seen = vec![std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string()];
-    for _ in 0..3 {
-        let out = d.run(None, &["--", "/bin/sh", "-c", show], None);
-        let o = text(&out.stdout);
-        let lines: Vec<&str> = o.lines().collect();
-        // /proc/net/dev: two header lines and lo; tcp, tcp6 and unix: their header line only.
-        assert_eq!(lines[1..], ["6", "1"], "{o}");
-        assert!(!seen.contains(&lines[0].to_string()), "{} was seen before: {seen:?}", lines[0]);
-        seen.push(lines[0].to_string());
-    }
-    let long_ns = d.run(None, &["--", "/bin/true"], None);
-    assert_eq!(long_ns.status.code(), Some(0));
-    for p in processes_tagged(&tag) {
-        // SAFETY: killing the test's own caged shell.
-        unsafe { libc::kill(p as i32, libc::SIGKILL) };
-    }
-    let out = long.wait_with_output().unwrap();
-    let first = text(&out.stdout).lines().next().unwrap_or_default().to_string();
-    assert!(first.starts_with("net:[") && !seen.contains(&first), "{first} vs {seen:?}");
+    let script = format!("{show}; sleep 0.5; : {tag}");
+    let mut c = Command::new(chio());
+    c.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &script]);
+    let child = c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    d.wait_for_shell(tag);
+    let sh = processes_tagged(tag).into_iter().find(|p| is_sh(*p)).unwrap();
+    held.push(std::fs::File::open(format!("/proc/{sh}/ns/net")).unwrap());
+    (child, std::fs::read_link(format!("/proc/{sh}/ns/net")).unwrap().display().to_string())
+}
+
+/// The launch saw `ns` holding only its loopback device and no socket.
+fn only_loopback(child: Child, ns: &str) {
+    let o = text(&child.wait_with_output().unwrap().stdout);
+    // /proc/net/dev: two header lines and lo; tcp, tcp6 and unix: their header line only.
+    assert_eq!(o.lines().collect::<Vec<_>>(), [ns, "6", "1"], "{o}");
 }
 
 /// Launches share the digests earlier ones computed, but only for the very file unchanged: a
