@@ -149,8 +149,14 @@ pub fn parse_args(args: &[std::ffi::OsString]) -> std::result::Result<Repository
     RepositoryCommand::from_arg_matches(&matches)
 }
 
+/// Run a `chio repository` command as the one-shot form does.
 pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
-    match dispatch(cmd) {
+    run_with(cmd, chio_cage::Ahead::default())
+}
+
+/// [`run`], with what a daemon's spare made `ahead` for an `execute`'s cage.
+pub fn run_with(cmd: &RepositoryCommand, ahead: chio_cage::Ahead) -> Result<i32> {
+    match dispatch(cmd, ahead) {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("chio: {e}");
@@ -172,7 +178,7 @@ pub(crate) fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
     say!("{s}")
 }
 
-fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
+fn dispatch(cmd: &RepositoryCommand, ahead: chio_cage::Ahead) -> Result<i32, RepoError> {
     match cmd {
         RepositoryCommand::Init {
             state,
@@ -221,7 +227,7 @@ fn dispatch(cmd: &RepositoryCommand) -> Result<i32, RepoError> {
             let ws = workspace::open(state)?;
             let req =
                 ExecRequest { operation_key: operation_key.clone(), command: command.join(" "), deadline_s: *deadline };
-            let r = execute::execute(&ws, &req)?;
+            let r = execute::execute_with(&ws, &req, ahead)?;
             if *json {
                 print_json(&r)?;
             } else {

@@ -716,6 +716,13 @@ fn the_repository_leg_through_the_daemon() {
     assert!(std::fs::read_to_string(dir.join("bundle/changes.patch")).unwrap().contains("+    return a + b"));
     // A usage error is clap's, as the one-shot form gives it.
     assert_eq!(leg(&["execute", "--state", "ws"], None).status.code(), Some(2));
+    // An execute's cage is the one its spare made ahead (its init, in the pid namespace that
+    // init made before the request; held open so that its number cannot be another's).
+    let init = d.init_ahead();
+    let _held = std::fs::File::open(format!("/proc/{init}/ns/pid")).unwrap();
+    let made = std::fs::read_link(format!("/proc/{init}/ns/pid")).unwrap().display().to_string();
+    let out = leg(&["execute", "--state", "ws", "--operation-key", "k-ns", "--", "readlink /proc/self/ns/pid"], None);
+    assert_eq!(text(&out.stdout).trim(), made, "{}", text(&out.stderr));
     // The launch role may not drive the leg.
     let out = leg(&["status", "--state", "ws"], Some(65533));
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));

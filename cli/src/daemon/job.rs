@@ -87,7 +87,7 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Op
     }
     let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
     if job.request.op == "repository" {
-        return go(gate).then(|| repository(&job, &args).into());
+        return go(gate).then(|| repository(&job, &args, ahead).into());
     }
     let parsed = cage_cmd::parse_args(&args);
     let admitted = match parsed {
@@ -135,7 +135,8 @@ pub fn warm() {
 }
 
 /// `chio repository …` as the client asked, as far as its role allows (see [`super::grants`]).
-fn repository(job: &Job, args: &[OsString]) -> String {
+/// An `execute` takes what the spare made `ahead` for its cage.
+fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> String {
     let status = match crate::repository_cmd::parse_args(args) {
         Ok(mut cmd) => {
             if let Err(why) = super::grants::check(job, &mut cmd) {
@@ -145,7 +146,7 @@ fn repository(job: &Job, args: &[OsString]) -> String {
                 RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
                     exported_as_client(job, state, out)
                 }
-                _ => crate::repository_cmd::run(&cmd).unwrap_or_else(|e| {
+                _ => crate::repository_cmd::run_with(&cmd, ahead).unwrap_or_else(|e| {
                     eprintln!("chio: {e:#}");
                     1
                 }),

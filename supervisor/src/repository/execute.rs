@@ -106,6 +106,12 @@ fn request_digest(r: &ExecRequest) -> Result<String, RepoError> {
 
 /// Run one command in the workspace (see the module docs).
 pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoError> {
+    execute_with(ws, req, chio_cage::Ahead::default())
+}
+
+/// [`execute`], with what a daemon's spare made `ahead` for the command's cage (see
+/// `chio_cage::ahead`; what does not fit the launch is dropped and made by it).
+pub fn execute_with(ws: &Workspace, req: &ExecRequest, ahead: chio_cage::Ahead) -> Result<ExecResult, RepoError> {
     if req.operation_key.is_empty() || req.operation_key.len() > 256 || req.operation_key.chars().any(char::is_control)
     {
         return Err(RepoError::Usage("the operation key must be 1–256 printable characters".into()));
@@ -162,7 +168,7 @@ pub fn execute(ws: &Workspace, req: &ExecRequest) -> Result<ExecResult, RepoErro
     }
     super::crash_point("dispatched");
     lap("journal");
-    let (rec, launch_receipt, terminal, mut output) = run_cage(ws, req, &mut store, &key)?;
+    let (rec, launch_receipt, terminal, mut output) = run_cage(ws, req, &mut store, &key, ahead)?;
     lap("launch");
     // Bytes past the cage's own per-stream cap were counted there, not written.
     output.total += rec.outcome.as_ref().map_or(0, |o| o.stdout_dropped + o.stderr_dropped);
@@ -259,6 +265,7 @@ fn run_cage(
     req: &ExecRequest,
     store: &mut Store,
     key: &chio_kernel::keys::SigningKey,
+    ahead: chio_cage::Ahead,
 ) -> Result<(LaunchRecord, Appended, Option<Draft>, Captured), RepoError> {
     let argv: Vec<OsString> =
         ["/bin/bash", "--noprofile", "--norc", "-c", req.command.as_str()].iter().map(OsString::from).collect();
@@ -278,6 +285,7 @@ fn run_cage(
     planned.plan.annotations.insert("repository.workspace".into(), ws.config_digest.clone());
     let out = File::from(memfd_create(c"chio-output", MFdFlags::MFD_CLOEXEC).map_err(failed)?);
     let mut sinks = Sinks::new(out.as_fd(), out.as_fd());
+    sinks.ahead = ahead;
     let mut enforced: Option<Appended> = None;
     let mut on_enforced = |r: &LaunchRecord| -> Result<(), String> {
         enforced =
