@@ -12,6 +12,8 @@ machine noise hits all alike, through:
                 socket (`chio supervisor serve`, started here), no chio process per command
   - chio-repo:  ChioRepositoryEnvironment (the above plus the workspace walk, snapshot and three
                 durable signed receipts per command)
+  - chio-repo-d: the same with `supervisor` set: each command one `repository` request on the
+                daemon's socket
 Prints median and p95 in ms (overall and per command), and chio's ratio to bubblewrap. Uses the installable static release
 `chio` (packaging/build-release, built here).
 """
@@ -65,16 +67,18 @@ def main():
         for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "b"]):
             subprocess.run(git + args, cwd=repo, check=True)
         subprocess.run([chio, "keys", "generate", "--out", os.path.join(tmp, "key")], check=True, capture_output=True)
-        state = os.path.join(tmp, "state")
-        subprocess.run([chio, "repository", "init", "--state", state, "--repository", repo, "--revision", "HEAD",
-                        "--source-path", "pkg", "--kernel-key", os.path.join(tmp, "key", "signing.seed")],
-                       check=True, capture_output=True)
+        state, state_d = os.path.join(tmp, "state"), os.path.join(tmp, "state-d")
+        for st in (state, state_d):
+            subprocess.run([chio, "repository", "init", "--state", st, "--repository", repo, "--revision", "HEAD",
+                            "--source-path", "pkg", "--kernel-key", os.path.join(tmp, "key", "signing.seed")],
+                           check=True, capture_output=True)
         envs = {
             "local": LocalEnvironment(cwd=work),
             "bubblewrap": BubblewrapEnvironment(cwd=work),
             "chio": ChioEnvironment(chio=chio, cwd=work),
             "chio-daemon": ChioEnvironment(supervisor=sock, cwd=work),
             "chio-repo": ChioRepositoryEnvironment(chio=chio, state_dir=state, run_id="bench"),
+            "chio-repo-d": ChioRepositoryEnvironment(supervisor=sock, state_dir=state_d, run_id="bench-d"),
         }
         times = {k: [] for k in envs}
         per_cmd = {(k, c): [] for k in envs for c in COMMANDS}
