@@ -75,14 +75,14 @@ impl Ahead {
     /// Make the next launch's resources, sharing `digests`. The caller must be single-threaded
     /// (the calling thread spends a moment in the new namespace) and must be the process that
     /// will launch (the cgroup's name carries its pid: the janitor and every sweep go by it).
+    /// `hierarchy` is where the launches' cgroups go (the one their plans name).
     /// `stop` is asked between the steps; what it stops, or what could not be made, is left to
     /// the launch.
-    pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool, host: bool) -> Ahead {
+    pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool, host: bool, hierarchy: &Hierarchy) -> Ahead {
         let mut ahead = Ahead::sharing(digests);
         ahead.netns = fresh_netns().ok();
         if !stop() {
-            let hierarchy = Hierarchy::detect(None);
-            ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, &hierarchy).ok();
+            ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, hierarchy).ok();
         }
         if host && !stop() {
             ahead.host = HostBase::make().ok();
@@ -208,8 +208,8 @@ mod tests {
     #[test]
     fn makes_distinct_namespaces_and_returns_home() {
         let home = inode("/proc/thread-self/ns/net");
-        let a = Ahead::make(None, &|| false, false);
-        let b = Ahead::make(None, &|| false, false);
+        let a = Ahead::make(None, &|| false, false, &Hierarchy::detect(None));
+        let b = Ahead::make(None, &|| false, false, &Hierarchy::detect(None));
         assert_eq!(inode("/proc/thread-self/ns/net"), home, "the thread must be back in its own namespace");
         let ino = |x: &Ahead| {
             let fd = x.netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);

@@ -40,11 +40,24 @@ impl Daemon {
     /// Start a daemon on `dir` (socket, state, log) with `config`; its socket is opened to
     /// everyone so that the daemon's own credential check is what a stranger meets.
     fn start(dir: &Scratch, config: Value) -> Daemon {
+        Daemon::start_with(dir, config, None)
+    }
+
+    /// [`Daemon::start`], the daemon in a mount namespace of its own where a fresh cgroup2
+    /// mount at `v2.0` holds its launch cgroups under `v2.1` (`CHIO_CGROUP_V2_ROOT`).
+    fn start_with(dir: &Scratch, config: Value, v2: Option<&V2Root>) -> Daemon {
         let conf = dir.join("supervisor.json");
         std::fs::write(&conf, config.to_string()).unwrap();
         let (socket, log) = (dir.join("s.sock"), dir.join("daemon.log"));
         let before = std::fs::read_to_string(&log).unwrap_or_default().matches("listening on").count();
-        let child = Command::new(chio())
+        let mut cmd = Command::new(chio());
+        if let Some(V2Root(mnt, sub)) = v2 {
+            let script = r#"set -e; mount -t cgroup2 none "$1"; mkdir -p "$1/$2"; export CHIO_CGROUP_V2_ROOT="$1/$2"
+shift 2; exec "$@""#;
+            cmd = Command::new("unshare");
+            cmd.args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(mnt), sub, s(&chio())]);
+        }
+        let child = cmd
             .args([
                 "supervisor",
                 "serve",
@@ -1126,4 +1139,52 @@ fn a_host_mount_changed_after_the_spare_got_ready_is_what_the_launch_sees() {
     ready(&d);
     drop(mounts);
     assert_eq!(seen(), "under\nno-marker\n", "the launch saw mounts the host had removed");
+}
+
+/// A cgroup2 subtree for a daemon's launch cgroups (see [`Daemon::start_with`]): the mount point
+/// and the subtree's name. The cgroup2 hierarchy is one per host, so the subtree is removed
+/// (through a mount of its own) when dropped.
+struct V2Root(PathBuf, String);
+
+impl Drop for V2Root {
+    fn drop(&mut self) {
+        let script = r#"mount -t cgroup2 none "$1" && rmdir "$1/$2""#;
+        let _ = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(&self.0), &self.1])
+            .status();
+    }
+}
+
+/// On cgroup v2 (here a private cgroup2 mount: this host's controllers are on v1) the spare
+/// makes its launch cgroup under the daemon's `CHIO_CGROUP_V2_ROOT` and clones its init into it
+/// with clone3(CLONE_INTO_CGROUP); the launch takes both. (Shadow mode: the v2 tree here lacks
+/// the memory, pids and cpu controllers, which an enforced launch refuses as Unsupported.)
+#[test]
+fn on_cgroup_v2_the_launch_takes_the_init_cloned_into_the_cgroup_made_ahead() {
+    if !privileged("daemon_cgroup_v2") {
+        return;
+    }
+    let dir = Scratch::new("daemon-v2");
+    let root = V2Root(dir.join("cg2"), format!("chio-test-v2-{}", std::process::id()));
+    std::fs::create_dir(&root.0).unwrap();
+    let d = Daemon::start_with(&dir, config(json!({})), Some(&root));
+    for _ in 0..2 {
+        let init = d.init_ahead();
+        let spare = std::fs::read_to_string(format!("/proc/{init}/stat")).unwrap();
+        let spare = spare.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().to_string();
+        let _held = std::fs::File::open(format!("/proc/{init}/ns/pid")).unwrap();
+        let made = std::fs::read_link(format!("/proc/{init}/ns/pid")).unwrap().display().to_string();
+        let its = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
+        let v2_line = its.lines().find(|l| l.starts_with("0::")).unwrap_or_default();
+        assert!(v2_line.contains(&format!("/{}/chio-{spare}-", root.1)), "the init waits in {v2_line:?}");
+        let out =
+            d.run(None, &["--mode", "shadow", "--json", "--", "/bin/sh", "-c", "readlink /proc/self/ns/pid"], None);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).lines().next(), Some(made.as_str()));
+        let rec = record(&out);
+        assert_eq!(rec["cgroup"]["version"], "v2", "{rec}");
+        let path = rec["cgroup"]["paths"][0].as_str().unwrap();
+        assert!(path.contains(&format!("/chio-{spare}-")), "{path}");
+    }
+    drop(d);
 }

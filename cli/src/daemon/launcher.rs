@@ -274,7 +274,7 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
                         // Step by step, each only while no job is waiting: a job that comes
                         // meanwhile makes the rest itself, as the one-shot form does.
                         let waiting = || pending(&theirs);
-                        ahead = Ahead::make(digests, &waiting, host);
+                        ahead = Ahead::make(digests, &waiting, host, &super::hierarchy());
                         if !waiting() {
                             job::warm();
                         }
@@ -299,7 +299,7 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
 
 /// Remove the launch cgroups of processes that are gone (a spare killed before its job).
 fn sweep() {
-    chio_cage::cgroup::sweep(&chio_cage::cgroup::Hierarchy::detect(None));
+    chio_cage::cgroup::sweep(&super::hierarchy());
 }
 
 /// Whether a message waits on `sock` (without waiting for one).

@@ -116,9 +116,15 @@ fn recover(receipt_db: &Path) -> Result<(usize, usize)> {
     let mut store = chio_kernel::store::Store::open(receipt_db, true)
         .with_context(|| format!("the supervisor's store {}", receipt_db.display()))?;
     let (unknown, _) = store.op_recover().context("recovering the request journal")?;
+    Ok((unknown, chio_cage::cgroup::sweep(&hierarchy())))
+}
+
+/// Where the daemon's launch cgroups go: where its launches' plans put them (the operator's
+/// `CHIO_CGROUP_V2_ROOT`, else the host's own hierarchy). The spares make theirs there and the
+/// sweeps look there.
+pub fn hierarchy() -> chio_cage::cgroup::Hierarchy {
     let v2_root = std::env::var_os("CHIO_CGROUP_V2_ROOT").map(PathBuf::from);
-    let hierarchy = chio_cage::cgroup::Hierarchy::detect(v2_root.as_deref());
-    Ok((unknown, chio_cage::cgroup::sweep(&hierarchy)))
+    chio_cage::cgroup::Hierarchy::detect(v2_root.as_deref())
 }
 
 /// Bind the socket: a stale socket from a dead daemon is replaced, anything else is refused.
