@@ -153,7 +153,7 @@ impl AheadInit {
         Ok(init)
     }
 
-    fn sock(&self) -> io::Result<i32> {
+    fn sock(&self) -> io::Result<std::os::fd::RawFd> {
         self.ends.as_ref().map(|e| e.sock.as_raw_fd()).ok_or_else(|| io::Error::other("the init was started"))
     }
 

@@ -217,13 +217,12 @@ pub struct AheadCtx<'a> {
 
 /// An init cloned ahead of its request (see [`crate::ahead`]): it makes its namespaces (its
 /// mount namespace only once the plan is there) and joins the launch cgroup, then waits for
-/// the plan. Whatever the request, it makes exactly
-/// what [`init_main`] would; a plan that would have it make less (a test hook) is not sent to
-/// it. It ends, silently, if the supervisor closes the channel instead.
+/// the plan. Whatever the request, it makes exactly what [`init_main`] would; a plan that
+/// would have it make less (a test hook) is not sent to it. It ends, silently, if the
+/// supervisor closes the channel instead.
 pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
     init_start(a.sock, a.supervisor_ends);
-    let got = ahead_setup(a).and_then(|()| await_plan(a.sock));
-    let (plan, landlock_abi, feed_stdin) = match got {
+    let (plan, landlock_abi, feed_stdin) = match ahead_setup(a).map(|()| await_plan(a.sock)) {
         Ok(Some(p)) => p,
         Ok(None) => exit_now(0),
         Err(f) => {
@@ -279,13 +278,13 @@ fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Fail> {
 /// Wait for the plan (`None`: the supervisor closed the channel, or sent something else).
 /// Every host path in a plan is absolute (`path::open_host` refuses others), so the working
 /// directory the init was cloned with does not matter.
-fn await_plan(sock: RawFd) -> Result<Option<(CagePlan, u32, bool)>, Fail> {
+fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
     // SAFETY: the fd stays open for the whole call (the init's status channel).
     match channel::recv(unsafe { BorrowedFd::borrow_raw(sock) }) {
         Ok(channel::Received { msg: Some(CageMsg::Plan { plan, landlock_abi, feed_stdin }), .. }) => {
-            Ok(Some((*plan, landlock_abi, feed_stdin)))
+            Some((*plan, landlock_abi, feed_stdin))
         }
-        _ => Ok(None),
+        _ => None,
     }
 }
 
