@@ -45,7 +45,7 @@ use crate::cgroup::{Controller, Hierarchy, LaunchCgroup};
 use crate::channel::{self, CageMsg};
 use crate::digests::Digests;
 use crate::inside::{self, AheadCtx};
-use crate::launch::{SupEnds, Wiring};
+use crate::launch::{self, SupEnds, Wiring};
 use crate::mounts::HostBase;
 use crate::plan::CagePlan;
 use crate::{seccomp, sys};
@@ -135,12 +135,8 @@ impl AheadInit {
             netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
             host_base: host_base.as_ref(),
         };
-        let _ = sys::arg_area();
-        let cloned = match cg.version {
-            "v1" => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
-            _ => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, cg.v2_dir()?.as_fd()),
-        };
-        let pid = match cloned? {
+        let v2_dir = if cg.version == "v1" { None } else { Some(cg.v2_dir()?) };
+        let pid = match launch::clone_pid_ns(v2_dir.as_ref().map(AsFd::as_fd))? {
             0 => inside::init_ahead(&ctx),
             pid => pid,
         };

@@ -546,19 +546,25 @@ fn clone_init(
         netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
         host_base: host_base.as_ref(),
     };
-    // Read here, once per process, so that the init (a copy of this process) need not.
-    let _ = sys::arg_area();
-    let cloned = match &v2_dir {
-        // (A test hook leaves the init outside the launch cgroup.)
-        Some(_) if plan.hook(&crate::plan::TestHook::Cgroup) => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
-        Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir.as_fd()),
-        None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
-    };
-    match cloned {
+    // (A test hook leaves the init outside the launch cgroup.)
+    let into = v2_dir.as_ref().filter(|_| !plan.hook(&crate::plan::TestHook::Cgroup));
+    match clone_pid_ns(into.map(AsFd::as_fd)) {
         Ok(0) => inside::init_main(&ctx),
         // The init has its own copies: the supervisor keeps no handle on the cage's mounts.
         Ok(pid) => Ok((pid, w.into_supervisor_ends())),
         Err(e) => Err(stop(Stage::Namespaces, "namespace_failed", e)),
+    }
+}
+
+/// Clone this process into a new pid namespace (and on cgroup v2 `into` the launch cgroup): 0
+/// in the child, which is the cage's init, and its pid in the parent. The caller is
+/// single-threaded.
+pub(crate) fn clone_pid_ns(into: Option<BorrowedFd<'_>>) -> io::Result<libc::pid_t> {
+    // Read here, once per process, so that the init (a copy of this process) need not.
+    let _ = sys::arg_area();
+    match into {
+        Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir),
+        None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
     }
 }
 

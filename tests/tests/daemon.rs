@@ -732,8 +732,7 @@ fn the_repository_leg_through_the_daemon() {
     // An execute's cage is the one its spare made ahead (its init, in the pid namespace that
     // init made before the request; held open so that its number cannot be another's).
     let init = d.init_ahead();
-    let _held = std::fs::File::open(format!("/proc/{init}/ns/pid")).unwrap();
-    let made = std::fs::read_link(format!("/proc/{init}/ns/pid")).unwrap().display().to_string();
+    let (_held, made) = held_ns(&init.to_string(), "pid");
     let out = leg(&["execute", "--state", "ws", "--operation-key", "k-ns", "--", "readlink /proc/self/ns/pid"], None);
     assert_eq!(text(&out.stdout).trim(), made, "{}", text(&out.stderr));
     // The launch role may not drive the leg.
@@ -872,8 +871,8 @@ fn every_launch_gets_a_fresh_network_namespace_of_its_own() {
     }
     let dir = Scratch::new("daemon-netns");
     let d = Daemon::start(&dir, config(json!({})));
-    let mut held = vec![std::fs::File::open("/proc/self/ns/net").unwrap()];
-    let mut seen = vec![std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string()];
+    let (host, host_ns) = held_ns("self", "net");
+    let (mut held, mut seen) = (vec![host], vec![host_ns]);
     let mut fresh = |ns: String| {
         assert!(ns.starts_with("net:[") && !seen.contains(&ns), "{ns} was seen before: {seen:?}");
         seen.push(ns);
@@ -898,8 +897,9 @@ fn netns_launch(d: &Daemon, held: &mut Vec<std::fs::File>, tag: &str) -> (Child,
     let child = c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     d.wait_for_shell(tag);
     let sh = processes_tagged(tag).into_iter().find(|p| is_sh(*p)).unwrap();
-    held.push(std::fs::File::open(format!("/proc/{sh}/ns/net")).unwrap());
-    (child, std::fs::read_link(format!("/proc/{sh}/ns/net")).unwrap().display().to_string())
+    let (file, ns) = held_ns(&sh.to_string(), "net");
+    held.push(file);
+    (child, ns)
 }
 
 /// The launch saw `ns` holding only its loopback device and no socket.
@@ -1052,15 +1052,10 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
     for _ in 0..2 {
         let init = d.init_ahead();
         // Held open, so that no later namespace can take their numbers if that init is not used.
-        let _held: Vec<std::fs::File> =
-            NS.iter().map(|n| std::fs::File::open(format!("/proc/{init}/ns/{n}")).unwrap()).collect();
-        let made: Vec<String> = NS
-            .iter()
-            .map(|n| std::fs::read_link(format!("/proc/{init}/ns/{n}")).unwrap().display().to_string())
-            .collect();
+        let (_held, made): (Vec<_>, Vec<_>) = NS.iter().map(|n| held_ns(&init.to_string(), n)).unzip();
         let script = NS.map(|n| format!("readlink /proc/self/ns/{n};")).concat()
             + "readlink /proc/self/ns/mnt; cat /workspace/marker";
-        let host_mnt = std::fs::read_link(format!("/proc/{init}/ns/mnt")).unwrap().display().to_string();
+        let host_mnt = held_ns(&init.to_string(), "mnt").1;
         let out = Command::new(chio())
             .args(["cage", "run", "--supervisor", s(&d.socket), "--workspace", "ws", "--", "/bin/sh", "-c", &script])
             .current_dir(&dir.0)
@@ -1075,6 +1070,13 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
         seen.push(made);
     }
     assert_ne!(seen[0], seen[1], "each launch has an init of its own");
+}
+
+/// Namespace `ns` of process `pid` (a number, or `self`): held open — while it is, no new
+/// namespace can take its number — and its `ns:[inode]` name.
+fn held_ns(pid: &str, ns: &str) -> (std::fs::File, String) {
+    let path = format!("/proc/{pid}/ns/{ns}");
+    (std::fs::File::open(&path).unwrap(), std::fs::read_link(&path).unwrap().display().to_string())
 }
 
 /// A tmpfs mounted on the host for the length of a test (lazily unmounted when dropped).
@@ -1172,8 +1174,7 @@ fn on_cgroup_v2_the_launch_takes_the_init_cloned_into_the_cgroup_made_ahead() {
         let init = d.init_ahead();
         let spare = std::fs::read_to_string(format!("/proc/{init}/stat")).unwrap();
         let spare = spare.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().to_string();
-        let _held = std::fs::File::open(format!("/proc/{init}/ns/pid")).unwrap();
-        let made = std::fs::read_link(format!("/proc/{init}/ns/pid")).unwrap().display().to_string();
+        let (_held, made) = held_ns(&init.to_string(), "pid");
         let its = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
         let v2_line = its.lines().find(|l| l.starts_with("0::")).unwrap_or_default();
         assert!(v2_line.contains(&format!("/{}/chio-{spare}-", root.1)), "the init waits in {v2_line:?}");
