@@ -16,10 +16,13 @@
 //! `fs.aio-max-nr` and inotify instances on the per-uid pool every process of that uid on the
 //! host shares, so a cage could exhaust them for the host.
 //!
-//! The filter is compiled here into classic BPF as a binary search over syscall numbers: about
-//! 20 instructions run per decision instead of a linear chain of ~1,400, which matters twice —
-//! the kernel pre-evaluates every filter for every syscall number when it is attached (that took
-//! 1.3 ms per launch with a linear filter), and conditional syscalls (ioctl, socket) run it live.
+//! The filter is compiled here into classic BPF as a binary search over runs of consecutive
+//! syscall numbers with one decision (the policy has under a hundred): about a dozen
+//! instructions run per decision instead of a linear chain of ~1,400, and the program is 258
+//! instructions. Both matter — the kernel pre-evaluates every filter for every syscall number
+//! when it is attached, and JIT-compiles it, at every launch (1.3 ms with a linear filter,
+//! 0.15 ms with a search over each number, 0.10 ms now), and conditional syscalls (openat,
+//! ioctl, socket) run it live.
 
 use std::collections::BTreeMap;
 
@@ -208,45 +211,47 @@ fn action_code(a: Action) -> Program {
     }
 }
 
-/// Syscall numbers compared linearly at a leaf of the search.
-const LEAF: usize = 8;
+/// Consecutive syscall numbers with one decision, from the first number up to the next run's
+/// (`None`: EPERM). The policy's ~470 numbers make under a hundred runs: the search compares
+/// the number with run boundaries, not with each listed number.
+type Run = (u32, Option<Action>);
 
-/// Binary search over sorted (nr, action); the accumulator holds the syscall number. Every path
-/// ends in a return; numbers not in `cases` get EPERM.
-fn search(cases: &[(u32, Action)]) -> Program {
-    if cases.len() <= LEAF {
-        return leaf(cases);
+/// The runs of `cases`, from 0 on; the numbers past the last case are one EPERM run.
+fn runs(cases: &BTreeMap<u32, Action>) -> Vec<Run> {
+    let mut out: Vec<Run> = vec![(0, None)];
+    for (&nr, &a) in cases {
+        for r in [(nr, Some(a)), (nr + 1, None)] {
+            match out.last_mut() {
+                // The EPERM run after the previous number would be empty.
+                Some(last) if last.0 == r.0 => *last = r,
+                _ => out.push(r),
+            }
+        }
     }
-    let mid = cases.len() / 2;
-    let left = search(&cases[..mid]);
-    let right = search(&cases[mid..]);
-    // nr >= pivot: fall into the long jump over the left half; otherwise skip it.
-    let mut out = vec![ins(JGE, 0, 1, cases[mid].0), ins(JA, 0, 0, left.len() as u32)];
-    out.extend(left);
-    out.extend(right);
+    out.dedup_by(|next, prev| next.1 == prev.1);
     out
 }
 
-/// A leaf: one comparison per number; plain allows share one `ret ALLOW` at the end.
-fn leaf(cases: &[(u32, Action)]) -> Program {
-    // Built back to front so each jump knows how far the shared ALLOW is.
-    let mut rev: Program = vec![ret(RET_ALLOW), eperm()];
-    for (nr, a) in cases.iter().rev() {
-        if *a == Action::Allow {
-            rev.push(ins(JEQ, (rev.len() - 1) as u8, 0, *nr));
-        } else {
-            let code = action_code(*a);
-            rev.extend(code.iter().rev().copied());
-            rev.push(ins(JEQ, 0, code.len() as u8, *nr));
-        }
-    }
-    rev.reverse();
-    rev
+/// Binary search over `runs` (the accumulator holds the syscall number, at least the first
+/// run's); every path ends in a return.
+fn search(runs: &[Run]) -> Program {
+    let [(_, decision)] = runs else {
+        let mid = runs.len() / 2;
+        let (left, right) = (search(&runs[..mid]), search(&runs[mid..]));
+        // nr >= the right half's first number: over the left half.
+        let mut out = match u8::try_from(left.len()) {
+            Ok(n) => vec![ins(JGE, n, 0, runs[mid].0)],
+            Err(_) => vec![ins(JGE, 0, 1, runs[mid].0), ins(JA, 0, 0, left.len() as u32)],
+        };
+        out.extend(left);
+        out.extend(right);
+        return out;
+    };
+    decision.map_or_else(|| vec![eperm()], action_code)
 }
 
 /// A whole filter: x86_64 only (anything else is killed), x32 numbers refused, then the search.
 fn compile(cases: &BTreeMap<u32, Action>) -> Program {
-    let cases: Vec<(u32, Action)> = cases.iter().map(|(n, a)| (*n, *a)).collect();
     let mut out = vec![
         ins(LD_ABS, 0, 0, OFF_ARCH),
         ins(JEQ, 1, 0, AUDIT_ARCH_X86_64),
@@ -255,7 +260,7 @@ fn compile(cases: &BTreeMap<u32, Action>) -> Program {
         ins(JGE, 0, 1, X32_SYSCALL_BIT),
         eperm(),
     ];
-    out.extend(search(&cases));
+    out.extend(search(&runs(cases)));
     out
 }
 
@@ -455,6 +460,18 @@ mod tests {
         ] {
             assert!(Action::parse(decision, name).is_err(), "{decision} for {name}");
         }
+    }
+
+    /// The search compares with the boundaries of runs of one decision: a search over each
+    /// listed number needs at least one instruction per number.
+    #[test]
+    fn the_filter_searches_runs_not_numbers() {
+        let f = build().unwrap();
+        let cases = target_cases().unwrap();
+        assert!(f.target.len() < cases.len(), "{} instructions for {} numbers", f.target.len(), cases.len());
+        let r = runs(&cases);
+        assert_eq!(r[0].0, 0);
+        assert!(r.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 != w[1].1), "runs sorted, neighbours differ");
     }
 
     #[test]
