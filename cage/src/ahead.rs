@@ -214,5 +214,9 @@ mod tests {
         assert_ne!(ino(&a), home);
         assert_ne!(ino(&b), home);
         assert_ne!(ino(&a), ino(&b), "every launch gets a namespace of its own");
+        // The test harness runs several threads: a copy of such a process must not become an
+        // init (it would run with another thread's locks held).
+        assert!(sys::thread_count().unwrap() > 1);
+        assert!(a.cgroup.is_some() && a.init.is_none(), "no init cloned from a multi-threaded process");
     }
 }
