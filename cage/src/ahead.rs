@@ -146,6 +146,7 @@ impl AheadInit {
             let raw: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
             channel::send(init.sock()?, &CageMsg::Join, &raw)?;
         }
+        channel::warm();
         Ok(init)
     }
 

@@ -137,6 +137,20 @@ pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
     Ok(out)
 }
 
+/// Write and parse a plan message once, while waiting for the request: a process forked from
+/// the daemon's launcher runs that code for the first time when the plan crosses, and pays for
+/// the first touch of its pages then (≈ 30 µs on each side of the hop).
+pub fn warm() {
+    let msg = CageMsg::Plan {
+        plan: Box::new(crate::plan::CagePlan::new(vec!["/bin/true".into()])),
+        landlock_abi: 0,
+        feed_stdin: false,
+    };
+    if let Ok(body) = serde_json::to_vec(&msg) {
+        let _ = serde_json::from_slice::<CageMsg>(&body);
+    }
+}
+
 /// Write one control byte.
 pub fn send_byte(sock: RawFd, b: u8) -> io::Result<()> {
     match nix::sys::socket::send(sock, &[b], MsgFlags::MSG_NOSIGNAL)? {

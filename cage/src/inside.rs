@@ -272,6 +272,7 @@ fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Fail> {
     }
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
     let _ = nix::unistd::setsid();
+    channel::warm();
     Ok(())
 }
 
