@@ -90,6 +90,8 @@ impl Ahead {
         if !stop() {
             ahead.init = AheadInit::clone(&mut ahead).ok();
         }
+        // The launch's own first run of its code (see `sys::populate_text`).
+        sys::populate_text(stop);
         ahead
     }
 }

@@ -273,6 +273,8 @@ fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Fail> {
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
     let _ = nix::unistd::setsid();
     channel::warm();
+    // The plan stops it: what is not mapped yet faults in as it runs.
+    sys::populate_text(&|| !peer_quiet(a.sock));
     Ok(())
 }
 
@@ -347,6 +349,13 @@ fn hide_argv() -> io::Result<()> {
     }
     let _ = nix::sys::prctl::set_name(c"chio-init");
     Ok(())
+}
+
+/// True while nothing waits on the status channel (no message, no EOF).
+fn peer_quiet(sock: RawFd) -> bool {
+    let mut p = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
+    // SAFETY: a zero-timeout poll of one valid pollfd (a descriptor number from the context).
+    unsafe { libc::poll(&mut p, 1, 0) == 0 }
 }
 
 /// True when the other end of the status channel is closed (the supervisor is gone).

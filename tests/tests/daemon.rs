@@ -1051,6 +1051,11 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
     let mut seen = Vec::new();
     for _ in 0..2 {
         let init = d.init_ahead();
+        // Both have their program's text mapped while they wait (its first run on the request's
+        // path would fault it in page by page).
+        for pid in [init, d.spare()] {
+            wait_text_mapped(pid);
+        }
         // Held open, so that no later namespace can take their numbers if that init is not used.
         let (_held, made): (Vec<_>, Vec<_>) = NS.iter().map(|n| held_ns(&init.to_string(), n)).unzip();
         let script = NS.map(|n| format!("readlink /proc/self/ns/{n};")).concat()
@@ -1070,6 +1075,30 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
         seen.push(made);
     }
     assert_ne!(seen[0], seen[1], "each launch has an init of its own");
+}
+
+/// Wait (5 s at most) until process `pid` has the whole of its program's executable mapping
+/// in its page tables (Rss = Size in its smaps).
+fn wait_text_mapped(pid: u32) {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let text = || {
+        let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+        let mut lines = smaps.lines().skip_while(|l| !(l.contains(" r-xp ") && l.ends_with(exe.to_str().unwrap())));
+        let header = lines.next().map(String::from);
+        let kb = |name: &str, l: &str| l.strip_prefix(name).map(|v| v.trim().trim_end_matches(" kB").to_string());
+        let size = lines.clone().find_map(|l| kb("Size:", l));
+        let rss = lines.find_map(|l| kb("Rss:", l));
+        (header, size, rss)
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (header, size, rss) = text();
+        if header.is_some() && size.is_some() && size == rss {
+            return;
+        }
+        assert!(Instant::now() < until, "pid {pid}: text {header:?} mapped {rss:?} of {size:?} kB");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Namespace `ns` of process `pid` (a number, or `self`): held open — while it is, no new
