@@ -14,6 +14,9 @@ the foreground on a private socket and state directory, and times, interleaved i
   - one-shot:   chio cage run --rootfs R -- /true
   - bwrap:      bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc
                 --dev /dev --tmpfs /tmp /true
+  - bare:       R/true spawned from this script (no cage: the spawn and glibc's start-up)
+  - c-floor:    tests/bench/floor.c built with gcc: one C process making the same namespaces and
+                root and exec'ing /true (no daemon, observation, ceilings, landlock or seccomp)
 Each round takes the forms in a new order, each after --settle seconds idle (default 5 ms: a
 daemon's teardown and its spare's work ahead happen after the answer and must not be charged to
 whichever form is timed next; an agent's commands are seconds apart). It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
@@ -28,6 +31,7 @@ import json
 import os
 import random
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -36,7 +40,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import launch as lb  # noqa: E402  (build_chio, ensure_bwrap, build_rootfs, timed)
 
 
@@ -170,12 +175,27 @@ def start_daemon(chio, tmp, name, conf):
     return d, sock
 
 
+def c_floor(tmp):
+    """tests/bench/floor.c built in `tmp` (the floor of a cage of this shape), or None without gcc."""
+    if not shutil.which("gcc"):
+        return None
+    out = os.path.join(tmp, "floor")
+    subprocess.run(["gcc", "-O2", "-o", out, os.path.join(HERE, "floor.c")], check=True)
+    os.makedirs(os.path.join(tmp, "floor-staging"), exist_ok=True)
+    return [out]
+
+
 def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     args = ["--rootfs", root, "--", "/true"]
     cmds = {
         "daemon-cli": [chio, "cage", "run", "--supervisor", sock] + args,
         "one-shot": [chio, "cage", "run"] + args,
     }
+    # The same /true spawned from this script: what c-floor, one-shot and bwrap pay beyond their cage.
+    cmds["bare"] = [os.path.join(root, "true")]
+    floor = c_floor(os.path.dirname(root))
+    if floor:
+        cmds["c-floor"] = floor + [root, os.path.join(os.path.dirname(root), "floor-staging")]
     if bwrap:
         cmds["bwrap"] = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", root, "/",
                          "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/true"]
@@ -239,6 +259,8 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
         b = statistics.median(samples["bwrap"])
         print(f"  ratio daemon-raw/bwrap = {statistics.median(samples['daemon-raw']) / b:.2f}  "
               f"one-shot/bwrap = {statistics.median(samples['one-shot']) / b:.2f}")
+        if "c-floor" in samples:
+            print(f"  ratio c-floor/bwrap = {statistics.median(samples['c-floor']) / b:.2f}")
     kept.s.close()
     os.close(kept.null)
     if a.load > 0:
