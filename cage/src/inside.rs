@@ -351,19 +351,22 @@ fn hide_argv() -> io::Result<()> {
     Ok(())
 }
 
-/// True while nothing waits on the status channel (no message, no EOF).
-fn peer_quiet(sock: RawFd) -> bool {
+/// What waits on the status channel now (zero-timeout poll): its `revents`, or None if the
+/// poll failed.
+fn channel_now(sock: RawFd) -> Option<i16> {
     let mut p = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
     // SAFETY: a zero-timeout poll of one valid pollfd (a descriptor number from the context).
-    unsafe { libc::poll(&mut p, 1, 0) == 0 }
+    (unsafe { libc::poll(&mut p, 1, 0) } >= 0).then_some(p.revents)
+}
+
+/// True while nothing waits on the status channel (no message, no EOF).
+fn peer_quiet(sock: RawFd) -> bool {
+    channel_now(sock) == Some(0)
 }
 
 /// True when the other end of the status channel is closed (the supervisor is gone).
 fn peer_gone(sock: RawFd) -> bool {
-    let mut p = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
-    // SAFETY: a zero-timeout poll of one valid pollfd (a descriptor number from the context).
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r < 0 || p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+    channel_now(sock).map_or(true, |r| r & (libc::POLLHUP | libc::POLLERR) != 0)
 }
 
 /// Size of the init's report of the target's end (five little-endian i64s, one write).
