@@ -17,6 +17,9 @@ the foreground on a private socket and state directory, and times, interleaved i
   - bare:       R/true spawned from this script (no cage: the spawn and glibc's start-up)
   - c-floor:    tests/bench/floor.c built with gcc: one C process making the same namespaces and
                 root and exec'ing /true (no daemon, observation, ceilings, landlock or seccomp)
+  - c-floor-warm: the same program's third launch in a row, timed inside it (clone to waitpid):
+                the floor from a process already running, as the daemon is, to compare with
+                daemon-raw (c-floor adds the floor program's own spawn and start-up)
 Each round takes the forms in a new order, each after --settle seconds idle (default 5 ms: a
 daemon's teardown and its spare's work ahead happen after the answer and must not be charged to
 whichever form is timed next; an agent's commands are seconds apart). It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
@@ -185,6 +188,12 @@ def c_floor(tmp):
     return [out]
 
 
+def floor_warm(cmd):
+    """The floor program's third launch in a row, as it timed it (ms)."""
+    out = subprocess.run(cmd + ["3"], check=True, capture_output=True, text=True).stdout.split()
+    return int(out[-1]) / 1000.0
+
+
 def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     args = ["--rootfs", root, "--", "/true"]
     cmds = {
@@ -236,6 +245,9 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
         runs["daemon-raw-old"] = lambda: raw(old_sock)[0]
     for k, cmd in cmds.items():
         runs[k] = lambda cmd=cmd: lb.timed(cmd)
+    if floor:
+        runs["c-floor-warm"] = lambda: floor_warm(cmds["c-floor"])
+        samples["c-floor-warm"] = []
     order = list(runs)
     for _ in range(a.runs):
         # A daemon answers before it tears the cage down and then its spare gets the next launch
@@ -261,6 +273,9 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
               f"one-shot/bwrap = {statistics.median(samples['one-shot']) / b:.2f}")
         if "c-floor" in samples:
             print(f"  ratio c-floor/bwrap = {statistics.median(samples['c-floor']) / b:.2f}")
+    if "c-floor-warm" in samples:
+        print(f"  ratio daemon-raw/c-floor-warm = "
+              f"{statistics.median(samples['daemon-raw']) / statistics.median(samples['c-floor-warm']):.2f}")
     kept.s.close()
     os.close(kept.null)
     if a.load > 0:
