@@ -5,9 +5,10 @@
 //!   the cage's init then enters instead of unsharing its own;
 //! - its launch cgroup, in every hierarchy (≈ 0.3 ms of mkdirs on cgroup v1), whose ceilings
 //!   are written when the request names them;
-//! - when asked (the last launch had one), a default root's host part ([`HostBase`]: the
-//!   skeleton, the read-only binds of the host's system directories, the cage's own `/etc`),
-//!   which a launch uses only while every host source is unchanged;
+//! - when told the root the last launch had (the next will likely have it too), that root's
+//!   plan-independent part ([`RootAhead`]: the skeleton, `/dev`, `/tmp`, and the read-only
+//!   binds of an image's top-level entries or of the host's system directories with the cage's
+//!   own `/etc`), which a launch uses only for the same root while every source is unchanged;
 //! - last, the cage's init itself ([`AheadInit`]), cloned into the launch cgroup with the
 //!   namespace and the host part above: it makes its ipc, uts and cgroup namespaces (the pid
 //!   namespace comes with the clone), sets its host name, then waits on its status channel
@@ -46,7 +47,7 @@ use crate::channel::{self, CageMsg};
 use crate::digests::Digests;
 use crate::inside::{self, AheadCtx};
 use crate::launch::{self, SupEnds, Wiring};
-use crate::mounts::HostBase;
+use crate::mounts::{RootAhead, RootKey};
 use crate::plan::CagePlan;
 use crate::{seccomp, sys};
 
@@ -60,8 +61,8 @@ pub struct Ahead {
     /// The launch cgroup, made (without ceilings: those come with the request) by the process
     /// that will launch, in the host's hierarchy with every controller a launch may need.
     pub cgroup: Option<LaunchCgroup>,
-    /// The host-system part of a default root's mounts (see [`HostBase`]).
-    pub host: Option<HostBase>,
+    /// The plan-independent part of a root (see [`RootAhead`]).
+    pub root: Option<RootAhead>,
     /// The cage's init, cloned into `cgroup` (see [`AheadInit`]).
     pub init: Option<AheadInit>,
 }
@@ -69,7 +70,7 @@ pub struct Ahead {
 impl Ahead {
     /// Nothing made yet, only the shared `digests`.
     pub fn sharing(digests: Option<Digests>) -> Ahead {
-        Ahead { netns: None, digests, cgroup: None, host: None, init: None }
+        Ahead { netns: None, digests, cgroup: None, root: None, init: None }
     }
 
     /// Make the next launch's resources, sharing `digests`. The caller must be single-threaded
@@ -77,15 +78,20 @@ impl Ahead {
     /// will launch (the cgroup's name carries its pid: the janitor and every sweep go by it).
     /// `hierarchy` is where the launches' cgroups go (the one their plans name).
     /// `stop` is asked between the steps; what it stops, or what could not be made, is left to
-    /// the launch.
-    pub fn make(digests: Option<Digests>, stop: &dyn Fn() -> bool, host: bool, hierarchy: &Hierarchy) -> Ahead {
+    /// the launch. `root`: the root to make ahead (the last launch's), if any.
+    pub fn make(
+        digests: Option<Digests>,
+        stop: &dyn Fn() -> bool,
+        root: Option<&RootKey>,
+        hierarchy: &Hierarchy,
+    ) -> Ahead {
         let mut ahead = Ahead::sharing(digests);
         ahead.netns = fresh_netns().ok();
         if !stop() {
             ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, hierarchy).ok();
         }
-        if host && !stop() {
-            ahead.host = HostBase::make().ok();
+        if let Some(key) = root.filter(|_| !stop()) {
+            ahead.root = RootAhead::make(key).ok();
         }
         if !stop() {
             ahead.init = AheadInit::clone(&mut ahead).ok();
@@ -107,7 +113,7 @@ impl Drop for Ahead {
 }
 
 /// The cage's init, cloned ahead of its request into the launch cgroup made ahead, with the
-/// network namespace and the default root's host part made ahead (which the spare then closes:
+/// network namespace and the root's part made ahead (which the spare then closes:
 /// the init has its own copies). Dropped unused, it is killed and reaped.
 #[derive(Debug)]
 pub struct AheadInit {
@@ -126,7 +132,7 @@ impl AheadInit {
         let filters = seccomp::compiled().as_ref().map_err(|e| io::Error::other(e.to_string()))?;
         // Always a stdin pipe: the request says whether it is fed.
         let w = Wiring::new(true)?;
-        let (netns, host_base) = (ahead.netns.take(), ahead.host.take());
+        let (netns, root) = (ahead.netns.take(), ahead.root.take());
         let (pipes, sock) = w.cage_ends();
         let ctx = AheadCtx {
             filters,
@@ -135,7 +141,7 @@ impl AheadInit {
             pipes,
             supervisor_ends: w.supervisor_ends(),
             netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
-            host_base: host_base.as_ref(),
+            root_ahead: root.as_ref(),
         };
         let v2_dir = if cg.version == "v1" { None } else { Some(cg.v2_dir()?) };
         let pid = match launch::clone_pid_ns(v2_dir.as_ref().map(AsFd::as_fd))? {
@@ -207,8 +213,8 @@ mod tests {
     #[test]
     fn makes_distinct_namespaces_and_returns_home() {
         let home = inode("/proc/thread-self/ns/net");
-        let a = Ahead::make(None, &|| false, false, &Hierarchy::detect(None));
-        let b = Ahead::make(None, &|| false, false, &Hierarchy::detect(None));
+        let a = Ahead::make(None, &|| false, None, &Hierarchy::detect(None));
+        let b = Ahead::make(None, &|| false, None, &Hierarchy::detect(None));
         assert_eq!(inode("/proc/thread-self/ns/net"), home, "the thread must be back in its own namespace");
         let ino = |x: &Ahead| {
             let fd = x.netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);

@@ -66,8 +66,8 @@ pub struct Ctx<'a> {
     /// A fresh network namespace made ahead of the request (see [`crate::ahead`]) to enter
     /// instead of unsharing one, or -1.
     pub netns: RawFd,
-    /// The default root's host part made ahead of the request (see [`crate::mounts::HostBase`]).
-    pub host_base: Option<&'a crate::mounts::HostBase>,
+    /// The root's part made ahead of the request (see [`crate::mounts::RootAhead`]).
+    pub root_ahead: Option<&'a crate::mounts::RootAhead>,
 }
 
 /// How a stage failed.
@@ -181,7 +181,7 @@ fn enter_namespaces(mut flags: libc::c_int, netns: RawFd) -> Result<(), Fail> {
 
 /// The plan's root, attached and pivoted into.
 fn build_root(ctx: &Ctx<'_>) -> Result<Prepared, Fail> {
-    let prepared = Prepared::build(ctx.plan, ctx.host_base).map_err(|e| {
+    let prepared = Prepared::build(ctx.plan, ctx.root_ahead).map_err(|e| {
         let code = match e.kind() {
             io::ErrorKind::NotFound => "path_not_found",
             io::ErrorKind::InvalidInput => "path_refused",
@@ -211,8 +211,8 @@ pub struct AheadCtx<'a> {
     pub supervisor_ends: [RawFd; 5],
     /// A network namespace made ahead, or -1.
     pub netns: RawFd,
-    /// The default root's host part made ahead.
-    pub host_base: Option<&'a crate::mounts::HostBase>,
+    /// The root's part made ahead.
+    pub root_ahead: Option<&'a crate::mounts::RootAhead>,
 }
 
 /// An init cloned ahead of its request (see [`crate::ahead`]): it makes its namespaces (its
@@ -248,7 +248,7 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         stdin_r: if feed_stdin { stdin_r } else { -1 },
         supervisor_ends: [-1; 5],
         netns: -1,
-        host_base: a.host_base,
+        root_ahead: a.root_ahead,
     };
     match planned_setup(&ctx) {
         Ok(target) => reap(&ctx, target),

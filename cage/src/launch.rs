@@ -530,7 +530,7 @@ fn clone_init(
     };
     let w = Wiring::new(sinks.stdin.is_some()).map_err(|e| stop(Stage::Namespaces, "setup_failed", e))?;
     // Taken, so that the supervisor's copy closes as soon as the init has its own.
-    let (netns, host_base) = (sinks.ahead.netns.take(), sinks.ahead.host.take());
+    let (netns, root_ahead) = (sinks.ahead.netns.take(), sinks.ahead.root.take());
     let ([stdout_w, stderr_w, result_w, stdin_r], sock) = w.cage_ends();
     let ctx = Ctx {
         plan,
@@ -544,7 +544,7 @@ fn clone_init(
         stdin_r,
         supervisor_ends: w.supervisor_ends(),
         netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
-        host_base: host_base.as_ref(),
+        root_ahead: root_ahead.as_ref(),
     };
     // (A test hook leaves the init outside the launch cgroup.)
     let into = v2_dir.as_ref().filter(|_| !plan.hook(&crate::plan::TestHook::Cgroup));

@@ -151,34 +151,69 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
     Ok(typed)
 }
 
-/// The plan-independent part of a default-root cage's mounts, made ahead of the request by a
-/// daemon's spare (see [`crate::ahead`]): the skeleton and `/dev` tmpfs, the read-only binds of
-/// the host's `/usr`, `/lib`…, and the cage's own `/etc` with its copies of the host's files.
-/// One launch uses it, and only while every host source it was made from is unchanged (same
-/// device, inode, size, mtime and ctime) and nothing was mounted or unmounted on the host since
-/// (a bind copies the mounts below its source as they were: one made over `/usr/local` later,
-/// or one gone since, would otherwise not be what the cage sees): otherwise that launch builds
-/// its own, as the one-shot form always does.
-pub struct HostBase {
+/// What a root made ahead is made for: the root and the sizes of its `/tmp` and `/dev/shm`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RootKey {
+    /// The root filesystem.
+    pub root: RootSpec,
+    /// Size of `/tmp`.
+    pub tmp_bytes: u64,
+    /// Size of `/dev/shm`.
+    pub shm_bytes: u64,
+}
+
+impl RootKey {
+    /// The key of `plan`'s root, when a root made ahead could serve it: no bind over one of its
+    /// top-level entries, no test hook on mount flags.
+    pub fn of(plan: &CagePlan) -> Option<RootKey> {
+        let top_binds = plan.binds.iter().any(|b| top_level_name(&b.dest).is_some());
+        (!top_binds && !plan.hook(&TestHook::MountFlags)).then(|| RootKey {
+            root: plan.root.clone(),
+            tmp_bytes: plan.limits.tmp_bytes,
+            shm_bytes: plan.limits.shm_bytes,
+        })
+    }
+}
+
+/// The plan-independent part of a cage's root, made ahead of the request by a daemon's spare
+/// (see [`crate::ahead`]) for the root the last launch had: the skeleton with its mount points,
+/// `/dev` with its device nodes, `/tmp` and `/dev/shm`, and the root's read-only binds — an
+/// image directory's top-level entries, or the host's `/usr`, `/lib`… with the cage's own
+/// `/etc` and its copies of the host's files. One launch uses it, and only if its plan has the
+/// same [`RootKey`], every source it was made from is unchanged (same device, inode, size,
+/// mtime and ctime: an entry added, removed or renamed at an image's top level moves its
+/// directory's mtime; a directory swapped for another at the same path has another inode)
+/// and nothing was mounted or unmounted on the host since (a bind copies the mounts below its
+/// source as they were: one made over `/usr/local` later, or one gone since, would otherwise
+/// not be what the cage sees). Otherwise that launch builds its own, as the one-shot form
+/// always does.
+pub struct RootAhead {
+    key: RootKey,
     prepared: Prepared,
     sources: Vec<Option<crate::digests::Identity>>,
     /// The host's mount table, opened before the binds were made: see [`mounts_changed`].
     mounts: std::fs::File,
 }
 
-impl HostBase {
-    /// Make it now, from the host's `/`.
-    pub fn make() -> io::Result<HostBase> {
+impl RootAhead {
+    /// Make it now. The sources are read before anything is bound, so that a change made
+    /// meanwhile makes it stale rather than unnoticed.
+    pub fn make(key: &RootKey) -> io::Result<RootAhead> {
         let mounts = std::fs::File::open("/proc/self/mountinfo")?;
-        let sources = host_sources();
+        let sources = sources_of(&key.root);
         let mut prepared = Prepared::empty(false, 0)?;
-        prepared.add_host_system(&[])?;
-        Ok(HostBase { prepared, sources, mounts })
+        match &key.root {
+            RootSpec::Directory(dir) => prepared.add_root_dir(dir, &[])?,
+            RootSpec::HostSystem => prepared.add_host_system(&[])?,
+        }
+        prepared.add_special(key.tmp_bytes, key.shm_bytes)?;
+        Ok(RootAhead { key: key.clone(), prepared, sources, mounts })
     }
 
-    /// Whether the host's sources and mounts are still what it was made from.
-    fn fresh(&self) -> bool {
-        !mounts_changed(&self.mounts) && host_sources() == self.sources
+    /// Whether it serves `key`: made for it, and its sources and the host's mounts are still
+    /// what it was made from.
+    fn serves(&self, key: Option<&RootKey>) -> bool {
+        key == Some(&self.key) && !mounts_changed(&self.mounts) && sources_of(&self.key.root) == self.sources
     }
 }
 
@@ -194,20 +229,25 @@ fn mounts_changed(mountinfo: &std::fs::File) -> bool {
     }
 }
 
-impl std::fmt::Debug for HostBase {
+impl std::fmt::Debug for RootAhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostBase").field("mounts", &self.prepared.described).finish()
+        f.debug_struct("RootAhead").field("mounts", &self.prepared.described).finish()
     }
 }
 
-/// The identity (a hashed file's: see `prehash::identity`) of every host entry a default root is
-/// made from (None: absent), in order.
-fn host_sources() -> Vec<Option<crate::digests::Identity>> {
+/// The identity (a hashed file's: see `prehash::identity`) of every host entry a root is made
+/// from (None: absent), in order: an image directory itself (its top-level entries are what
+/// its mtime and ctime cover), or the host's entries a default root binds and copies.
+fn sources_of(root: &RootSpec) -> Vec<Option<crate::digests::Identity>> {
     let id = |dir: Option<&OwnedFd>, name: &str| {
         let c = cstring(name).ok()?;
         let st = sys::fstatat(dir?.as_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok()?;
         Some(crate::prehash::identity(&st))
     };
+    if let RootSpec::Directory(dir) = root {
+        let fd = path::open_host(dir, libc::O_DIRECTORY).ok();
+        return vec![fd.and_then(|f| sys::fstat(f.as_fd()).ok()).map(|st| crate::prehash::identity(&st))];
+    }
     let root = path::open_host(Path::new("/"), libc::O_DIRECTORY).ok();
     let etc = path::open_host(Path::new("/etc"), libc::O_DIRECTORY).ok();
     let mut ids: Vec<_> = HOST_DIRS.iter().map(|n| id(root.as_ref(), n)).collect();
@@ -259,26 +299,24 @@ impl Prepared {
         })
     }
 
-    /// Prepare the detached trees for `plan`, starting from `base` when it was made ahead for
-    /// a default root that this plan leaves as it is (no bind over a top-level entry, no test
-    /// hook on mount flags) and is still fresh.
-    pub fn build(plan: &CagePlan, base: Option<&HostBase>) -> io::Result<Prepared> {
+    /// Prepare the detached trees for `plan`, starting from the root made ahead when it serves
+    /// this plan (see [`RootAhead`]).
+    pub fn build(plan: &CagePlan, ahead: Option<&RootAhead>) -> io::Result<Prepared> {
         let mask_proc = plan.uid == 0 || plan.gid == 0;
         let strip = if plan.hook(&TestHook::MountFlags) { MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC } else { 0 };
-        let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
-        let fits = matches!(plan.root, RootSpec::HostSystem) && top_binds.is_empty() && strip == 0;
-        let mut p = match base.filter(|b| fits && b.fresh()) {
-            Some(b) => b.prepared.try_clone(mask_proc)?,
+        let mut p = match ahead.filter(|a| a.serves(RootKey::of(plan).as_ref())) {
+            Some(a) => a.prepared.try_clone(mask_proc)?,
             None => {
+                let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
                 let mut p = Prepared::empty(mask_proc, strip)?;
                 match &plan.root {
                     RootSpec::Directory(dir) => p.add_root_dir(dir, &top_binds)?,
                     RootSpec::HostSystem => p.add_host_system(&top_binds)?,
                 }
+                p.add_special(plan.limits.tmp_bytes, plan.limits.shm_bytes)?;
                 p
             }
         };
-        p.add_special(plan)?;
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
             let ro = plan.workspace_read_only;
@@ -424,17 +462,13 @@ impl Prepared {
     }
 
     /// `/proc`, `/tmp` and `/dev` mount points; `/dev` contents.
-    fn add_special(&mut self, plan: &CagePlan) -> io::Result<()> {
+    fn add_special(&mut self, tmp_bytes: u64, shm_bytes: u64) -> io::Result<()> {
         let sk = self.skeleton.as_fd();
         sys::mkdirat(sk, c"proc", 0o555)?;
         sys::mkdirat(sk, c"dev", 0o755)?;
         sys::mkdirat(sk, c"tmp", 0o1777)?;
-        let tmp = tmpfs(
-            plan.limits.tmp_bytes,
-            "1777",
-            (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip,
-        )?;
-        self.push(Parent::Root, c"tmp".into(), tmp, format!("/tmp tmpfs size={} noexec", plan.limits.tmp_bytes));
+        let tmp = tmpfs(tmp_bytes, "1777", (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip)?;
+        self.push(Parent::Root, c"tmp".into(), tmp, format!("/tmp tmpfs size={tmp_bytes} noexec"));
         for (name, major, minor) in DEVICES {
             sys::mknodat(self.dev.as_fd(), name, libc::S_IFCHR | 0o666, libc::makedev(major, minor))?;
             self.described.push(format!("/dev/{} device node {major}:{minor}", name.to_string_lossy()));
@@ -448,12 +482,8 @@ impl Prepared {
             sys::symlinkat(target, self.dev.as_fd(), name)?;
         }
         sys::mkdirat(self.dev.as_fd(), c"shm", 0o1777)?;
-        let shm = tmpfs(
-            plan.limits.shm_bytes,
-            "1777",
-            (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip,
-        )?;
-        self.push(Parent::Dev, c"shm".into(), shm, format!("/dev/shm tmpfs size={} noexec", plan.limits.shm_bytes));
+        let shm = tmpfs(shm_bytes, "1777", (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip)?;
+        self.push(Parent::Dev, c"shm".into(), shm, format!("/dev/shm tmpfs size={shm_bytes} noexec"));
         Ok(())
     }
 

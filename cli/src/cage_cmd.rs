@@ -245,8 +245,9 @@ pub struct Launched {
     /// What is left to do after the command's end, when the caller asked to do it (see
     /// [`TeardownAt`]).
     pub teardown: Option<chio_cage::Teardown>,
-    /// Whether the cage had the default root (the host's system directories).
-    pub host_root: bool,
+    /// The cage's root, when a root made ahead could serve a launch like it (see
+    /// [`chio_cage::RootKey::of`]): the next launch will likely have it too.
+    pub root: Option<chio_cage::RootKey>,
 }
 
 /// When a launch's teardown — the cage init's exit, which ends its namespaces, and the launch
@@ -282,7 +283,7 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: TeardownAt) -> Res
         (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
             Ok(planned) => planned,
             Err(status) => {
-                return Ok(Launched { status, record: None, receipts: Vec::new(), teardown: None, host_root: false })
+                return Ok(Launched { status, record: None, receipts: Vec::new(), teardown: None, root: None })
             }
         },
         _ => plan_from(a)?,
@@ -345,8 +346,8 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: TeardownAt) -> Res
     }
     report(a, &rec, record_file)?;
     let status = if unrecorded { 125 } else { rec.exit_status() };
-    let host_root = matches!(plan.root, chio_cage::RootSpec::HostSystem);
-    Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left, host_root })
+    let root = chio_cage::RootKey::of(&plan);
+    Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left, root })
 }
 
 /// Say before the run when the command's uid and gid cannot write the workspace (the cage has

@@ -48,6 +48,11 @@ sys.path.insert(0, HERE)
 import launch as lb  # noqa: E402  (build_chio, ensure_bwrap, build_rootfs, timed)
 
 
+# The top level of a Debian image (debootstrap), less what the cage provides itself.
+IMAGE_TOP = ["bin", "boot", "etc", "home", "lib", "lib64", "media", "mnt", "opt", "root", "run", "sbin", "srv",
+             "sys", "usr", "var"]
+
+
 def read_answer(s):
     """One answer line (b"" when the daemon closed the connection first)."""
     buf = b""
@@ -139,6 +144,9 @@ def main():
     ap.add_argument("--clients", type=int, default=2 * os.cpu_count())
     ap.add_argument("--settle", type=float, default=0.005, help="seconds idle before each timed launch")
     ap.add_argument("--compare", help="an earlier chio build to time through its own daemon")
+    ap.add_argument("--image-shape", action="store_true",
+                    help="give the rootfs the top level of a distribution image (bin, etc, usr, var...: "
+                         "each a bind the cage makes) beside /true")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -146,6 +154,9 @@ def main():
     bwrap = lb.ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-daemon-") as tmp:
         root = lb.build_rootfs(tmp)
+        if a.image_shape:
+            for d in IMAGE_TOP:
+                os.makedirs(os.path.join(root, d), exist_ok=True)
         sock = os.path.join(tmp, "s.sock")
         conf = os.path.join(tmp, "supervisor.json")
         with open(conf, "w") as f:

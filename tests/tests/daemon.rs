@@ -1034,6 +1034,72 @@ fn a_default_root_made_ahead_is_never_stale() {
     assert!(!std::fs::read_to_string("/etc/hosts").unwrap().contains(&marker));
 }
 
+/// The spare makes ahead the root the last launch had (here an image directory: the skeleton,
+/// `/dev`, `/tmp` and the binds of its top-level entries), and the next launch with that root
+/// takes it: the cage's `/` is a mount the init cloned ahead holds. A launch with another root
+/// (the first, after the spare made the default root ahead) builds its own.
+#[test]
+fn the_next_launch_takes_the_root_made_ahead_for_the_last_ones() {
+    if !privileged("daemon_root_ahead") {
+        return;
+    }
+    let dir = Scratch::new("daemon-root-ahead");
+    let rootfs = dir.join("rootfs");
+    chio_tests::build_rootfs(&rootfs, Path::new(PROBE));
+    let d = Daemon::start(&dir, config(json!({})));
+    let root_mount = || {
+        let out = d.run(None, &["--rootfs", s(&rootfs), "--", "/probe", "cat", "/proc/self/mountinfo"], None);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let info = text(&out.stdout);
+        let root = info.lines().find(|l| l.split(' ').nth(4) == Some("/")).map(|l| l.split(' ').next().unwrap());
+        root.unwrap_or_else(|| panic!("no / in the cage's mountinfo: {info}")).to_string()
+    };
+    let made_ahead = mount_ids_held(d.init_ahead());
+    assert!(!made_ahead.contains(&root_mount()), "a root made ahead for the default root served an image's");
+    for _ in 0..2 {
+        let made_ahead = mount_ids_held(d.init_ahead());
+        assert!(made_ahead.contains(&root_mount()), "the launch built its own root, not the one made ahead");
+    }
+}
+
+/// A root made ahead for an image directory is used only while that directory is what it was:
+/// an entry added at its top level, the directory swapped for another at the same path, an
+/// entry removed — after the spare made the root — are each what the next launch sees.
+#[test]
+fn a_root_made_ahead_for_an_image_is_never_stale() {
+    if !privileged("daemon_root_ahead_stale") {
+        return;
+    }
+    let dir = Scratch::new("daemon-root-ahead-stale");
+    let rootfs = dir.join("rootfs");
+    chio_tests::build_rootfs(&rootfs, Path::new(PROBE));
+    let d = Daemon::start(&dir, config(json!({})));
+    let sees = |path: &str| {
+        let out = d.run(None, &["--rootfs", s(&rootfs), "--", "/probe", "read", path], None);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out.stderr));
+        out.status.code() == Some(0)
+    };
+    assert!(sees("/probe") && !sees("/added"));
+    d.init_ahead();
+    std::fs::write(rootfs.join("added"), "").unwrap();
+    assert!(sees("/added"), "an entry added after the root was made ahead is missing");
+    d.init_ahead();
+    std::fs::rename(&rootfs, dir.join("rootfs-old")).unwrap();
+    chio_tests::build_rootfs(&rootfs, Path::new(PROBE));
+    std::fs::write(rootfs.join("swapped"), "").unwrap();
+    assert!(sees("/swapped"), "the launch saw the directory that was at the path when the root was made ahead");
+    d.init_ahead();
+    std::fs::remove_file(rootfs.join("swapped")).unwrap();
+    assert!(!sees("/swapped"), "an entry removed after the root was made ahead is still there");
+}
+
+/// The mount ids of the files process `pid` holds open (its fdinfo's `mnt_id`).
+fn mount_ids_held(pid: u32) -> Vec<String> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap();
+    let info = fds.flatten().map(|e| std::fs::read_to_string(e.path()).unwrap_or_default());
+    info.filter_map(|i| i.lines().find_map(|l| l.strip_prefix("mnt_id:").map(|v| v.trim().to_string()))).collect()
+}
+
 /// The spare clones the next launch's init ahead (into its namespaces and launch cgroup), and
 /// the launch takes it: the target runs in the pid, ipc and uts namespaces that init made
 /// before the request, and in a mount namespace it made at the request (the host's mounts as

@@ -60,13 +60,14 @@ pub struct Answered {
     pub text: String,
     /// The cage's teardown, left for after the answer.
     pub teardown: Option<chio_cage::Teardown>,
-    /// Whether the cage had the default root (the next launch probably will too).
-    pub host_root: bool,
+    /// The cage's root, if a root made ahead could serve it (the next launch probably has it
+    /// too: see [`chio_cage::RootKey`]).
+    pub root: Option<chio_cage::RootKey>,
 }
 
 impl From<String> for Answered {
     fn from(text: String) -> Answered {
-        Answered { text, teardown: None, host_root: false }
+        Answered { text, teardown: None, root: None }
     }
 }
 
@@ -280,7 +281,7 @@ fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
         Ok(l) => Answered {
             text: json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}).to_string(),
             teardown: l.teardown,
-            host_root: l.host_root,
+            root: l.root,
         },
         Err(e) => {
             eprintln!("chio: {e:#}");

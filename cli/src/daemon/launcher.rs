@@ -25,7 +25,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
 use chio_cage::digests::Digests;
-use chio_cage::Ahead;
+use chio_cage::{Ahead, RootKey};
 
 use super::job;
 
@@ -35,13 +35,12 @@ const KILL: &[u8] = b"kill";
 const PREPARE: &[u8] = b"prepare";
 /// A spare's answer once it holds its job.
 const TAKEN: &[u8] = b"taken";
-/// A launch's word once its client has the answer (it is only winding its cage down now).
+/// A launch's word once its client has the answer (it is only winding its cage down now),
+/// followed by its cage's root ([`RootKey`] as JSON) when a root made ahead could serve it.
 const ANSWERED: &[u8] = b"answered";
-/// The same from a launch whose cage had the default (host system) root.
-const ANSWERED_HOST: &[u8] = b"answered host";
-/// To a spare: make the work ahead, and a default root's host part too (the last launch had
-/// one: the next probably will).
-const PREPARE_HOST: &[u8] = b"prepare host";
+/// The longest word on a launcher's socket: a word and a root ([`RootKey`] as JSON). A root
+/// whose JSON is longer is not made ahead.
+const WORD_MAX: usize = 8192;
 /// How long a spare may take to say it took its job (it may be finishing its work ahead).
 const HAND_TIMEOUT_MS: u16 = 5000;
 /// Descriptors on one `launch` message: the job, the result pipe, the gate and up to four of
@@ -120,13 +119,18 @@ fn serve(sock: OwnedFd) -> ! {
     let digests = Digests::new().ok();
     let mut spare: Option<Spare> = None;
     let mut running = Running::new();
-    // Whether the next launch will likely want a default root (what the last one had).
-    let mut wants_host = true;
+    // The root the next launch will likely have (what the last one had): at first the default.
+    let limits = chio_cage::Limits::default();
+    let mut wants = Some(RootKey {
+        root: chio_cage::RootSpec::HostSystem,
+        tmp_bytes: limits.tmp_bytes,
+        shm_bytes: limits.shm_bytes,
+    });
     loop {
         if spare.is_none() {
             spare = fork_spare(digests, &sock, &sfd, &chld);
         }
-        prepare_when_idle(&mut spare, &running, wants_host);
+        prepare_when_idle(&mut spare, &running, wants.as_ref());
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
         let answering: Vec<Pid> = running.iter().filter_map(|(pid, s)| s.as_ref().map(|_| *pid)).collect();
         fds.extend(running.values().flatten().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
@@ -140,9 +144,11 @@ fn serve(sock: OwnedFd) -> ! {
         for pid in said {
             // "answered", or EOF (it died): either way no longer on a client's critical path.
             if let Some(Some(s)) = running.insert(pid, None) {
-                let mut b = [0u8; 16];
+                let mut b = vec![0u8; WORD_MAX];
+                // A launch whose root no root made ahead could serve (or an answer that is not
+                // a launch's: a repository status, a refusal) leaves the guess as it was.
                 if let Ok(n) = nix::sys::socket::recv(s.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT) {
-                    wants_host = &b[..n] == ANSWERED_HOST || (n == 0 && wants_host);
+                    wants = word_root(&b[..n], ANSWERED).or(wants);
                 }
             }
         }
@@ -184,7 +190,7 @@ fn serve(sock: OwnedFd) -> ! {
                 }
             }
             Ok(Message::Kill) => kill(&running),
-            Ok(Message::Prepare { .. } | Message::Other) => {}
+            Ok(Message::Prepare(_) | Message::Other) => {}
             Err(_) => {
                 // The daemon is gone: nothing may outlive it. The spare ends with our end of
                 // its pair, removing what it made ahead; wait for that before our death kills it.
@@ -204,15 +210,13 @@ fn serve(sock: OwnedFd) -> ! {
 enum Message {
     Launch(Vec<OwnedFd>),
     Kill,
-    /// Make the work ahead (`host`: a default root's host part too).
-    Prepare {
-        host: bool,
-    },
+    /// Make the work ahead (and this root's part, if any).
+    Prepare(Option<RootKey>),
     Other,
 }
 
 fn receive(sock: &OwnedFd) -> io::Result<Message> {
-    let mut buf = [0u8; 16];
+    let mut buf = vec![0u8; WORD_MAX];
     let mut space = nix::cmsg_space!([RawFd; MAX_JOB_FDS]);
     let mut iov = [IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
@@ -230,8 +234,7 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     Ok(match &buf[..bytes] {
         LAUNCH if fds.len() >= 3 => Message::Launch(fds),
         KILL => Message::Kill,
-        PREPARE => Message::Prepare { host: false },
-        PREPARE_HOST => Message::Prepare { host: true },
+        w if w.starts_with(PREPARE) => Message::Prepare(word_root(w, PREPARE)),
         _ => Message::Other,
     })
 }
@@ -270,11 +273,11 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
             let fds = loop {
                 match receive(&theirs) {
                     Ok(Message::Launch(fds)) => break fds,
-                    Ok(Message::Prepare { host }) => {
+                    Ok(Message::Prepare(root)) => {
                         // Step by step, each only while no job is waiting: a job that comes
                         // meanwhile makes the rest itself, as the one-shot form does.
                         let waiting = || pending(&theirs);
-                        ahead = Ahead::make(digests, &waiting, host, &super::hierarchy());
+                        ahead = Ahead::make(digests, &waiting, root.as_ref(), &super::hierarchy());
                         if !waiting() {
                             job::warm();
                         }
@@ -302,6 +305,21 @@ fn sweep() {
     chio_cage::cgroup::sweep(&super::hierarchy());
 }
 
+/// `word`, then `root` as JSON if there is one and it fits in [`WORD_MAX`].
+fn root_word(word: &[u8], root: Option<&RootKey>) -> Vec<u8> {
+    let mut w = word.to_vec();
+    if let Some(json) = root.and_then(|r| serde_json::to_vec(r).ok()).filter(|j| word.len() + j.len() <= WORD_MAX) {
+        w.extend(json);
+    }
+    w
+}
+
+/// The root after `word` in a message (see [`root_word`]); None if it has none, or not one that
+/// parses.
+fn word_root(msg: &[u8], word: &[u8]) -> Option<RootKey> {
+    serde_json::from_slice(msg.strip_prefix(word)?).ok()
+}
+
 /// Whether a message waits on `sock` (without waiting for one).
 fn pending(sock: &OwnedFd) -> bool {
     let mut p = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
@@ -314,10 +332,10 @@ type Running = HashMap<Pid, Option<OwnedFd>>;
 /// Tell the spare to make its work ahead, once, when no launch is on its way to an answer (one
 /// winding its cage down does not count): on a small host that work would otherwise take CPU
 /// from a running launch's critical path.
-fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, host: bool) {
+fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, root: Option<&RootKey>) {
     if let Some(s) = spare.as_mut().filter(|s| !s.told && running.values().all(Option::is_none)) {
-        let word = if host { PREPARE_HOST } else { PREPARE };
-        let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(word)], &[], MsgFlags::MSG_NOSIGNAL, None);
+        let word = root_word(PREPARE, root);
+        let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(&word)], &[], MsgFlags::MSG_NOSIGNAL, None);
         s.told = sent.is_ok();
     }
 }
@@ -386,7 +404,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     let mut out = std::fs::File::from(result_fd);
     let _ = out.write_all(answered.text.as_bytes());
     drop(out);
-    let _ = nix::unistd::write(&launcher, if answered.host_root { ANSWERED_HOST } else { ANSWERED });
+    let _ = nix::unistd::write(&launcher, &root_word(ANSWERED, answered.root.as_ref()));
     drop(launcher);
     let _ = io::stdout().flush();
     let _ = io::stderr().flush();
