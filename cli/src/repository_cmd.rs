@@ -151,12 +151,17 @@ pub fn parse_args(args: &[std::ffi::OsString]) -> std::result::Result<Repository
 
 /// Run a `chio repository` command as the one-shot form does.
 pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
-    run_with(cmd, chio_cage::Ahead::default())
+    run_with(cmd, chio_cage::Ahead::default(), &mut None)
 }
 
-/// [`run`], with what a daemon's spare made `ahead` for an `execute`'s cage.
-pub fn run_with(cmd: &RepositoryCommand, ahead: chio_cage::Ahead) -> Result<i32> {
-    match dispatch(cmd, ahead) {
+/// [`run`], with what a daemon's spare made `ahead` for an `execute`'s cage; an `execute` sets
+/// `root` to its cage's root when a root made ahead could serve the next one's.
+pub fn run_with(
+    cmd: &RepositoryCommand,
+    ahead: chio_cage::Ahead,
+    root: &mut Option<chio_cage::RootKey>,
+) -> Result<i32> {
+    match dispatch(cmd, ahead, root) {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("chio: {e}");
@@ -178,7 +183,11 @@ pub(crate) fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
     say!("{s}")
 }
 
-fn dispatch(cmd: &RepositoryCommand, ahead: chio_cage::Ahead) -> Result<i32, RepoError> {
+fn dispatch(
+    cmd: &RepositoryCommand,
+    ahead: chio_cage::Ahead,
+    root: &mut Option<chio_cage::RootKey>,
+) -> Result<i32, RepoError> {
     match cmd {
         RepositoryCommand::Init {
             state,
@@ -228,6 +237,7 @@ fn dispatch(cmd: &RepositoryCommand, ahead: chio_cage::Ahead) -> Result<i32, Rep
             let req =
                 ExecRequest { operation_key: operation_key.clone(), command: command.join(" "), deadline_s: *deadline };
             let r = execute::execute_with(&ws, &req, ahead)?;
+            root.clone_from(&r.root);
             if *json {
                 print_json(&r)?;
             } else {

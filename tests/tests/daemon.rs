@@ -730,11 +730,22 @@ fn the_repository_leg_through_the_daemon() {
     // A usage error is clap's, as the one-shot form gives it.
     assert_eq!(leg(&["execute", "--state", "ws"], None).status.code(), Some(2));
     // An execute's cage is the one its spare made ahead (its init, in the pid namespace that
-    // init made before the request; held open so that its number cannot be another's).
+    // init made before the request; held open so that its number cannot be another's), and so
+    // is its root, made for the root of the last execute (after a launch with another root).
+    let other_root = dir.join("rootfs");
+    chio_tests::build_rootfs(&other_root, Path::new(PROBE));
+    let other = d.run(None, &["--rootfs", s(&other_root), "--", "/probe", "cat", "/etc/hostname"], None);
+    assert_eq!(other.status.code(), Some(0), "{}", text(&other.stderr));
+    let pre = leg(&["execute", "--state", "ws", "--operation-key", "k-pre", "--", "true"], None);
+    assert_eq!(pre.status.code(), Some(0), "{}", text(&pre.stderr));
     let init = d.init_ahead();
     let (_held, made) = held_ns(&init.to_string(), "pid");
-    let out = leg(&["execute", "--state", "ws", "--operation-key", "k-ns", "--", "readlink /proc/self/ns/pid"], None);
-    assert_eq!(text(&out.stdout).trim(), made, "{}", text(&out.stderr));
+    let roots_ahead = mount_ids_held(init);
+    let script = r#"readlink /proc/self/ns/pid; while read -r id _ _ _ at _; do [ "$at" = / ] && echo "$id"; done < /proc/self/mountinfo"#;
+    let out = leg(&["execute", "--state", "ws", "--operation-key", "k-ns", "--", script], None);
+    let lines: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+    assert_eq!(lines.first(), Some(&made), "{}", text(&out.stderr));
+    assert!(lines.get(1).is_some_and(|root| roots_ahead.contains(root)), "the execute built its own root: {lines:?}");
     // The launch role may not drive the leg.
     let out = leg(&["status", "--state", "ws"], Some(65533));
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));

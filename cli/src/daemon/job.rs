@@ -88,7 +88,7 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Op
     }
     let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
     if job.request.op == "repository" {
-        return go(gate).then(|| repository(&job, &args, ahead).into());
+        return go(gate).then(|| repository(&job, &args, ahead));
     }
     let parsed = cage_cmd::parse_args(&args);
     let admitted = match parsed {
@@ -136,18 +136,20 @@ pub fn warm() {
 }
 
 /// `chio repository …` as the client asked, as far as its role allows (see [`super::grants`]).
-/// An `execute` takes what the spare made `ahead` for its cage.
-fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> String {
+/// An `execute` takes what the spare made `ahead` for its cage, and its answer names the cage's
+/// root for the launcher (the next spare makes it ahead).
+fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> Answered {
+    let mut root = None;
     let status = match crate::repository_cmd::parse_args(args) {
         Ok(mut cmd) => {
             if let Err(why) = super::grants::check(job, &mut cmd) {
-                return json!({"error": why, "exit_code": 77}).to_string();
+                return json!({"error": why, "exit_code": 77}).to_string().into();
             }
             match &cmd {
                 RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
                     exported_as_client(job, state, out)
                 }
-                _ => crate::repository_cmd::run_with(&cmd, ahead).unwrap_or_else(|e| {
+                _ => crate::repository_cmd::run_with(&cmd, ahead, &mut root).unwrap_or_else(|e| {
                     eprintln!("chio: {e:#}");
                     1
                 }),
@@ -158,7 +160,8 @@ fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> String {
             e.exit_code()
         }
     };
-    json!({"exit_status": status, "record": null, "receipts": []}).to_string()
+    let text = json!({"exit_status": status, "record": null, "receipts": []}).to_string();
+    Answered { text, teardown: None, root }
 }
 
 /// A repository-role client's export, written with its own file system rights.

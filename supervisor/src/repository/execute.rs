@@ -93,6 +93,10 @@ pub struct ExecResult {
     /// that retains this result comes after it).
     #[serde(default)]
     pub timings_us: std::collections::BTreeMap<String, u64>,
+    /// The cage's root, when a root made ahead could serve a command like it (a daemon makes
+    /// it ahead for the next one). Not part of the result: never shown or retained.
+    #[serde(skip)]
+    pub root: Option<chio_cage::RootKey>,
 }
 
 fn failed(e: impl std::fmt::Display) -> RepoError {
@@ -168,7 +172,7 @@ pub fn execute_with(ws: &Workspace, req: &ExecRequest, ahead: chio_cage::Ahead) 
     }
     super::crash_point("dispatched");
     lap("journal");
-    let (rec, launch_receipt, terminal, mut output) = run_cage(ws, req, &mut store, &key, ahead)?;
+    let Caged { rec, launch_receipt, terminal, mut output, root } = run_cage(ws, req, &mut store, &key, ahead)?;
     lap("launch");
     // Bytes past the cage's own per-stream cap were counted there, not written.
     output.total += rec.outcome.as_ref().map_or(0, |o| o.stdout_dropped + o.stderr_dropped);
@@ -189,6 +193,7 @@ pub fn execute_with(ws: &Workspace, req: &ExecRequest, ahead: chio_cage::Ahead) 
         launch_receipt_id: launch_receipt.receipt.id.clone(),
         replayed: false,
         timings_us: Default::default(),
+        root,
     };
     if let Some(o) = &rec.outcome {
         result.limits_hit = o.limit_hit.clone();
@@ -259,6 +264,16 @@ struct Captured {
     total: u64,
 }
 
+/// What a command's cage leaves: its record, its enforcement receipt and the terminal receipt's
+/// draft, its output, and its root (see [`ExecResult::root`]).
+struct Caged {
+    rec: LaunchRecord,
+    launch_receipt: Appended,
+    terminal: Option<Draft>,
+    output: Captured,
+    root: Option<chio_cage::RootKey>,
+}
+
 /// Launch the command's cage; the enforcement receipt is durable at the exec stop.
 fn run_cage(
     ws: &Workspace,
@@ -266,7 +281,7 @@ fn run_cage(
     store: &mut Store,
     key: &chio_kernel::keys::SigningKey,
     ahead: chio_cage::Ahead,
-) -> Result<(LaunchRecord, Appended, Option<Draft>, Captured), RepoError> {
+) -> Result<Caged, RepoError> {
     let argv: Vec<OsString> =
         ["/bin/bash", "--noprofile", "--norc", "-c", req.command.as_str()].iter().map(OsString::from).collect();
     let mut o = PlanOptions::new(argv);
@@ -299,7 +314,8 @@ fn run_cage(
         None => receipts::enforcement(store, key, &rec)?,
     };
     let terminal = receipts::terminal_draft(&rec, &launch_receipt)?;
-    Ok((rec, launch_receipt, terminal, read_output(out)?))
+    let root = chio_cage::RootKey::of(&planned.plan);
+    Ok(Caged { rec, launch_receipt, terminal, output: read_output(out)?, root })
 }
 
 fn read_output(mut f: File) -> Result<Captured, RepoError> {
