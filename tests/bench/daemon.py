@@ -17,9 +17,10 @@ the foreground on a private socket and state directory, and times, interleaved i
   - bare:       R/true spawned from this script (no cage: the spawn and glibc's start-up)
   - c-floor:    tests/bench/floor.c built with gcc: one C process making the same namespaces and
                 root and exec'ing /true (no daemon, observation, ceilings, landlock or seccomp)
-  - c-floor-warm: the same program's third launch in a row, timed inside it (clone to waitpid):
-                the floor from a process already running, as the daemon is, to compare with
-                daemon-raw (c-floor adds the floor program's own spawn and start-up)
+  - c-floor-warm: the same program's third launch in a row, each after --settle idle as every
+                form is, timed inside it (clone to waitpid): the floor from a process already
+                running, as the daemon is, to compare with daemon-raw (c-floor adds the floor
+                program's own spawn and start-up)
 Each round takes the forms in a new order, each after --settle seconds idle (default 5 ms: a
 daemon's teardown and its spare's work ahead happen after the answer and must not be charged to
 whichever form is timed next; an agent's commands are seconds apart). It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
@@ -199,9 +200,10 @@ def c_floor(tmp):
     return [out]
 
 
-def floor_warm(cmd):
-    """The floor program's third launch in a row, as it timed it (ms)."""
-    out = subprocess.run(cmd + ["3"], check=True, capture_output=True, text=True).stdout.split()
+def floor_warm(cmd, settle):
+    """The floor program's third launch in a row, each after `settle` seconds idle, as it timed
+    it (ms)."""
+    out = subprocess.run(cmd + ["3", str(int(settle * 1e6))], check=True, capture_output=True, text=True).stdout.split()
     return int(out[-1]) / 1000.0
 
 
@@ -257,7 +259,7 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     for k, cmd in cmds.items():
         runs[k] = lambda cmd=cmd: lb.timed(cmd)
     if floor:
-        runs["c-floor-warm"] = lambda: floor_warm(cmds["c-floor"])
+        runs["c-floor-warm"] = lambda: floor_warm(cmds["c-floor"], a.settle)
         samples["c-floor-warm"] = []
     order = list(runs)
     for _ in range(a.runs):

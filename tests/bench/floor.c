@@ -5,11 +5,12 @@
  * observation, no cgroup ceilings, landlock, seccomp, capability drop or record: what any cage
  * of this shape costs on this host, at least.
  *
- * With a third argument N it launches N cages one after another and prints each one's clone to
- * waitpid time in microseconds, timed inside this process: the floor of a launch from a process
- * already running (as a daemon's is), without this program's own spawn and start-up.
+ * With a third argument N it launches N cages one after another, each after SETTLE microseconds
+ * idle (the fourth argument, default 0), and prints each one's clone to waitpid time in
+ * microseconds, timed inside this process: the floor of a launch from a process already running
+ * (as a daemon's is), without this program's own spawn and start-up.
  *
- *   gcc -O2 -o floor floor.c && sudo ./floor ROOT STAGING [N] */
+ *   gcc -O2 -o floor floor.c && sudo ./floor ROOT STAGING [N [SETTLE]] */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
@@ -64,13 +65,16 @@ static long long now_ns(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 && argc != 4)
+    if (argc < 3 || argc > 5)
         return 2;
     root = argv[1];
     staging = argv[2];
     if (argc == 3)
         return launch();
+    long settle = argc == 5 ? atol(argv[4]) : 0;
     for (int i = atoi(argv[3]); i > 0; i--) {
+        if (settle > 0)
+            usleep(settle);
         long long t = now_ns();
         int rc = launch();
         if (rc)
