@@ -716,6 +716,10 @@ impl Traced<'_> {
     fn exec_and_observe(&self, rec: &mut LaunchRecord, hook: Option<OnEnforced<'_>>) -> Result<Instant, Stop> {
         let plan = self.plan;
         channel::send_byte(self.sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e))?;
+        // While the target execs, the same reads once, their results dropped: the first reads of
+        // a new process's /proc entries (and this process's first run of this code) are several
+        // times dearer than a repeat, and the one at the exec stop holds the target stopped.
+        drop(observe::read(self.tpid, self.host.ns));
         wait_exec(self.tpid, self.sock)?;
         let exec_at = Instant::now();
         rec.exec_observed_at = Some(record::now_rfc3339());
