@@ -1,7 +1,7 @@
 //! The status channel between the supervisor and the cage: a `SOCK_SEQPACKET` socketpair, both
-//! ends close-on-exec. The cage sends JSON messages (a failure, or "ready" with the opened target
-//! fds and kernel-checked credentials, which is how the supervisor learns the target's host pid);
-//! the supervisor answers with one byte. EOF on the supervisor's end after the target's exec proves
+//! ends close-on-exec. The cage sends JSON messages with kernel-checked credentials (a failure;
+//! the target's "hello", which is how the supervisor learns the target's host pid; "ready" with
+//! the opened target fds); the supervisor answers the hello with one byte. EOF on the supervisor's end after the target's exec proves
 //! no cage process still holds a setup fd.
 
 use std::io::{self, IoSlice, IoSliceMut};
@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::plan::Stage;
 use crate::record::Reported;
 
-/// Supervisor → cage: continue.
+/// Supervisor → target: it is held under ptrace; it may exec once set up.
 pub const GO: u8 = b'G';
-/// Supervisor → cage: stop, the launch is refused.
+/// Supervisor → target: stop, the launch is refused.
 pub const ABORT: u8 = b'X';
 const MAX_MSG: usize = 64 * 1024;
 
@@ -51,6 +51,9 @@ pub enum CageMsg {
         /// Explanation.
         detail: String,
     },
+    /// The target exists (the message's credentials carry its pid) and sets itself up; it
+    /// execs only once the supervisor, which attaches ptrace meanwhile, answers [`GO`].
+    Hello,
     /// Everything before exec is in place; the fds carry the executable (and script, if any).
     Ready {
         /// Facts only the cage can report.

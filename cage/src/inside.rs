@@ -683,6 +683,8 @@ fn reset_signals() {
 }
 
 fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
+    // First, so that the supervisor attaches ptrace while the rest is set up.
+    channel::send(ctx.sock, &CageMsg::Hello, &[]).map_err(|e| fail(Stage::Identity, "channel_failed", e))?;
     let plan = ctx.plan;
     reset_signals();
     let mut reported = Reported {
@@ -766,7 +768,8 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     if late_caps {
         identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
     }
-    // The supervisor has verified the digest and attached ptrace; anything but GO stops here.
+    // The supervisor has attached ptrace (it checks the executable's digest before the exec stop
+    // ends); anything but GO stops here.
     match channel::recv_byte(ctx.sock) {
         Ok(Some(GO)) => {}
         _ => exit_now(125),

@@ -633,8 +633,13 @@ fn start_cage(
     Ok((exec_at, pidfd))
 }
 
-/// From "cage ready" to "target detached after a verified exec". Returns the exec time.
+/// From the target's hello to "target detached after a verified exec". Returns the exec time.
 /// `hashes`: the early digest of the likeliest target, and the supervisor's shared digests.
+///
+/// The target says hello first thing and is held under ptrace from then on: it sets itself up
+/// meanwhile, reports ready, and execs without waiting for another word. The executable's
+/// digest is checked while it execs, and the exec stop — before one instruction of the new
+/// program runs — is where any refusal kills it.
 fn verify_and_exec(
     plan: &CagePlan,
     rec: &mut LaunchRecord,
@@ -643,22 +648,62 @@ fn verify_and_exec(
     hashes: (Option<&Early>, Option<Digests>),
     hook: Option<OnEnforced<'_>>,
 ) -> Result<Instant, Stop> {
-    let (early, known) = hashes;
+    let hello = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
+    let tpid = match cage_msg(hello.msg, hello.pid)? {
+        (CageMsg::Hello, Some(pid)) => pid,
+        (CageMsg::Hello, None) => {
+            return Err(stop(Stage::Target, "channel_failed", "the hello carried no credentials"))
+        }
+        _ => return Err(stop(Stage::Namespaces, "channel_failed", "the cage spoke out of turn (no hello first)")),
+    };
+    if let Err(s) = seize(tpid) {
+        let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
+        return Err(cage_report(sock).unwrap_or(s));
+    }
+    let r = channel::send_byte(sock.as_raw_fd(), GO)
+        .map_err(|e| stop(Stage::Exec, "setup_failed", e))
+        .and_then(|()| verify_traced(plan, rec, host, sock, (tpid, hashes), hook));
+    if r.is_err() {
+        release_tracee(tpid);
+    }
+    r
+}
+
+/// A message from the cage and its sender's pid; a failure it reports, or its silent end, as the
+/// stop it is.
+fn cage_msg(msg: Option<CageMsg>, pid: Option<libc::pid_t>) -> Result<(CageMsg, Option<libc::pid_t>), Stop> {
+    match msg {
+        Some(CageMsg::Failed { stage, code, detail }) => Err(stop(stage, &code, detail)),
+        None => Err(stop(Stage::Namespaces, "cage_died", "the cage exited during setup without a report")),
+        Some(CageMsg::Join | CageMsg::Plan { .. } | CageMsg::Ceilings) => {
+            Err(stop(Stage::Namespaces, "channel_failed", "the cage sent a supervisor message"))
+        }
+        Some(m) => Ok((m, pid)),
+    }
+}
+
+/// The target `tpid` is traced: read its ready report, check the executable it opened, then
+/// observe its exec.
+fn verify_traced(
+    plan: &CagePlan,
+    rec: &mut LaunchRecord,
+    host: Host<'_>,
+    sock: &OwnedFd,
+    (tpid, (early, known)): (libc::pid_t, (Option<&Early>, Option<Digests>)),
+    hook: Option<OnEnforced<'_>>,
+) -> Result<Instant, Stop> {
     let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     rec.mark("cage_ready");
-    let (reported, exec_path, script_path, script_fd) = match ready.msg {
-        Some(CageMsg::Ready { reported, exec_path, script_path, script_fd }) => {
+    let (reported, exec_path, script_path, script_fd) = match cage_msg(ready.msg, ready.pid)? {
+        (CageMsg::Ready { reported, exec_path, script_path, script_fd }, Some(pid)) if pid == tpid => {
             (reported, exec_path, script_path, script_fd)
         }
-        Some(CageMsg::Failed { stage, code, detail }) => return Err(stop(stage, &code, detail)),
-        None => return Err(stop(Stage::Namespaces, "cage_died", "the cage exited during setup without a report")),
-        Some(CageMsg::Join | CageMsg::Plan { .. } | CageMsg::Ceilings) => {
-            return Err(stop(Stage::Namespaces, "channel_failed", "the cage sent a supervisor message"))
+        (CageMsg::Ready { .. }, _) => {
+            return Err(stop(Stage::Target, "channel_failed", "the ready message did not come from the target"))
         }
+        _ => return Err(stop(Stage::Namespaces, "channel_failed", "the cage spoke out of turn (no ready)")),
     };
     rec.reported = Some(reported);
-    let tpid =
-        ready.pid.ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no credentials"))?;
     let mut fds = ready.fds.into_iter();
     let exec_fd =
         fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
@@ -675,18 +720,9 @@ fn verify_and_exec(
     }
     let verified = verify_digest(plan, &target);
     rec.target = Some(target);
-    if let Err(s) = verified.and_then(|_| inject(plan, Stage::Verify)) {
-        let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
-        return Err(s);
-    }
-    // If the target died after reporting ready (a later setup step failed), its report says why.
-    seize(tpid).map_err(|s| cage_report(sock).unwrap_or(s))?;
+    verified.and_then(|_| inject(plan, Stage::Verify))?;
     let traced = Traced { plan, host, tpid, exe: exe_id, script, hashed, sock };
-    let r = traced.exec_and_observe(rec, hook);
-    if r.is_err() {
-        release_tracee(tpid);
-    }
-    r
+    traced.exec_and_observe(rec, hook)
 }
 
 /// The supervisor-side facts the target is checked against.
@@ -715,7 +751,6 @@ impl Traced<'_> {
     /// Let the target exec, check every fact at the exec stop, tell the hook, then detach.
     fn exec_and_observe(&self, rec: &mut LaunchRecord, hook: Option<OnEnforced<'_>>) -> Result<Instant, Stop> {
         let plan = self.plan;
-        channel::send_byte(self.sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e))?;
         // While the target execs, the same reads once, their results dropped: the first reads of
         // a new process's /proc entries (and this process's first run of this code) are several
         // times dearer than a repeat, and the one at the exec stop holds the target stopped.
@@ -819,7 +854,7 @@ fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {
 }
 
 fn seize(tpid: libc::pid_t) -> Result<(), Stop> {
-    // The target is blocked waiting for our GO.
+    // The target cannot exec before our GO.
     let opts = ptrace::Options::PTRACE_O_TRACEEXEC | ptrace::Options::PTRACE_O_EXITKILL;
     ptrace::seize(Pid::from_raw(tpid), opts).map_err(|e| stop(Stage::Exec, "ptrace_failed", e))
 }
@@ -846,13 +881,17 @@ fn wait_exec(tpid: libc::pid_t, sock: &OwnedFd) -> Result<(), Stop> {
     }
 }
 
-/// A failure the cage reported on the status channel, if one arrives within a second.
+/// A failure the cage reported on the status channel, if one arrives within a second (after
+/// whatever the target said before it failed: a target that fails fast may have said ready).
 fn cage_report(sock: &OwnedFd) -> Option<Stop> {
-    match recv_timeout(sock, 1000) {
-        Ok(channel::Received { msg: Some(CageMsg::Failed { stage, code, detail }), .. }) => {
-            Some(stop(stage, &code, detail))
+    loop {
+        match recv_timeout(sock, 1000) {
+            Ok(channel::Received { msg: Some(CageMsg::Failed { stage, code, detail }), .. }) => {
+                return Some(stop(stage, &code, detail))
+            }
+            Ok(channel::Received { msg: Some(CageMsg::Hello | CageMsg::Ready { .. }), .. }) => {}
+            _ => return None,
         }
-        _ => None,
     }
 }
 
