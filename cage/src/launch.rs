@@ -660,9 +660,14 @@ fn verify_and_exec(
         let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
         return Err(cage_report(sock).unwrap_or(s));
     }
-    let r = channel::send_byte(sock.as_raw_fd(), GO)
-        .map_err(|e| stop(Stage::Exec, "setup_failed", e))
-        .and_then(|()| verify_traced(plan, rec, host, sock, (tpid, hashes), hook));
+    let r = channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e)).and_then(|()| {
+        // While the target sets itself up, the exec stop's reads once, their results dropped:
+        // the first reads of a new process's /proc entries (and this process's first run of
+        // this code) are several times dearer than a repeat, and at the exec stop the target
+        // waits for them.
+        drop(observe::read(tpid, host.ns));
+        verify_traced(plan, rec, host, sock, (tpid, hashes), hook)
+    });
     if r.is_err() {
         release_tracee(tpid);
     }
@@ -751,10 +756,6 @@ impl Traced<'_> {
     /// Let the target exec, check every fact at the exec stop, tell the hook, then detach.
     fn exec_and_observe(&self, rec: &mut LaunchRecord, hook: Option<OnEnforced<'_>>) -> Result<Instant, Stop> {
         let plan = self.plan;
-        // While the target execs, the same reads once, their results dropped: the first reads of
-        // a new process's /proc entries (and this process's first run of this code) are several
-        // times dearer than a repeat, and the one at the exec stop holds the target stopped.
-        drop(observe::read(self.tpid, self.host.ns));
         wait_exec(self.tpid, self.sock)?;
         let exec_at = Instant::now();
         rec.exec_observed_at = Some(record::now_rfc3339());
