@@ -278,14 +278,23 @@ fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A launch's answer, written straight from the record (through a `Value` tree, a record's few
+/// KiB cost several times as much).
+fn launch_answer(l: &cage_cmd::Launched) -> String {
+    #[derive(Serialize)]
+    struct LaunchAnswer<'a> {
+        exit_status: i32,
+        record: &'a Option<chio_cage::LaunchRecord>,
+        receipts: &'a [String],
+    }
+    let answer = LaunchAnswer { exit_status: l.status, record: &l.record, receipts: &l.receipts };
+    serde_json::to_string(&answer).unwrap_or_else(|e| failure(&format!("writing the launch's answer: {e}")))
+}
+
 /// Launch; the answer carries cage run's exit status, the record and the receipt ids.
 fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
     match cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later) {
-        Ok(l) => Answered {
-            text: json!({"exit_status": l.status, "record": l.record, "receipts": l.receipts}).to_string(),
-            teardown: l.teardown,
-            root: l.root,
-        },
+        Ok(l) => Answered { text: launch_answer(&l), teardown: l.teardown, root: l.root },
         Err(e) => {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()
