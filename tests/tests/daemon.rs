@@ -399,8 +399,16 @@ fn raw(socket: &Path, bytes: &[u8]) -> Value {
 
 /// One request line with `files` attached as SCM_RIGHTS; the answer line.
 fn raw_with_fds(socket: &Path, line: &[u8], files: &[&std::fs::File]) -> Value {
-    use std::os::fd::AsRawFd;
     let c = UnixStream::connect(socket).unwrap();
+    send_with_fds(&c, line, files);
+    let mut answer = String::new();
+    BufReader::new(&c).read_line(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap_or_else(|_| panic!("not an answer: {answer:?}"))
+}
+
+/// Send one request line on `c` with `files` attached as SCM_RIGHTS.
+fn send_with_fds(c: &UnixStream, line: &[u8], files: &[&std::fs::File]) {
+    use std::os::fd::AsRawFd;
     let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
     let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
     let mut control = vec![0u8; space];
@@ -419,9 +427,125 @@ fn raw_with_fds(socket: &Path, line: &[u8], files: &[&std::fs::File]) -> Value {
         std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cm).cast::<i32>(), fds.len());
         assert_eq!(libc::sendmsg(c.as_raw_fd(), &msg, 0), line.len() as isize);
     }
+}
+
+/// Bytes waiting to be read on `c`.
+fn unread(c: &UnixStream) -> i32 {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD into a local int on our own socket.
+    assert_eq!(unsafe { libc::ioctl(c.as_raw_fd(), libc::FIONREAD, &mut n) }, 0);
+    n
+}
+
+/// A launch's answer goes to the client from the launch process itself, and whatever its
+/// socket does not take at once the daemon writes after it: a client that sends request after
+/// request on one connection without reading an answer fills its socket, and then reads every
+/// answer whole, in order, each with its id — none cut, doubled or lost.
+#[test]
+fn a_client_that_reads_no_answer_until_its_socket_is_full_gets_each_whole() {
+    if !privileged("daemon_unread") {
+        return;
+    }
+    let dir = Scratch::new("daemon-unread");
+    let d = Daemon::start(&dir, config(json!({})));
+    let c = UnixStream::connect(&d.socket).unwrap();
+    let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
+    // Each answer carries its 60 KB argument back in its record: a few fill the socket.
+    let script = format!(": {}", "x".repeat(60_000));
+    let mut sent = 0;
+    loop {
+        let args = json!(["--", "/bin/sh", "-c", script]);
+        let line = json!({"id": format!("unread-{sent}"), "op": "launch", "args": args,
+                          "fds": {"cwd": false, "stdin": false}});
+        let before = unread(&c);
+        send_with_fds(&c, format!("{line}\n").as_bytes(), &[&null, &null]);
+        sent += 1;
+        // Its answer is in once the unread bytes stop growing (a full socket takes none of it).
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut last = (before, Instant::now());
+        while last.1.elapsed() < Duration::from_millis(200) {
+            assert!(Instant::now() < until, "request {sent}: no answer: {}", d.log());
+            std::thread::sleep(Duration::from_millis(5));
+            let now = unread(&c);
+            if now != last.0 {
+                last = (now, Instant::now());
+            }
+        }
+        let full = last.0 == before;
+        assert!(sent < 50, "the socket never filled: {} bytes unread", last.0);
+        if full {
+            break;
+        }
+    }
+    c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut lines = BufReader::new(&c).lines();
+    for n in 0..sent {
+        let line = lines.next().unwrap_or_else(|| panic!("answer {n} of {sent} missing")).unwrap();
+        let answer: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("answer {n} cut: {line:?}"));
+        assert_eq!(answer["id"], format!("unread-{n}"), "{line}");
+        assert_eq!(answer["exit_status"], 0, "{line}");
+    }
+}
+
+/// The launch process answers its client itself: an answer arrives while the daemon's own
+/// process is stopped (SIGSTOP) — the daemon reads it afterwards, for its journal.
+#[test]
+fn the_launch_process_answers_its_client_itself() {
+    if !privileged("daemon_direct_answer") {
+        return;
+    }
+    /// Continues the daemon when dropped, whatever the test did.
+    struct Continued<'a>(&'a Daemon);
+    impl Drop for Continued<'_> {
+        fn drop(&mut self) {
+            self.0.signal(libc::SIGCONT);
+        }
+    }
+    let dir = Scratch::new("daemon-direct-answer");
+    let d = Daemon::start(&dir, config(json!({})));
+    let c = UnixStream::connect(&d.socket).unwrap();
+    let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
+    let line = json!({"id": "direct-1", "op": "launch", "args": ["--", "/bin/sh", "-c", "sleep 0.5"],
+                      "fds": {"cwd": false, "stdin": false}});
+    send_with_fds(&c, format!("{line}\n").as_bytes(), &[&null, &null]);
+    // Launched (its job long through the gate) and still running.
+    std::thread::sleep(Duration::from_millis(200));
+    let _continued = Continued(&d);
+    d.signal(libc::SIGSTOP);
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut answer = String::new();
-    BufReader::new(&c).read_line(&mut answer).unwrap();
-    serde_json::from_str(&answer).unwrap_or_else(|_| panic!("not an answer: {answer:?}"))
+    BufReader::new(&c).read_line(&mut answer).expect("no answer while the daemon was stopped");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!((answer["id"].as_str(), answer["exit_status"].as_i64()), (Some("direct-1"), Some(0)), "{answer}");
+}
+
+/// A repeat of a request still running (a client that lost its connection and asks again)
+/// waits for the first one's outcome and gets its answer — the command runs once.
+#[test]
+fn a_repeat_of_a_running_request_gets_its_answer_once_it_lands() {
+    if !privileged("daemon_repeat_running") {
+        return;
+    }
+    let dir = Scratch::new("daemon-repeat-running");
+    let d = Daemon::start(&dir, config(json!({})));
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
+    let args = json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", "echo ran >> count; sleep 0.5"]);
+    let line = json!({"id": "repeat-1", "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}});
+    let line = format!("{line}\n");
+    let first = UnixStream::connect(&d.socket).unwrap();
+    send_with_fds(&first, line.as_bytes(), &[&null, &null]);
+    std::thread::sleep(Duration::from_millis(150));
+    let again = raw_with_fds(&d.socket, line.as_bytes(), &[&null, &null]);
+    let mut answer = String::new();
+    BufReader::new(&first).read_line(&mut answer).unwrap();
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["exit_status"], 0, "{answer}");
+    assert_eq!(again, answer, "the repeat got another answer");
+    assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
 }
 
 /// A request id runs once. The daemon hands a job on while its journal entry is still being

@@ -63,11 +63,13 @@ pub struct Answered {
     /// The cage's root, if a root made ahead could serve it (the next launch probably has it
     /// too: see [`chio_cage::RootKey`]).
     pub root: Option<chio_cage::RootKey>,
+    /// The request's id (none when the job could not be read).
+    pub id: Option<String>,
 }
 
 impl From<String> for Answered {
     fn from(text: String) -> Answered {
-        Answered { text, teardown: None, root: None }
+        Answered { text, teardown: None, root: None, id: None }
     }
 }
 
@@ -83,16 +85,22 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Op
         Ok(j) => j,
         Err(e) => return go(gate).then(|| failure(&format!("the launcher received a malformed job: {e}")).into()),
     };
-    if let Err(e) = take_client_side(&job, client) {
+    let id = job.request.id.clone();
+    run_job(&job, client, gate, ahead).map(|a| Answered { id: Some(id), ..a })
+}
+
+/// [`run`], once the job is read.
+fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Option<Answered> {
+    if let Err(e) = take_client_side(job, client) {
         return go(gate).then(|| failure(&e).into());
     }
     let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
     if job.request.op == "repository" {
-        return go(gate).then(|| repository(&job, &args, ahead));
+        return go(gate).then(|| repository(job, &args, ahead));
     }
     let parsed = cage_cmd::parse_args(&args);
     let admitted = match parsed {
-        Ok(mut a) => admit(&job, &mut a).map(|_| a).map_err(Refused::Role),
+        Ok(mut a) => admit(job, &mut a).map(|_| a).map_err(Refused::Role),
         Err(e) => Err(Refused::Usage(e)),
     };
     if !go(gate) {
@@ -161,7 +169,7 @@ fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> Answered {
         }
     };
     let text = json!({"exit_status": status, "record": null, "receipts": []}).to_string();
-    Answered { text, teardown: None, root }
+    Answered { text, teardown: None, root, id: None }
 }
 
 /// A repository-role client's export, written with its own file system rights.
@@ -294,7 +302,7 @@ fn launch_answer(l: &cage_cmd::Launched) -> String {
 /// Launch; the answer carries cage run's exit status, the record and the receipt ids.
 fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
     match cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later) {
-        Ok(l) => Answered { text: launch_answer(&l), teardown: l.teardown, root: l.root },
+        Ok(l) => Answered { text: launch_answer(&l), teardown: l.teardown, root: l.root, id: None },
         Err(e) => {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()

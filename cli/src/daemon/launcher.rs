@@ -27,7 +27,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use chio_cage::digests::Digests;
 use chio_cage::{Ahead, RootKey};
 
-use super::job;
+use super::{answer, job};
 
 const LAUNCH: &[u8] = b"launch";
 const KILL: &[u8] = b"kill";
@@ -43,9 +43,9 @@ const ANSWERED: &[u8] = b"answered";
 const WORD_MAX: usize = 8192;
 /// How long a spare may take to say it took its job (it may be finishing its work ahead).
 const HAND_TIMEOUT_MS: u16 = 5000;
-/// Descriptors on one `launch` message: the job, the result pipe, the gate and up to four of
-/// the client's.
-const MAX_JOB_FDS: usize = 7;
+/// Descriptors on one `launch` message: the job, the result pipe, the gate, the client's
+/// connection and up to four of the client's.
+const MAX_JOB_FDS: usize = 8;
 
 /// The daemon's handle on its launcher.
 pub struct Launcher {
@@ -72,13 +72,21 @@ pub fn spawn() -> io::Result<Launcher> {
 impl Launcher {
     /// Hand a job to the launcher: `job` (JSON) travels in a memfd, `result` is the
     /// write end of the pipe the launch child answers on, `gate` the read end of the pipe that
-    /// lets it go (see `job::run`), `client` the client's descriptors.
-    pub fn submit(&self, job: &[u8], result: &OwnedFd, gate: &OwnedFd, client: &[OwnedFd]) -> io::Result<()> {
+    /// lets it go (see `job::run`), `conn` the client's connection (the launch child writes the
+    /// answer there: see `super::answer`), `client` the client's descriptors.
+    pub fn submit(
+        &self,
+        job: &[u8],
+        result: &OwnedFd,
+        gate: &OwnedFd,
+        conn: &OwnedFd,
+        client: &[OwnedFd],
+    ) -> io::Result<()> {
         let memfd = nix::sys::memfd::memfd_create(c"chio-job", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
         let mut f = std::fs::File::from(memfd);
         f.write_all(job)?;
         f.rewind()?;
-        let mut fds: Vec<RawFd> = vec![f.as_raw_fd(), result.as_raw_fd(), gate.as_raw_fd()];
+        let mut fds: Vec<RawFd> = vec![f.as_raw_fd(), result.as_raw_fd(), gate.as_raw_fd(), conn.as_raw_fd()];
         fds.extend(client.iter().map(|c| c.as_raw_fd()));
         let cmsg = [ControlMessage::ScmRights(&fds)];
         sendmsg::<UnixAddr>(self.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
@@ -232,7 +240,7 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     }
     let bytes = msg.bytes;
     Ok(match &buf[..bytes] {
-        LAUNCH if fds.len() >= 3 => Message::Launch(fds),
+        LAUNCH if fds.len() >= 4 => Message::Launch(fds),
         KILL => Message::Kill,
         w if w.starts_with(PREPARE) => Message::Prepare(word_root(w, PREPARE)),
         _ => Message::Other,
@@ -382,15 +390,17 @@ fn taken(spare: &Spare) -> bool {
 }
 
 fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
-    let client = fds.split_off(3);
-    let (job_fd, result_fd, gate) = match (fds.pop(), fds.pop(), fds.pop()) {
-        (Some(gate), Some(result), Some(job)) => (job, result, gate),
+    let client = fds.split_off(4);
+    let (job_fd, result_fd, gate, conn) = match (fds.pop(), fds.pop(), fds.pop(), fds.pop()) {
+        (Some(conn), Some(gate), Some(result), Some(job)) => (job, result, gate, conn),
         // SAFETY: leaving without running the daemon's destructors.
         _ => unsafe { libc::_exit(1) },
     };
     // The daemon's log, for what happens after the answer (the job makes the client's
     // descriptors this process's 0, 1 and 2).
     let log = nix::unistd::dup(io::stderr()).ok();
+    // Our own handle on the gate, to say SENDING on once the job has run (see `answer`).
+    let word = gate.try_clone().ok();
     let mut text = Vec::new();
     let answered = match std::fs::File::from(job_fd).read_to_end(&mut text) {
         Ok(_) => job::run(&text, client, gate, ahead),
@@ -401,13 +411,21 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
         // SAFETY: leaving without running the launcher's destructors.
         unsafe { libc::_exit(0) }
     };
+    // Whatever the job printed goes out before its answer.
+    let _ = io::stdout().flush();
+    let _ = io::stderr().flush();
+    // The answer goes to the client first, then what it got and the answer to the daemon.
+    let sending = word.is_some_and(|w| nix::unistd::write(&w, &[answer::SENDING]) == Ok(1));
+    let sent = answered.id.as_deref().filter(|_| sending).map_or(0, |id| {
+        let line = answer::line(id, &answered.text) + "\n";
+        answer::send_now(&conn, line.as_bytes())
+    });
+    drop(conn);
     let mut out = std::fs::File::from(result_fd);
-    let _ = out.write_all(answered.text.as_bytes());
+    let _ = out.write_all(format!("{sent}\n{}", answered.text).as_bytes());
     drop(out);
     let _ = nix::unistd::write(&launcher, &root_word(ANSWERED, answered.root.as_ref()));
     drop(launcher);
-    let _ = io::stdout().flush();
-    let _ = io::stderr().flush();
     // The client has its answer: let go of its descriptors (whoever reads its output sees EOF
     // now), then wind the cage down.
     let to_log = match (log, std::fs::File::open("/dev/null")) {
