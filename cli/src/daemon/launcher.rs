@@ -2,12 +2,12 @@
 //! cage's `launch` forks and must not run in a threaded process, so every launch is a child
 //! forked by this process — one child per launch, so launches run side by side. The next
 //! launch's child is forked before its job arrives (a spare); while no launch runs it makes its
-//! cage's network namespace, launch cgroup and (when the last launch had one) default root's
-//! host part ahead (`chio_cage::ahead`), then waits. The daemon talks to it over a
-//! SOCK_SEQPACKET pair: `launch` (with the job, its answer pipe, its gate and the client's
-//! descriptors) and `kill` (stop every launch still on its way to an answer); EOF means the
-//! daemon is gone: those launches are killed, and those winding their cages down finish. Each
-//! launch says `answered` on its own pair once its client has the answer.
+//! cage's network namespace, launch cgroup, the root the last launch had and the cage's init
+//! ahead (`chio_cage::ahead`), then waits. The daemon talks to it over a SOCK_SEQPACKET pair:
+//! `launch` (with the job, its answer pipe, its gate, the client's connection and descriptors)
+//! and `kill` (stop every launch still on its way to an answer); EOF means the daemon is gone:
+//! those launches are killed, and those winding their cages down finish. Each launch says
+//! `answered` (with its root) on its own pair once its client has the answer.
 //!
 //! Each launch child dies with the launcher (PDEATHSIG), and each cage with its launch child
 //! (the cage's own PDEATHSIG, PTRACE_O_EXITKILL and janitor): killing this process ends them all.

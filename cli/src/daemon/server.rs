@@ -412,11 +412,11 @@ async fn dispatch(
             ))
         }
     }
-    let bytes = match submitted {
+    let delivered = match submitted {
         Ok(gated) => gated.open().await,
         Err(why) => Err(why),
     };
-    let (text, sent) = match bytes {
+    let (text, sent) = match delivered {
         Ok(Delivery::Sent { sent, answer }) => (answer, sent),
         Ok(Delivery::NotSent) => {
             unknown(s, key).await?;
