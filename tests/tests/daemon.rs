@@ -46,6 +46,11 @@ impl Daemon {
     /// [`Daemon::start`], the daemon in a mount namespace of its own where a fresh cgroup2
     /// mount at `v2.0` holds its launch cgroups under `v2.1` (`CHIO_CGROUP_V2_ROOT`).
     fn start_with(dir: &Scratch, config: Value, v2: Option<&V2Root>) -> Daemon {
+        Daemon::start_with_env(dir, config, v2, &[])
+    }
+
+    /// [`Daemon::start_with`], with `env` added to the daemon's environment.
+    fn start_with_env(dir: &Scratch, config: Value, v2: Option<&V2Root>, env: &[(&str, &str)]) -> Daemon {
         let conf = dir.join("supervisor.json");
         std::fs::write(&conf, config.to_string()).unwrap();
         let (socket, log) = (dir.join("s.sock"), dir.join("daemon.log"));
@@ -58,6 +63,7 @@ shift 2; exec "$@""#;
             cmd.args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(mnt), sub, s(&chio())]);
         }
         let child = cmd
+            .envs(env.iter().copied())
             .args([
                 "supervisor",
                 "serve",
@@ -546,6 +552,49 @@ fn a_repeat_of_a_running_request_gets_its_answer_once_it_lands() {
     assert_eq!(answer["exit_status"], 0, "{answer}");
     assert_eq!(again, answer, "the repeat got another answer");
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
+}
+
+/// A launch through the daemon sees its client's variables, never the daemon's: `--env KEY`
+/// passes the client's value through — a `CHIO_` variable too — and a variable only the daemon
+/// has is not there to pass (a usage error, nothing run). Control: the one-shot form passes its
+/// own value through.
+#[test]
+fn a_launch_passes_its_clients_variables_never_the_daemons() {
+    if !privileged("daemon_env") {
+        return;
+    }
+    let dir = Scratch::new("daemon-env");
+    let secrets = [("CHIO_ZZ_SECRET", "daemon-secret"), ("ZZ_DAEMON_ONLY", "daemon-only")];
+    let d = Daemon::start_with_env(&dir, config(json!({})), None, &secrets);
+    let show = "echo ${CHIO_ZZ_SECRET-unset} ${ZZ_DAEMON_ONLY-unset}";
+    let run = |supervisor: bool, value: &str| {
+        let mut c = Command::new(chio());
+        c.args(["cage", "run"]);
+        if supervisor {
+            c.args(["--supervisor", s(&d.socket)]);
+        }
+        let out = c
+            .args(["--env", "CHIO_ZZ_SECRET", "--", "/bin/sh", "-c", show])
+            .env("CHIO_ZZ_SECRET", value)
+            .env_remove("ZZ_DAEMON_ONLY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    assert_eq!(run(true, "client-value"), "client-value unset\n", "the daemon's value passed through");
+    assert_eq!(run(false, "own-value"), "own-value unset\n", "control: the one-shot form passes its own");
+    // A client that has neither: the daemon's are not there to pass.
+    for (key, value) in secrets {
+        let out = dir.join(&format!("out-{key}"));
+        let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
+        let line = json!({"id": format!("env-{key}"), "op": "launch", "args": ["--env", key, "--", "/bin/sh", "-c", show],
+                          "fds": {"cwd": false, "stdin": false}});
+        let answer = raw_with_fds(&d.socket, format!("{line}\n").as_bytes(), &[&files[0], &files[1]]);
+        assert_eq!(answer["exit_status"], 2, "{key}: {answer}");
+        assert!(!std::fs::read_to_string(&out).unwrap().contains(value), "{key}: the daemon's value reached the cage");
+    }
 }
 
 /// A request id runs once. The daemon hands a job on while its journal entry is still being

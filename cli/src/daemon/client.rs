@@ -78,11 +78,12 @@ pub fn repository(socket: &Path) -> Result<i32> {
     Ok(status as i32)
 }
 
-/// The client's variables that travel (chio's own `CHIO_*` settings stay the daemon's).
+/// The client's variables that travel (chio's own settings stay the daemon's: see
+/// [`super::job::travels`]).
 fn client_env() -> Vec<(String, String)> {
     std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| !k.starts_with("CHIO_"))
+        .filter(|(k, _)| super::job::travels(k))
         .collect()
 }
 

@@ -1,6 +1,6 @@
 //! One launch, in the launch child the launcher forked for it: the client's descriptors become
 //! this process's 0, 1 and 2 (and, for an admin, its working directory), the client's variables
-//! its environment (chio's own `CHIO_*` settings stay the daemon's), and then it is exactly
+//! its environment (chio's own settings stay the daemon's: [`SETTINGS`]), and then it is exactly
 //! `chio cage run` with the client's arguments — same parser, same checks, same output — with
 //! the daemon's receipt store and key. The role's limits are applied before anything runs.
 
@@ -219,26 +219,47 @@ fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
     Ok(())
 }
 
-/// The client's variables, except chio's own settings, which stay the daemon's.
+/// The variables chio reads as its own configuration in a launch process (and every
+/// `CHIO_TEST_` switch): they stay the daemon's, and a client's value for one is dropped.
+const SETTINGS: [&str; 3] = ["CHIO_STATE_DIR", "CHIO_STAGING_DIR", "CHIO_CGROUP_V2_ROOT"];
+/// Variables that are neither the client's nor the daemon's in a launch process: the client's
+/// way to a daemon (a launch process holding it would send its launch to a daemon again).
+const NEITHER: [&str; 1] = ["CHIO_SUPERVISOR"];
+
+/// The client's variables — all of them, `CHIO_AUTH_TOKEN` and the like too, so that `--env
+/// KEY` and a policy's admitted variables pass the client's value through, never the daemon's
+/// — except chio's own settings, which stay the daemon's.
 fn set_environment(client: &[(String, String)], daemon: &DaemonSide) {
-    let ours: Vec<(OsString, OsString)> = std::env::vars_os().filter(|(k, _)| is_chio_setting(k)).collect();
-    for (k, _) in std::env::vars_os() {
-        // SAFETY (set_var/remove_var): the launch child is single-threaded.
-        std::env::remove_var(k);
-    }
+    // (Nothing left to remove when the spare did it while it waited.)
+    keep_only_chio_settings();
     for (k, v) in client {
-        if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') && !is_chio_setting(k.as_ref()) {
+        if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') && travels(k) {
+            // SAFETY (set_var): the launch child is single-threaded.
             std::env::set_var(k, v);
         }
-    }
-    for (k, v) in ours {
-        std::env::set_var(k, v);
     }
     std::env::set_var("CHIO_STATE_DIR", &daemon.state_dir);
 }
 
+/// Remove every variable of this process's environment but chio's own settings ([`SETTINGS`]):
+/// the daemon's other variables — its credentials among them — are no business of a launch. A
+/// spare does it while it waits for its job.
+pub fn keep_only_chio_settings() {
+    let others: Vec<OsString> = std::env::vars_os().map(|(k, _)| k).filter(|k| !is_chio_setting(k)).collect();
+    for k in others {
+        // SAFETY (remove_var): called in a launch child (a spare), which is single-threaded.
+        std::env::remove_var(k);
+    }
+}
+
+/// Whether a client's variable `k` becomes its launch's (all but chio's settings and the way to
+/// a daemon: see [`SETTINGS`], [`NEITHER`]).
+pub fn travels(k: &str) -> bool {
+    !is_chio_setting(k.as_ref()) && !NEITHER.contains(&k)
+}
+
 fn is_chio_setting(k: &std::ffi::OsStr) -> bool {
-    k.as_encoded_bytes().starts_with(b"CHIO_")
+    k.as_encoded_bytes().starts_with(b"CHIO_TEST_") || SETTINGS.iter().any(|s| k == *s)
 }
 
 /// What this role may launch, and the daemon's receipts and keys in place of any the client named.
@@ -307,5 +328,67 @@ fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `CHIO_` variable the code names is sorted: a setting that stays the daemon's, a
+    /// test switch, the client's way to a daemon, or one of the edge's credentials (the client's,
+    /// like any other variable). A new setting must join [`SETTINGS`] — or a client could set it
+    /// for the daemon's launch process — and this test fails until it is sorted.
+    #[test]
+    fn every_chio_variable_the_code_names_is_sorted() {
+        const CLIENTS: [&str; 4] =
+            ["CHIO_AUTH_TOKEN", "CHIO_ADMIN_TOKEN", "CHIO_CONTROL_TOKEN", "CHIO_REMOTE_AUTHORITY_WORKLOAD_TOKEN"];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut named = std::collections::BTreeSet::new();
+        for dir in ["cli/src", "cage/src", "supervisor/src", "kernel/src"] {
+            let mut stack = vec![root.join(dir)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).unwrap().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        let text = std::fs::read_to_string(&p).unwrap();
+                        for (i, _) in text.match_indices("\"CHIO_") {
+                            let name: String = text[i + 1..]
+                                .chars()
+                                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                                .collect();
+                            named.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(named.contains("CHIO_STATE_DIR") && named.contains("CHIO_AUTH_TOKEN"), "{named:?}");
+        let unsorted: Vec<&String> = named
+            .iter()
+            .filter(|n| n.as_str() != "CHIO_" && n.as_str() != "CHIO_TEST_")
+            .filter(|n| !is_chio_setting(n.as_ref()) && !NEITHER.contains(&n.as_str()))
+            .filter(|n| !CLIENTS.contains(&n.as_str()))
+            .collect();
+        assert!(unsorted.is_empty(), "CHIO_ variables neither settings nor the client's: {unsorted:?}");
+    }
+
+    /// A client's settings and way to a daemon are dropped; its other variables, `CHIO_` ones
+    /// too, become the launch process's.
+    #[test]
+    fn the_clients_variables_but_settings_are_the_launch_processes() {
+        for (k, setting) in [
+            ("CHIO_STATE_DIR", true),
+            ("CHIO_TEST_HOOK", true),
+            ("CHIO_CGROUP_V2_ROOT", true),
+            ("CHIO_AUTH_TOKEN", false),
+            ("PATH", false),
+        ] {
+            assert_eq!(is_chio_setting(k.as_ref()), setting, "{k}");
+        }
+        assert!(!travels("CHIO_SUPERVISOR") && !travels("CHIO_STATE_DIR"));
+        assert!(travels("CHIO_AUTH_TOKEN") && travels("HOME"));
     }
 }

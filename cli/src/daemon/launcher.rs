@@ -277,6 +277,7 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
                 let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
             }
             set_name(c"chio-spare");
+            job::keep_only_chio_settings();
             let mut ahead = Ahead::sharing(digests);
             let fds = loop {
                 match receive(&theirs) {
