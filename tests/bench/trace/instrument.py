@@ -41,7 +41,7 @@ for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipe
 before('cli/src/daemon/server.rs', "let req: Request = match serde_json::from_slice(&line)", "S_read")
 before('cli/src/daemon/server.rs', "if let Some(Err(why)) = settle(settling).await", "S_replied")
 before('cli/src/daemon/server.rs', "let submitted = submit(s, &job, fds, &conn);", "S_submit")
-before('cli/src/daemon/server.rs', "let bytes = match submitted {", "S_begun")
+before('cli/src/daemon/server.rs', "let delivered = match submitted {", "S_begun")
 before('cli/src/daemon/server.rs', "let summary: Summary =", "S_answer")
 before('cli/src/daemon/launcher.rs', "for _ in 0..2 {\n                    let Some(s) = spare.take()", "L_recv")
 before('cli/src/daemon/launcher.rs', "running.insert(s.pid, Some(s.sock));", "L_handed")
