@@ -1231,19 +1231,25 @@ fn the_next_launch_takes_the_root_made_ahead_for_the_last_ones() {
     let rootfs = dir.join("rootfs");
     chio_tests::build_rootfs(&rootfs, Path::new(PROBE));
     let d = Daemon::start(&dir, config(json!({})));
-    let root_mount = || {
-        let out = d.run(None, &["--rootfs", s(&rootfs), "--", "/probe", "cat", "/proc/self/mountinfo"], None);
+    let root_mount = |extra: &[&str]| {
+        let args = [&["--rootfs", s(&rootfs)], extra, &["--", "/probe", "cat", "/proc/self/mountinfo"]].concat();
+        let out = d.run(None, &args, None);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let info = text(&out.stdout);
         let root = info.lines().find(|l| l.split(' ').nth(4) == Some("/")).map(|l| l.split(' ').next().unwrap());
         root.unwrap_or_else(|| panic!("no / in the cage's mountinfo: {info}")).to_string()
     };
     let made_ahead = mount_ids_held(d.init_ahead());
-    assert!(!made_ahead.contains(&root_mount()), "a root made ahead for the default root served an image's");
+    assert!(!made_ahead.contains(&root_mount(&[])), "a root made ahead for the default root served an image's");
     for _ in 0..2 {
         let made_ahead = mount_ids_held(d.init_ahead());
-        assert!(made_ahead.contains(&root_mount()), "the launch built its own root, not the one made ahead");
+        assert!(made_ahead.contains(&root_mount(&[])), "the launch built its own root, not the one made ahead");
     }
+    // A bind over one of the image's top-level entries: that entry is not the image's in this
+    // cage, so the root made ahead (which binds it) does not serve.
+    let made_ahead = mount_ids_held(d.init_ahead());
+    let over_etc = format!("{}:/etc", s(&dir.join("rootfs/etc")));
+    assert!(!made_ahead.contains(&root_mount(&["--ro-bind", &over_etc])), "a root made ahead served a bind over /etc");
 }
 
 /// A root made ahead for an image directory is used only while that directory is what it was:
