@@ -512,11 +512,12 @@ fn the_launch_process_answers_its_client_itself() {
     let d = Daemon::start(&dir, config(json!({})));
     let c = UnixStream::connect(&d.socket).unwrap();
     let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
-    let line = json!({"id": "direct-1", "op": "launch", "args": ["--", "/bin/sh", "-c", "sleep 0.5"],
+    let tag = format!("direct-tag-{}", std::process::id());
+    let line = json!({"id": "direct-1", "op": "launch", "args": ["--", "/bin/sh", "-c", format!("sleep 0.5; : {tag}")],
                       "fds": {"cwd": false, "stdin": false}});
     send_with_fds(&c, format!("{line}\n").as_bytes(), &[&null, &null]);
     // Launched (its job long through the gate) and still running.
-    std::thread::sleep(Duration::from_millis(200));
+    d.wait_for_shell(&tag);
     let _continued = Continued(&d);
     d.signal(libc::SIGSTOP);
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -539,12 +540,13 @@ fn a_repeat_of_a_running_request_gets_its_answer_once_it_lands() {
     std::fs::create_dir(&ws).unwrap();
     std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
     let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
-    let args = json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", "echo ran >> count; sleep 0.5"]);
+    let tag = format!("repeat-tag-{}", std::process::id());
+    let args = json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", format!("echo ran >> count; sleep 0.5; : {tag}")]);
     let line = json!({"id": "repeat-1", "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}});
     let line = format!("{line}\n");
     let first = UnixStream::connect(&d.socket).unwrap();
     send_with_fds(&first, line.as_bytes(), &[&null, &null]);
-    std::thread::sleep(Duration::from_millis(150));
+    d.wait_for_shell(&tag);
     let again = raw_with_fds(&d.socket, line.as_bytes(), &[&null, &null]);
     let mut answer = String::new();
     BufReader::new(&first).read_line(&mut answer).unwrap();
