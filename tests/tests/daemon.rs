@@ -435,6 +435,19 @@ fn send_with_fds(c: &UnixStream, line: &[u8], files: &[&std::fs::File]) {
     }
 }
 
+/// A launch request line (with its newline) whose stdout and stderr ride along, as `id`.
+fn launch_line(id: &str, args: Value) -> String {
+    format!("{}\n", json!({"id": id, "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}}))
+}
+
+/// A scratch workspace any uid may write (the cage's command runs as 65534).
+fn open_workspace(dir: &Scratch) -> PathBuf {
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    ws
+}
+
 /// Bytes waiting to be read on `c`.
 fn unread(c: &UnixStream) -> i32 {
     use std::os::fd::AsRawFd;
@@ -462,10 +475,8 @@ fn a_client_that_reads_no_answer_until_its_socket_is_full_gets_each_whole() {
     let mut sent = 0;
     loop {
         let args = json!(["--", "/bin/sh", "-c", script]);
-        let line = json!({"id": format!("unread-{sent}"), "op": "launch", "args": args,
-                          "fds": {"cwd": false, "stdin": false}});
         let before = unread(&c);
-        send_with_fds(&c, format!("{line}\n").as_bytes(), &[&null, &null]);
+        send_with_fds(&c, launch_line(&format!("unread-{sent}"), args).as_bytes(), &[&null, &null]);
         sent += 1;
         // Its answer is in once the unread bytes stop growing (a full socket takes none of it).
         let until = Instant::now() + Duration::from_secs(10);
@@ -513,9 +524,8 @@ fn the_launch_process_answers_its_client_itself() {
     let c = UnixStream::connect(&d.socket).unwrap();
     let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
     let tag = format!("direct-tag-{}", std::process::id());
-    let line = json!({"id": "direct-1", "op": "launch", "args": ["--", "/bin/sh", "-c", format!("sleep 0.5; : {tag}")],
-                      "fds": {"cwd": false, "stdin": false}});
-    send_with_fds(&c, format!("{line}\n").as_bytes(), &[&null, &null]);
+    let line = launch_line("direct-1", json!(["--", "/bin/sh", "-c", format!("sleep 0.5; : {tag}")]));
+    send_with_fds(&c, line.as_bytes(), &[&null, &null]);
     // Launched (its job long through the gate) and still running.
     d.wait_for_shell(&tag);
     let _continued = Continued(&d);
@@ -536,14 +546,11 @@ fn a_repeat_of_a_running_request_gets_its_answer_once_it_lands() {
     }
     let dir = Scratch::new("daemon-repeat-running");
     let d = Daemon::start(&dir, config(json!({})));
-    let ws = dir.join("ws");
-    std::fs::create_dir(&ws).unwrap();
-    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let ws = open_workspace(&dir);
     let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
     let tag = format!("repeat-tag-{}", std::process::id());
     let args = json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", format!("echo ran >> count; sleep 0.5; : {tag}")]);
-    let line = json!({"id": "repeat-1", "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}});
-    let line = format!("{line}\n");
+    let line = launch_line("repeat-1", args);
     let first = UnixStream::connect(&d.socket).unwrap();
     send_with_fds(&first, line.as_bytes(), &[&null, &null]);
     d.wait_for_shell(&tag);
@@ -591,9 +598,8 @@ fn a_launch_passes_its_clients_variables_never_the_daemons() {
     for (key, value) in secrets {
         let out = dir.join(&format!("out-{key}"));
         let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
-        let line = json!({"id": format!("env-{key}"), "op": "launch", "args": ["--env", key, "--", "/bin/sh", "-c", show],
-                          "fds": {"cwd": false, "stdin": false}});
-        let answer = raw_with_fds(&d.socket, format!("{line}\n").as_bytes(), &[&files[0], &files[1]]);
+        let line = launch_line(&format!("env-{key}"), json!(["--env", key, "--", "/bin/sh", "-c", show]));
+        let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
         assert_eq!(answer["exit_status"], 2, "{key}: {answer}");
         assert!(!std::fs::read_to_string(&out).unwrap().contains(value), "{key}: the daemon's value reached the cage");
     }
@@ -610,13 +616,8 @@ fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
     }
     let dir = Scratch::new("daemon-gate");
     let d = Daemon::start(&dir, config(json!({})));
-    let ws = dir.join("ws");
-    std::fs::create_dir(&ws).unwrap();
-    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let request = |args: Value| {
-        let line = json!({"id": "once-1", "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}});
-        format!("{line}\n").into_bytes()
-    };
+    let ws = open_workspace(&dir);
+    let request = |args: Value| launch_line("once-1", args).into_bytes();
     let args = json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", "echo ran >> count; echo hello; echo note >&2"]);
     let send = |line: &[u8], n: u32| {
         let (out, err) = (dir.join(&format!("out{n}")), dir.join(&format!("err{n}")));
