@@ -1,8 +1,8 @@
 //! The status channel between the supervisor and the cage: a `SOCK_SEQPACKET` socketpair, both
 //! ends close-on-exec. The cage sends JSON messages with kernel-checked credentials (a failure;
 //! the target's "hello", which is how the supervisor learns the target's host pid; "ready" with
-//! the opened target fds); the supervisor answers the hello with one byte. EOF on the supervisor's end after the target's exec proves
-//! no cage process still holds a setup fd.
+//! the opened target fds); the supervisor answers the hello with one byte. EOF on the
+//! supervisor's end after the target's exec proves no cage process still holds a setup fd.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
