@@ -1,8 +1,8 @@
 //! The status channel between the supervisor and the cage: a `SOCK_SEQPACKET` socketpair, both
 //! ends close-on-exec. The cage sends JSON messages with kernel-checked credentials (a failure;
-//! the target's "hello", which is how the supervisor learns the target's host pid; "ready" with
-//! the opened target fds); the supervisor answers the hello with one byte. EOF on the
-//! supervisor's end after the target's exec proves no cage process still holds a setup fd.
+//! the target's "hello", which is how the supervisor learns the target's host pid and pidfd;
+//! "ready" with the opened target fds); the supervisor answers the hello with one byte. EOF on
+//! the supervisor's end after the target's exec proves no cage process still holds a setup fd.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -75,17 +75,42 @@ pub struct Received {
     pub fds: Vec<OwnedFd>,
     /// Sender pid as the receiver's pid namespace sees it (from SCM_CREDENTIALS).
     pub pid: Option<libc::pid_t>,
+    /// A pidfd for the sender itself (SCM_PIDFD), on the supervisor's end: unlike the pid, it
+    /// cannot come to name another process once the sender is gone.
+    pub pidfd: Option<OwnedFd>,
 }
+
+/// `SO_PASSPIDFD` and `SCM_PIDFD` (Linux 6.5, asm-generic/socket.h, which x86_64 and aarch64
+/// use): the libc crate does not export them yet, nor nix a sockopt or a control message.
+const SO_PASSPIDFD: libc::c_int = 76;
+const SCM_PIDFD: libc::c_int = 4;
 
 /// The most descriptors one message can carry (the kernel's SCM_MAX_FD): the receive buffer
 /// holds that many, so the kernel never cuts the control data — a cut would leave the
 /// descriptors that fit installed here with no way (through nix) to close them.
 const SCM_MAX_FD: usize = 253;
 
-/// Create the socketpair: (supervisor end, cage end). The supervisor end receives credentials.
+/// Create the socketpair: (supervisor end, cage end). The supervisor end receives credentials
+/// and a pidfd for each message's sender; a kernel that cannot give the pidfd (before 6.5) is
+/// refused here, so no launch runs without it.
 pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
     setsockopt(&a, sockopt::PassCred, &true)?;
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt on our own socket with a pointer to an int that outlives the call.
+    let r = unsafe {
+        libc::setsockopt(
+            a.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSPIDFD,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("SO_PASSPIDFD (Linux 6.5 or later): {e}")));
+    }
     Ok((a, b))
 }
 
@@ -108,8 +133,8 @@ pub fn send(sock: RawFd, msg: &CageMsg, fds: &[RawFd]) -> io::Result<()> {
 /// Receive one message (blocking).
 pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
     let mut buf = vec![0u8; MAX_MSG];
-    let mut space = nix::cmsg_space!(libc::ucred, [RawFd; SCM_MAX_FD]);
-    let mut out = Received { msg: None, fds: Vec::new(), pid: None };
+    let mut space = nix::cmsg_space!(libc::ucred, [RawFd; SCM_MAX_FD], RawFd);
+    let mut out = Received { msg: None, fds: Vec::new(), pid: None, pidfd: None };
     let mut iov = [IoSliceMut::new(&mut buf)];
     // ECONNRESET means the peer closed with a message of ours unread (a cage that failed before
     // reading the supervisor's `Join`); it is reported once, ahead of whatever the peer sent
@@ -123,6 +148,11 @@ pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
     for c in msg.cmsgs()? {
         match c {
             ControlMessageOwned::ScmCredentials(cred) => out.pid = Some(cred.pid()),
+            ControlMessageOwned::Unknown(c)
+                if c.cmsg_header.cmsg_level == libc::SOL_SOCKET && c.cmsg_header.cmsg_type == SCM_PIDFD =>
+            {
+                out.pidfd = pidfd_of(&c.data_bytes);
+            }
             ControlMessageOwned::ScmRights(received) => {
                 // SAFETY: the kernel just installed these descriptors in our table; we own them.
                 out.fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
@@ -138,6 +168,14 @@ pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
         out.msg = Some(serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?);
     }
     Ok(out)
+}
+
+/// The descriptor an SCM_PIDFD message carries. The kernel puts a negative errno there when it
+/// could not make one (a sender already reaped, on kernels that refuse those): no pidfd then.
+fn pidfd_of(data: &[u8]) -> Option<OwnedFd> {
+    let fd = RawFd::from_ne_bytes(data.get(..4)?.try_into().ok()?);
+    // SAFETY: a non-negative value is a descriptor the kernel just installed for us.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Write and parse a plan message once, while waiting for the request: a process forked from

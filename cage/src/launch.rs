@@ -649,14 +649,18 @@ fn verify_and_exec(
     hook: Option<OnEnforced<'_>>,
 ) -> Result<Instant, Stop> {
     let hello = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
-    let tpid = match cage_msg(hello.msg, hello.pid)? {
-        (CageMsg::Hello, Some(pid)) => pid,
-        (CageMsg::Hello, None) => {
-            return Err(stop(Stage::Target, "channel_failed", "the hello carried no credentials"))
+    let (tpid, sender) = match (cage_msg(hello.msg, hello.pid)?, hello.pidfd) {
+        ((CageMsg::Hello, Some(pid)), Some(pidfd)) => (pid, pidfd),
+        ((CageMsg::Hello, _), _) => {
+            return Err(stop(
+                Stage::Target,
+                "channel_failed",
+                "the hello carried no credentials or no pidfd of its sender",
+            ))
         }
         _ => return Err(stop(Stage::Namespaces, "channel_failed", "the cage spoke out of turn (no hello first)")),
     };
-    if let Err(s) = seize(tpid) {
+    if let Err(s) = seize_sender(tpid, sender.as_fd()) {
         let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
         return Err(cage_report(sock).unwrap_or(s));
     }
@@ -854,10 +858,45 @@ fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {
     }
 }
 
-fn seize(tpid: libc::pid_t) -> Result<(), Stop> {
+/// Seize the hello's sender by the pid its credentials gave, and make sure the process seized is
+/// that sender: had the target died and been reaped since its hello, its pid could name any
+/// process on the host by now, which the supervisor would hold, and kill on the way out. The
+/// sender's pidfd still holding its pid after the seize proves it held it during the seize; a
+/// traced process is not reaped before its tracer waits for it, so the pid stays the target's
+/// from then on. A stranger seized is let go untouched.
+fn seize_sender(tpid: libc::pid_t, sender: BorrowedFd<'_>) -> Result<(), Stop> {
     // The target cannot exec before our GO.
     let opts = ptrace::Options::PTRACE_O_TRACEEXEC | ptrace::Options::PTRACE_O_EXITKILL;
-    ptrace::seize(Pid::from_raw(tpid), opts).map_err(|e| stop(Stage::Exec, "ptrace_failed", e))
+    ptrace::seize(Pid::from_raw(tpid), opts).map_err(|e| stop(Stage::Exec, "ptrace_failed", e))?;
+    if sys::pidfd_holds_pid(sender) {
+        return Ok(());
+    }
+    let_go(Pid::from_raw(tpid));
+    Err(stop(
+        Stage::Target,
+        "cage_died",
+        format!("the target ended between its hello and the seize; pid {tpid} was let go, not followed"),
+    ))
+}
+
+/// Detach a process seized by mistake, leaving it as it was: interrupt it into a stop (a seized
+/// process that runs cannot be detached), then detach. A seized process's group stops come as
+/// events; a plain stop is a signal on its way, passed on.
+fn let_go(pid: Pid) {
+    if ptrace::interrupt(pid).is_err() {
+        return;
+    }
+    let status = loop {
+        match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+            Err(Errno::EINTR) => continue,
+            r => break r,
+        }
+    };
+    let _ = match status {
+        Ok(WaitStatus::Stopped(_, sig)) => ptrace::detach(pid, sig),
+        Ok(WaitStatus::PtraceEvent(..)) => ptrace::detach(pid, None),
+        _ => Ok(()),
+    };
 }
 
 /// Wait for the target's exec stop; an exit instead means exec failed (the cage says why).
@@ -947,4 +986,52 @@ fn ensure_staging(dir: &Path) -> io::Result<()> {
     }
     fs::create_dir_all(dir)?;
     fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+
+    /// A child killed and reaped when the test ends, however it ends.
+    struct Reaped(Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn tracer_of(pid: libc::pid_t) -> String {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("TracerPid:")).unwrap();
+        line["TracerPid:".len()..].trim().to_string()
+    }
+
+    /// The pid a hello named, taken by another process once its sender was reaped (here: another
+    /// child's pid beside the pidfd of one already reaped, which is what reuse amounts to).
+    #[test]
+    fn a_hello_whose_sender_is_gone_never_holds_the_process_now_at_its_pid() {
+        let mut sender = Command::new("/bin/true").spawn().unwrap();
+        let sender_fd = sys::pidfd_open(sender.id() as libc::pid_t).unwrap();
+        sender.wait().unwrap();
+        let mut stranger = Reaped(Command::new("/bin/sleep").arg("30").spawn().unwrap());
+        let pid = stranger.0.id() as libc::pid_t;
+
+        match seize_sender(pid, sender_fd.as_fd()) {
+            Err(s) => assert!(s.code == "cage_died" && s.detail.contains("let go"), "{}: {}", s.code, s.detail),
+            Ok(()) => panic!("a process that is not the hello's sender was held"),
+        }
+        assert_eq!(tracer_of(pid), "0", "the stranger is still traced");
+        assert!(stranger.0.try_wait().unwrap().is_none(), "the stranger did not go on running");
+
+        // Control: with its own pidfd the same process is seized and held.
+        let own = sys::pidfd_open(pid).unwrap();
+        assert!(seize_sender(pid, own.as_fd()).is_ok());
+        assert_eq!(tracer_of(pid), nix::unistd::gettid().to_string());
+        let_go(Pid::from_raw(pid));
+        assert_eq!(tracer_of(pid), "0");
+        assert!(stranger.0.try_wait().unwrap().is_none());
+    }
 }

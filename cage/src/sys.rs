@@ -242,6 +242,15 @@ pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })
 }
 
+/// Whether the process behind `pidfd` still holds its pid (alive, or a zombie not yet reaped):
+/// `pidfd_send_signal` with signal 0, which checks and sends nothing. Raw: nix has no pidfd calls.
+pub fn pidfd_holds_pid(pidfd: BorrowedFd<'_>) -> bool {
+    // SAFETY: plain syscall on a descriptor we hold, no info pointer, no flags.
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0u32) == 0
+    }
+}
+
 /// Close every fd from `first` upwards.
 pub fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: plain syscall with integer arguments.

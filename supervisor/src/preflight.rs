@@ -130,6 +130,10 @@ fn syscalls(f: &mut Finding) {
         let e = libc::syscall(libc::SYS_execveat, -1, c"".as_ptr(), argv.as_ptr(), argv.as_ptr(), libc::AT_EMPTY_PATH);
         (c == 0, e == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF))
     };
+    // The supervisor seizes the target by the pid its hello carried and checks it against the
+    // pidfd that came with it (SCM_PIDFD); the status channel refuses to open without one.
+    let scm_pidfd = chio_cage::channel::pair().is_ok();
+    f.note("scm_pidfd", if scm_pidfd { "yes" } else { "no" });
     f.note("close_range", if close_range { "yes" } else { "no" });
     f.note("execveat_empty_path", if execveat { "yes" } else { "no" });
     for (name, ok) in [
@@ -137,6 +141,7 @@ fn syscalls(f: &mut Finding) {
         ("openat2", matches!(openat2, Some(Ok(_)))),
         ("close_range", close_range),
         ("execveat(AT_EMPTY_PATH)", execveat),
+        ("SCM_PIDFD", scm_pidfd),
     ] {
         if !ok {
             f.raise(Severity::Fatal, format!("{name} is not available: a launch needs it"));
