@@ -7,6 +7,7 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -78,9 +79,20 @@ fn statfs_magic(p: &Path) -> Option<i64> {
     nix::sys::statfs::statfs(p).ok().map(|st| st.filesystem_type().0)
 }
 
-/// SIGKILL a pid a launch cgroup lists (gone already: nothing to do).
-fn kill_listed(pid: libc::pid_t) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+/// SIGKILL a process the launch cgroup `dir` listed as `pid` — through a pidfd, and only while
+/// it is in that cgroup. A listed process may have ended and been reaped since the list was
+/// read, and its pid be another process's by now: a cage can churn through the host's pids by
+/// forking (32,768 of them on a default `pid_max`), and a kill by pid would then hit whatever
+/// host process came next. The pidfd is opened first, the membership read after, and the kill
+/// goes through the pidfd: it reaches the process that was read, or none.
+fn kill_listed(dir: &Path, pid: libc::pid_t) {
+    let Ok(pidfd) = crate::sys::pidfd_open(pid) else { return };
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else { return };
+    let member = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .is_ok_and(|c| c.lines().any(|l| l.rsplit('/').next() == Some(name)));
+    if member {
+        let _ = crate::sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    }
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
@@ -380,7 +392,7 @@ impl LaunchCgroup {
                 continue;
             }
             for pid in procs(d) {
-                kill_listed(pid);
+                kill_listed(d, pid);
             }
         }
     }
@@ -445,7 +457,7 @@ fn sweep_orphans(parent: &Path) -> usize {
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
             let dir = e.path();
             for p in procs(&dir) {
-                kill_listed(p);
+                kill_listed(&dir, p);
             }
             removed += usize::from(fs::remove_dir(&dir).is_ok());
         }
@@ -508,7 +520,7 @@ pub fn reclaim(paths: &[String]) -> io::Result<Vec<String>> {
         loop {
             let _ = write(&d.join("cgroup.kill"), "1");
             for pid in procs(d) {
-                kill_listed(pid);
+                kill_listed(d, pid);
             }
             match fs::remove_dir(d) {
                 Ok(()) => break,
@@ -545,6 +557,43 @@ mod tests {
         // A launch name outside a cgroup file system is refused, not removed.
         let e = reclaim(&["/proc/chio-1-00112233aabbccdd".into()]).map(|v| v.len());
         assert!(matches!(e, Ok(0)), "{e:?}");
+    }
+
+    /// A listed pid is killed only while its process is in the cgroup: once reaped, its pid may
+    /// be any host process's (here: a process outside the cgroup, named by its pid).
+    #[test]
+    fn a_listed_pid_is_killed_only_while_it_is_in_the_cgroup() {
+        use std::process::{Child, Command};
+        struct Gone(Child);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        struct Removed(LaunchCgroup);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = self.0.remove();
+            }
+        }
+        // Dropped last: the children are gone by then.
+        let cg = Removed(
+            LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::detect(None)).unwrap(),
+        );
+        let dir = cg.0.unique_dirs()[0].to_path_buf();
+        let mut inside = Gone(Command::new("/bin/sleep").arg("30").spawn().unwrap());
+        let mut outside = Gone(Command::new("/bin/sleep").arg("30").spawn().unwrap());
+        fs::write(dir.join("cgroup.procs"), inside.0.id().to_string()).unwrap();
+
+        kill_listed(&dir, outside.0.id() as libc::pid_t);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(outside.0.try_wait().unwrap().is_none(), "a process outside the launch cgroup was killed");
+
+        kill_listed(&dir, inside.0.id() as libc::pid_t);
+        let status = inside.0.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        cg.0.remove().unwrap();
     }
 
     #[test]

@@ -14,13 +14,14 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::Signal;
 use nix::sys::socket::MsgFlags;
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 use crate::inside::RESULT_BYTES;
 use crate::record::Outcome;
+use crate::sys;
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 const FORWARD: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
@@ -327,15 +328,17 @@ pub fn run(r: Run<'_, '_>) -> Ended {
         // SAFETY: valid pollfds; negative fds are ignored by poll (raw: nix's PollFd cannot
         // hold such an idle slot).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        // Forwarded to our child, the cage's init, which forwards it to the target.
+        // Forwarded to our child, the cage's init, which forwards it to the target — through
+        // its pidfd: once the init is reaped (the loop goes on draining) its pid may be another
+        // process's.
         if let Ok(sig) = Signal::try_from(PENDING_SIGNAL.swap(0, Ordering::SeqCst)) {
-            let _ = kill(Pid::from_raw(r.init), sig);
+            let _ = sys::pidfd_send_signal(r.pidfd, sig as libc::c_int);
         }
         // The deadline is a time, not "poll timed out": a sink that is always ready must not
         // postpone it.
         if !killed && reaped.is_none() && Instant::now() >= r.deadline {
             // Our child: the kernel then kills its whole pid namespace.
-            let _ = kill(Pid::from_raw(r.init), Signal::SIGKILL);
+            let _ = sys::pidfd_send_signal(r.pidfd, libc::SIGKILL);
             killed = true;
             outcome.limit_hit.push("wall_time".into());
         }

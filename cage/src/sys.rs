@@ -242,13 +242,19 @@ pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })
 }
 
-/// Whether the process behind `pidfd` still holds its pid (alive, or a zombie not yet reaped):
-/// `pidfd_send_signal` with signal 0, which checks and sends nothing. Raw: nix has no pidfd calls.
-pub fn pidfd_holds_pid(pidfd: BorrowedFd<'_>) -> bool {
+/// Send `sig` (0: only check) to the process behind `pidfd`: that process or none, never
+/// another that took its pid after it was reaped (ESRCH then). Raw: nix has no pidfd calls.
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
     // SAFETY: plain syscall on a descriptor we hold, no info pointer, no flags.
-    unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0u32) == 0
-    }
+    check(unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0u32)
+    })
+    .map(drop)
+}
+
+/// Whether the process behind `pidfd` still holds its pid (alive, or a zombie not yet reaped).
+pub fn pidfd_holds_pid(pidfd: BorrowedFd<'_>) -> bool {
+    pidfd_send_signal(pidfd, 0).is_ok()
 }
 
 /// Close every fd from `first` upwards.
