@@ -30,7 +30,7 @@ use crate::plan::{CagePlan, Mode, Stage};
 use crate::prehash::{self, Early};
 use crate::record::{self, CgroupFacts, Failure, LaunchRecord, State, Target, SCHEMA};
 use crate::seccomp::{self, Filters};
-use crate::supervise::{self, OnEnforced, Sinks};
+use crate::supervise::{self, Gate, OnEnforced, Sinks};
 use crate::sys;
 
 /// Namespaces every cage gets (pid by clone, the others by the init itself).
@@ -481,7 +481,8 @@ fn launch_cage(
     // From here the init exists: every error path must kill it before returning.
     let SupEnds { sock, stdout, stderr, result, stdin } = ends;
     let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
-    let started = start_cage(plan, rec, &hierarchy, held, fresh, known, sinks.on_enforced.take());
+    let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take() };
+    let started = start_cage(plan, rec, &hierarchy, held, fresh, known, hooks);
     let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
     let cg = held.cgroup.as_ref();
     let mut on_result = || held.usage = cg.map(LaunchCgroup::usage);
@@ -578,6 +579,13 @@ struct FreshInit<'a> {
     ahead: bool,
 }
 
+/// The caller's word on the way to the exec: its gate before the target goes on, its hook at
+/// the exec stop.
+struct Hooks<'a> {
+    gate: Option<Gate<'a>>,
+    enforced: Option<OnEnforced<'a>>,
+}
+
 /// Puts the supervisor back on every CPU when dropped (normally as soon as the cgroup exists).
 struct Restore(Option<nix::sched::CpuSet>);
 
@@ -598,7 +606,7 @@ fn start_cage(
     held: &mut Held,
     init: FreshInit<'_>,
     known: Option<Digests>,
-    hook: Option<OnEnforced<'_>>,
+    hooks: Hooks<'_>,
 ) -> Result<(Instant, OwnedFd), Stop> {
     let FreshInit { pid: init, sock, aside, ahead } = init;
     // Back on every CPU once the cgroup exists (before anything forks from us), or on error.
@@ -629,7 +637,7 @@ fn start_cage(
     let early = prehash::guess(plan, known);
     let host_ns = observe::own_namespaces();
     let filters = observe::own_seccomp_filters();
-    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns, filters }, sock, (early.as_ref(), known), hook)?;
+    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns, filters }, sock, (early.as_ref(), known), hooks)?;
     Ok((exec_at, pidfd))
 }
 
@@ -646,7 +654,7 @@ fn verify_and_exec(
     host: Host<'_>,
     sock: &OwnedFd,
     hashes: (Option<&Early>, Option<Digests>),
-    hook: Option<OnEnforced<'_>>,
+    hooks: Hooks<'_>,
 ) -> Result<Instant, Stop> {
     let hello = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     let (tpid, sender) = match (cage_msg(hello.msg, hello.pid)?, hello.pidfd) {
@@ -664,13 +672,18 @@ fn verify_and_exec(
         let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
         return Err(cage_report(sock).unwrap_or(s));
     }
+    if hooks.gate.is_some_and(|open| !open()) {
+        let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
+        release_tracee(tpid);
+        return Err(stop(Stage::Exec, "withdrawn", "the launch was withdrawn before its command ran"));
+    }
     let r = channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e)).and_then(|()| {
         // While the target sets itself up, the exec stop's reads once, their results dropped:
         // the first reads of a new process's /proc entries (and this process's first run of
         // this code) are several times dearer than a repeat, and at the exec stop the target
         // waits for them.
         drop(observe::read(tpid, host.ns));
-        verify_traced(plan, rec, host, sock, (tpid, hashes), hook)
+        verify_traced(plan, rec, host, sock, (tpid, hashes), hooks.enforced)
     });
     if r.is_err() {
         release_tracee(tpid);

@@ -28,4 +28,4 @@ pub use launch::{launch, launch_to_end, Teardown, NAMESPACES};
 pub use mounts::RootKey;
 pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage, TestHook};
 pub use record::{LaunchRecord, State};
-pub use supervise::Sinks;
+pub use supervise::{Gate, Sinks};

@@ -35,6 +35,12 @@ const CHUNK: usize = 64 << 10;
 /// recorded means no launch.
 pub type OnEnforced<'a> = &'a mut dyn FnMut(&crate::record::LaunchRecord) -> Result<(), String>;
 
+/// Asked once, after the target is seized and before it is told to go on towards its exec:
+/// whether the launch may still go ahead. A caller that must hear from someone else first (the
+/// daemon's launch process waits for its request's journal entry) builds the cage meanwhile;
+/// false withdraws the launch before one instruction of the command runs.
+pub type Gate<'a> = &'a dyn Fn() -> bool;
+
 /// Where the target's output goes, where its input comes from, and who hears that the launch
 /// is enforced.
 pub struct Sinks<'a> {
@@ -47,6 +53,8 @@ pub struct Sinks<'a> {
     pub stdin: Option<BorrowedFd<'a>>,
     /// Optional hook at the exec stop (see [`OnEnforced`]).
     pub on_enforced: Option<OnEnforced<'a>>,
+    /// Optional gate before the target goes on (see [`Gate`]).
+    pub gate: Option<Gate<'a>>,
     /// Set by the launch when the target's stderr, as passed through, does not end with a
     /// newline (what the caller writes next would otherwise continue the target's line).
     pub stderr_mid_line: bool,
@@ -58,7 +66,15 @@ pub struct Sinks<'a> {
 impl<'a> Sinks<'a> {
     /// Output to `stdout` and `stderr`, stdin from `/dev/null`, no hook.
     pub fn new(stdout: BorrowedFd<'a>, stderr: BorrowedFd<'a>) -> Self {
-        Sinks { stdout, stderr, stdin: None, on_enforced: None, stderr_mid_line: false, ahead: Default::default() }
+        Sinks {
+            stdout,
+            stderr,
+            stdin: None,
+            on_enforced: None,
+            gate: None,
+            stderr_mid_line: false,
+            ahead: Default::default(),
+        }
     }
 }
 

@@ -267,12 +267,22 @@ pub fn run(a: &RunArgs) -> Result<i32> {
     if let Some(socket) = &a.supervisor {
         return crate::daemon::client::cage_run(socket, a);
     }
-    Ok(launch(a, chio_cage::Ahead::default(), TeardownAt::First)?.status)
+    Ok(launch(a, chio_cage::Ahead::default(), TeardownAt::First, None)?.status)
 }
 
 /// Launch the command in this process (the one-shot form, and the daemon's launch child, which
 /// brings what its launcher made `ahead` of the request and tears the cage down `Later`).
-pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: TeardownAt) -> Result<Launched> {
+///
+/// `gate` (the daemon's): asked before the target goes on towards its exec and before anything
+/// is written; once it says no, the launch is withdrawn — its target killed before it ran, no
+/// receipt, nothing printed — and the result is to be dropped. A policy launch (a refusal writes
+/// a denial receipt) or one with a workspace (a note may be printed) must pass it before this.
+pub fn launch(
+    a: &RunArgs,
+    ahead: chio_cage::Ahead,
+    teardown: TeardownAt,
+    gate: Option<chio_cage::Gate<'_>>,
+) -> Result<Launched> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
@@ -313,7 +323,12 @@ pub fn launch(a: &RunArgs, ahead: chio_cage::Ahead, teardown: TeardownAt) -> Res
         Ok(())
     };
     sinks.on_enforced = Some(&mut record_enforcement);
+    sinks.gate = gate;
     let (mut rec, left) = chio_cage::launch_to_end(&plan, &mut sinks);
+    if gate.is_some_and(|open| !open()) {
+        let teardown = Some(left);
+        return Ok(Launched { status: 125, record: None, receipts: Vec::new(), teardown, root: None });
+    }
     let left = match teardown {
         TeardownAt::First => {
             left.finish_into(&mut rec);

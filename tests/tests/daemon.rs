@@ -639,6 +639,59 @@ fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
 }
 
+/// A plain launch builds its cage while its journal entry is written and waits at the gate
+/// only before its target goes on: a repeat, or another request under a used id, turned away
+/// there never runs its command — not a byte on the client's descriptors, and no answer but
+/// the daemon's, even after its launch process has torn the cage it built down and gone.
+#[test]
+fn a_launch_turned_away_at_its_gate_never_runs_its_command() {
+    if !privileged("daemon_gate_late") {
+        return;
+    }
+    let dir = Scratch::new("daemon-gate-late");
+    let d = Daemon::start(&dir, config(json!({})));
+    let send = |args: Value, n: u32| {
+        let out = dir.join(&format!("out{n}"));
+        let files =
+            [std::fs::File::create(&out).unwrap(), std::fs::File::create(dir.join(&format!("err{n}"))).unwrap()];
+        let c = UnixStream::connect(&d.socket).unwrap();
+        send_with_fds(&c, launch_line("late-1", args).as_bytes(), &[&files[0], &files[1]]);
+        drop(files);
+        let mut reader = BufReader::new(&c);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let answer: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("not an answer: {line:?}"));
+        // Whatever held the client's descriptors (the launch process) is gone before we look.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held_open(&out) {
+            assert!(Instant::now() < deadline, "the launch process kept the client's stdout");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // One answer, and only one, on the connection.
+        assert!(reader.buffer().is_empty() && unread(&c) == 0, "a second answer to request {n}");
+        (answer, std::fs::read_to_string(out).unwrap())
+    };
+    let said = json!(["--", "/bin/sh", "-c", "echo hello"]);
+    let (first, out) = send(said.clone(), 1);
+    assert_eq!((first["exit_status"].as_i64(), out.as_str()), (Some(0), "hello\n"), "{first}");
+    let (again, out) = send(said, 2);
+    assert_eq!(again["record"], first["record"], "{again}");
+    assert_eq!(out, "", "a repeat turned away at its gate ran its command");
+    let (other, out) = send(json!(["--", "/bin/sh", "-c", "echo other"]), 3);
+    assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
+    assert_eq!(out, "", "a request turned away at its gate ran its command");
+}
+
+/// Whether any process holds `path` open.
+fn held_open(path: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
+    procs.flatten().any(|p| {
+        std::fs::read_dir(p.path().join("fd"))
+            .map(|fds| fds.flatten().any(|f| std::fs::read_link(f.path()).is_ok_and(|t| t == path)))
+            .unwrap_or(false)
+    })
+}
+
 #[test]
 fn hostile_requests_are_answered_and_stall_no_one() {
     if !privileged("daemon_hostile") {

@@ -103,11 +103,16 @@ fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Opti
         Ok(mut a) => admit(job, &mut a).map(|_| a).map_err(Refused::Role),
         Err(e) => Err(Refused::Usage(e)),
     };
-    if !go(gate) {
+    let gate = Gate::new(gate);
+    // A plain launch builds its cage while the entry is written and waits at the gate only
+    // before its target goes on (see `cage_cmd::launch`); a policy's refusal writes a receipt
+    // and a workspace may get a note, so those wait here, as every refusal does.
+    let builds_ahead = admitted.as_ref().is_ok_and(|a| a.policy.is_none() && a.workspace.is_none());
+    if !builds_ahead && !gate.open() {
         return None;
     }
     Some(match admitted {
-        Ok(a) => launched(&a, ahead),
+        Ok(a) => launched(&a, ahead, builds_ahead.then_some(&|| gate.open()))?,
         // clap's own message and usage status, on the client's stderr, as the one-shot form.
         Err(Refused::Usage(e)) => {
             let _ = e.print();
@@ -127,12 +132,34 @@ enum Refused {
 
 /// Wait at the gate: true once the daemon says go, false at EOF (the request is withdrawn).
 fn go(gate: OwnedFd) -> bool {
-    let mut b = [0u8; 1];
-    loop {
-        match nix::unistd::read(&gate, &mut b) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            r => return r == Ok(1),
+    Gate::new(gate).open()
+}
+
+/// The gate, waited at once and its answer kept.
+struct Gate {
+    fd: OwnedFd,
+    said: std::cell::Cell<Option<bool>>,
+}
+
+impl Gate {
+    fn new(fd: OwnedFd) -> Gate {
+        Gate { fd, said: Default::default() }
+    }
+
+    /// True once the daemon says go, false at EOF (the request is withdrawn).
+    fn open(&self) -> bool {
+        if let Some(said) = self.said.get() {
+            return said;
         }
+        let mut b = [0u8; 1];
+        let said = loop {
+            match nix::unistd::read(&self.fd, &mut b) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r == Ok(1),
+            }
+        };
+        self.said.set(Some(said));
+        said
     }
 }
 
@@ -320,15 +347,23 @@ fn launch_answer(l: &cage_cmd::Launched) -> String {
     serde_json::to_string(&answer).unwrap_or_else(|e| failure(&format!("writing the launch's answer: {e}")))
 }
 
-/// Launch; the answer carries cage run's exit status, the record and the receipt ids.
-fn launched(a: &RunArgs, ahead: Ahead) -> Answered {
-    match cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later) {
+/// Launch; the answer carries cage run's exit status, the record and the receipt ids. None when
+/// `gate` withdrew the launch (its cage is torn down here, and nothing was written).
+fn launched(a: &RunArgs, ahead: Ahead, gate: Option<chio_cage::Gate<'_>>) -> Option<Answered> {
+    let launched = cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later, gate);
+    if gate.is_some_and(|open| !open()) {
+        if let Ok(cage_cmd::Launched { teardown: Some(t), .. }) = launched {
+            let _ = t.finish();
+        }
+        return None;
+    }
+    Some(match launched {
         Ok(l) => Answered { text: launch_answer(&l), teardown: l.teardown, root: l.root, id: None },
         Err(e) => {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()
         }
-    }
+    })
 }
 
 #[cfg(test)]
