@@ -661,9 +661,11 @@ fn a_launch_turned_away_at_its_gate_never_runs_its_command() {
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
         let answer: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("not an answer: {line:?}"));
-        // Whatever held the client's descriptors (the launch process) is gone before we look.
+        // A launch turned away is gone, its cage torn down, before the daemon answers: what it
+        // built counts against the launch limits until then. (The one that ran answers first.)
         let deadline = Instant::now() + Duration::from_secs(10);
         while held_open(&out) {
+            assert!(n == 1, "request {n} was answered before its launch process was gone");
             assert!(Instant::now() < deadline, "the launch process kept the client's stdout");
             std::thread::sleep(Duration::from_millis(10));
         }

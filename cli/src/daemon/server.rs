@@ -31,6 +31,9 @@ use super::wire::{self, Request, MAX_FDS, MAX_REQUEST_BYTES};
 /// How long a repeat of a request still in flight waits for its outcome to land (a client that
 /// asks again right after its answer reached it gets the retained answer, not "running").
 const REPEAT_WAIT: Duration = Duration::from_secs(2);
+/// How long a refusal waits for the launch it withdrew to tear its cage down (which removes the
+/// cgroup within 5 s, killing what is in it).
+const WITHDRAW_WAIT: Duration = Duration::from_secs(10);
 /// The daemon's keys in the journal: `supervisor:<peer uid>:<request id>`.
 const JOURNAL_PREFIX: &str = "supervisor:";
 /// The longest answer a launch child may give (a launch record is a few KiB).
@@ -397,20 +400,23 @@ async fn dispatch(
     let job = Job { role: role.name().into(), uid, gid, request: req, daemon };
     let submitted = submit(s, &job, fds, &conn);
     drop(conn);
-    let mut begun = begin.await.map_err(|e| e.to_string())??;
-    if matches!(begun, Begin::InProgress) {
-        begun = settled_meanwhile(s, &key, &digest).await?;
-    }
-    match begun {
-        Begin::Proceed => {}
-        Begin::Retained(answer) => return Ok((Answer::Passed(answer), None)),
-        Begin::Conflict { .. } => return Err(format!("request id {id:?} was already used for another request")),
-        Begin::InProgress => return Err(format!("request id {id:?} is running")),
-        Begin::OutcomeUnknown => {
-            return Err(format!(
-                "request id {id:?} was dispatched before the supervisor stopped and its outcome is unknown; it is not run again"
-            ))
-        }
+    let begun = match begin.await.map_err(|e| e.to_string()).and_then(|r| r) {
+        Ok(Begin::InProgress) => settled_meanwhile(s, &key, &digest).await,
+        other => other,
+    };
+    let refused = match begun {
+        Ok(Begin::Proceed) => None,
+        Ok(Begin::Retained(answer)) => Some(Ok((Answer::Passed(answer), None))),
+        Ok(Begin::Conflict { .. }) => Some(Err(format!("request id {id:?} was already used for another request"))),
+        Ok(Begin::InProgress) => Some(Err(format!("request id {id:?} is running"))),
+        Ok(Begin::OutcomeUnknown) => Some(Err(format!(
+            "request id {id:?} was dispatched before the supervisor stopped and its outcome is unknown; it is not run again"
+        ))),
+        Err(e) => Some(Err(e)),
+    };
+    if let Some(refused) = refused {
+        withdraw(submitted).await;
+        return refused;
     }
     let delivered = match submitted {
         Ok(gated) => gated.open().await,
@@ -533,6 +539,16 @@ fn submit(s: &Shared, job: &Job, fds: Vec<OwnedFd>, conn: &OwnedFd) -> Result<Ga
     // Only the launch child holds the answer's write end and the gate's read end now: EOF on
     // the answer is its answer, or its death.
     Ok(Gated { answer, go })
+}
+
+/// Withdraw a job held at its gate, and wait (bounded) for its launch process to end: a plain
+/// launch builds its cage before it waits at the gate (see `job::run_job`), and that cage counts
+/// against the launch limits, whose slot the caller holds, until it is torn down.
+async fn withdraw(submitted: Result<Gated, String>) {
+    if let Ok(Gated { answer, go }) = submitted {
+        drop(go);
+        let _ = tokio::time::timeout(WITHDRAW_WAIT, answer_of(answer)).await;
+    }
 }
 
 impl Gated {
