@@ -276,7 +276,7 @@ pub fn run(a: &RunArgs) -> Result<i32> {
 /// `gate` (the daemon's): asked before the target goes on towards its exec and before anything
 /// is written; once it says no, the launch is withdrawn — its target killed before it ran, no
 /// receipt, nothing printed — and the result is to be dropped. A policy launch (a refusal writes
-/// a denial receipt) or one with a workspace (a note may be printed) must pass it before this.
+/// a denial receipt) must pass it before this.
 pub fn launch(
     a: &RunArgs,
     ahead: chio_cage::Ahead,
@@ -298,8 +298,11 @@ pub fn launch(
         },
         _ => plan_from(a)?,
     };
-    if let Some(ws) = &plan.workspace {
-        warn_unwritable(ws, plan.uid, plan.gid);
+    if let Some(note) = plan.workspace.as_deref().and_then(|ws| unwritable(ws, plan.uid, plan.gid)) {
+        if gate.is_some_and(|open| !open()) {
+            return Ok(Launched { status: 125, record: None, receipts: Vec::new(), teardown: None, root: None });
+        }
+        eprintln!("{note}");
     }
     let record_file = create_record_file(a)?;
     // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
@@ -365,17 +368,18 @@ pub fn launch(
     Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left, root })
 }
 
-/// Say before the run when the command's uid and gid cannot write the workspace (the cage has
-/// no capability to override file permissions): it would otherwise fail inside with EACCES.
-fn warn_unwritable(ws: &Path, uid: u32, gid: u32) {
+/// The note to print before the run when the command's uid and gid cannot write the workspace
+/// (the cage has no capability to override file permissions): it would otherwise fail inside
+/// with EACCES.
+fn unwritable(ws: &Path, uid: u32, gid: u32) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(m) = std::fs::symlink_metadata(ws) else { return };
+    let m = std::fs::symlink_metadata(ws).ok()?;
     let mode = m.mode();
     let writable = (m.uid() == uid && mode & 0o200 != 0)
         || (m.uid() != uid && m.gid() == gid && mode & 0o020 != 0)
         || (m.uid() != uid && m.gid() != gid && mode & 0o002 != 0);
-    if !writable {
-        eprintln!(
+    (!writable).then(|| {
+        format!(
             "chio: note: the workspace {} (owner {}:{}, mode {:o}) is not writable by uid {uid} gid {gid} in the cage; \
              run with --uid {} --gid {}, or chown it",
             ws.display(),
@@ -384,8 +388,8 @@ fn warn_unwritable(ws: &Path, uid: u32, gid: u32) {
             mode & 0o7777,
             m.uid(),
             m.gid()
-        );
-    }
+        )
+    })
 }
 
 /// Create the `--record` file before anything runs: a path that cannot be written refuses the

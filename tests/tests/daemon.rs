@@ -639,7 +639,7 @@ fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
 }
 
-/// A plain launch builds its cage while its journal entry is written and waits at the gate
+/// A launch without a policy builds its cage while its journal entry is written and waits at the gate
 /// only before its target goes on: a repeat, or another request under a used id, turned away
 /// there never runs its command — not a byte on the client's descriptors, and no answer but
 /// the daemon's, even after its launch process has torn the cage it built down and gone.
@@ -650,38 +650,49 @@ fn a_launch_turned_away_at_its_gate_never_runs_its_command() {
     }
     let dir = Scratch::new("daemon-gate-late");
     let d = Daemon::start(&dir, config(json!({})));
-    let send = |args: Value, n: u32| {
-        let out = dir.join(&format!("out{n}"));
-        let files =
-            [std::fs::File::create(&out).unwrap(), std::fs::File::create(dir.join(&format!("err{n}"))).unwrap()];
+    let n = std::cell::Cell::new(0);
+    // `ran`: whether this request is the one its id runs.
+    let send = |id: &str, args: Value, ran: bool| {
+        n.set(n.get() + 1);
+        let (out, err) = (dir.join(&format!("out{}", n.get())), dir.join(&format!("err{}", n.get())));
+        let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
         let c = UnixStream::connect(&d.socket).unwrap();
-        send_with_fds(&c, launch_line("late-1", args).as_bytes(), &[&files[0], &files[1]]);
+        send_with_fds(&c, launch_line(id, args).as_bytes(), &[&files[0], &files[1]]);
         drop(files);
         let mut reader = BufReader::new(&c);
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
         let answer: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("not an answer: {line:?}"));
         // A launch turned away is gone, its cage torn down, before the daemon answers: what it
-        // built counts against the launch limits until then. (The one that ran answers first.)
+        // built counts against the launch limits until then. (One that ran answers first.)
         let deadline = Instant::now() + Duration::from_secs(10);
         while held_open(&out) {
-            assert!(n == 1, "request {n} was answered before its launch process was gone");
+            assert!(ran, "{id} was answered before its launch process was gone: {answer}");
             assert!(Instant::now() < deadline, "the launch process kept the client's stdout");
             std::thread::sleep(Duration::from_millis(10));
         }
         // One answer, and only one, on the connection.
-        assert!(reader.buffer().is_empty() && unread(&c) == 0, "a second answer to request {n}");
-        (answer, std::fs::read_to_string(out).unwrap())
+        assert!(reader.buffer().is_empty() && unread(&c) == 0, "a second answer to {id}");
+        (answer, std::fs::read_to_string(out).unwrap() + &std::fs::read_to_string(err).unwrap())
     };
     let said = json!(["--", "/bin/sh", "-c", "echo hello"]);
-    let (first, out) = send(said.clone(), 1);
+    let (first, out) = send("late-1", said.clone(), true);
     assert_eq!((first["exit_status"].as_i64(), out.as_str()), (Some(0), "hello\n"), "{first}");
-    let (again, out) = send(said, 2);
+    let (again, out) = send("late-1", said, false);
     assert_eq!(again["record"], first["record"], "{again}");
     assert_eq!(out, "", "a repeat turned away at its gate ran its command");
-    let (other, out) = send(json!(["--", "/bin/sh", "-c", "echo other"]), 3);
+    let (other, out) = send("late-1", json!(["--", "/bin/sh", "-c", "echo other"]), false);
     assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
     assert_eq!(out, "", "a request turned away at its gate ran its command");
+    // A workspace the command cannot write gets a note before the run, and a repeat none.
+    let closed = dir.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    let noted = json!(["--workspace", s(&closed), "--", "/bin/sh", "-c", "echo hello"]);
+    let (first, out) = send("late-2", noted.clone(), true);
+    assert!(out.contains("is not writable by uid 65534") && out.contains("hello"), "{first}: {out}");
+    let (again, out) = send("late-2", noted, false);
+    assert_eq!(again["record"], first["record"], "{again}");
+    assert_eq!(out, "", "a repeat turned away at its gate wrote its note");
 }
 
 /// Whether any process holds `path` open.

@@ -104,10 +104,10 @@ fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Opti
         Err(e) => Err(Refused::Usage(e)),
     };
     let gate = Gate::new(gate);
-    // A plain launch builds its cage while the entry is written and waits at the gate only
-    // before its target goes on (see `cage_cmd::launch`); a policy's refusal writes a receipt
-    // and a workspace may get a note, so those wait here, as every refusal does.
-    let builds_ahead = admitted.as_ref().is_ok_and(|a| a.policy.is_none() && a.workspace.is_none());
+    // A launch builds its cage while the entry is written and waits at the gate only before
+    // its target goes on (see `cage_cmd::launch`); a policy's refusal writes a receipt, so a
+    // policy launch waits here, as every refusal does.
+    let builds_ahead = admitted.as_ref().is_ok_and(|a| a.policy.is_none());
     if !builds_ahead && !gate.open() {
         return None;
     }
