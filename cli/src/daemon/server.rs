@@ -542,8 +542,8 @@ fn submit(s: &Shared, job: &Job, fds: Vec<OwnedFd>, conn: &OwnedFd) -> Result<Ga
 }
 
 /// Withdraw a job held at its gate, and wait (bounded) for its launch process to end: a launch
-/// launch builds its cage before it waits at the gate (see `job::run_job`), and that cage counts
-/// against the launch limits, whose slot the caller holds, until it is torn down.
+/// without a policy builds its cage before it waits at the gate (see `job::run_job`), and that
+/// cage counts against the launch limits, whose slot the caller holds, until it is torn down.
 async fn withdraw(submitted: Result<Gated, String>) {
     if let Ok(Gated { answer, go }) = submitted {
         drop(go);
