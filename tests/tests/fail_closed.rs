@@ -147,8 +147,11 @@ fn wrong_digest_is_refused_before_exec() {
 #[test]
 fn malformed_digest_is_rejected() {
     let Some(e) = env("bad_digest") else { return };
-    let run = e.run(&[], &["--expect-sha256", "ABC"], &["/probe", "euid"]);
-    assert_failed(&run, "Rejected", "resolve", "bad_digest", 125);
+    // Too short though hex, the right length but not lowercase hex: each alone is malformed.
+    for bad in ["abc".to_string(), "A".repeat(64)] {
+        let run = e.run(&[], &["--expect-sha256", &bad], &["/probe", "euid"]);
+        assert_failed(&run, "Rejected", "resolve", "bad_digest", 125);
+    }
 }
 
 #[test]
