@@ -447,6 +447,11 @@ fn a_tmp_size_tmpfs_would_read_as_unlimited_is_refused() {
     }
     let run = e.caged(&["--pids", "0"], &["euid"]);
     Suite::assert_stopped(&run, "bad_limit");
+    // A CPU ceiling is named in CPUs, as the operator gave it.
+    let run = e.caged(&["--cpus", "0.005"], &["euid"]);
+    Suite::assert_stopped(&run, "bad_limit");
+    let detail = run.record["failure"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("--cpus CPU ceiling 0.005 CPU is below its floor of 0.01"), "{detail}");
     // At the floor the ceiling holds.
     let run = e.caged(&["--tmp-size", "1M"], &["fill", "/tmp/big", "2"]);
     assert_eq!(run.assert_refused("1M /tmp"), libc::ENOSPC);
