@@ -756,6 +756,9 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         script_fd: target.script_fd.as_ref().map(|f| f.as_raw_fd()),
     };
     channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
+    if plan.hook(&TestHook::Touch) {
+        touch(&target.exec_path);
+    }
     if let Some(script) = target.script_fd {
         // Kept open across exec for the interpreter (its number is in argv): FD_CLOEXEC cleared.
         fcntl(&script, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
@@ -783,6 +786,16 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         _ => "exec_failed",
     };
     Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
+}
+
+/// Test hook: append a byte to `p`, the file just sent for hashing, once the supervisor has had
+/// the time to hash it.
+fn touch(p: &Path) {
+    use std::io::Write;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(p) {
+        let _ = f.write_all(b"\0");
+    }
 }
 
 /// The fd to execute: the verified one, or what a test hook says instead (another file; or the

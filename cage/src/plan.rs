@@ -235,6 +235,9 @@ pub enum TestHook {
     /// Mount the image's entries without read-only and `/tmp`, `/dev/shm` without noexec (to
     /// show landlock alone refuses writes and execution there).
     MountFlags,
+    /// Change the file sent for hashing in place once the supervisor has hashed it, before the
+    /// exec (as another writer of the workspace might).
+    Touch,
 }
 
 impl TestHook {
@@ -255,6 +258,7 @@ impl TestHook {
             TestHook::Cwd => "cwd".into(),
             TestHook::Channel => "channel".into(),
             TestHook::MountFlags => "mount_flags".into(),
+            TestHook::Touch => "touch".into(),
         }
     }
 
@@ -280,6 +284,7 @@ impl TestHook {
             "cwd" => TestHook::Cwd,
             "channel" => TestHook::Channel,
             "mount_flags" => TestHook::MountFlags,
+            "touch" => TestHook::Touch,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

@@ -52,6 +52,41 @@ fn fact_fails(test: &str, hook: &str, extra: &[&str], fact: &str) {
     assert!(ws.join("ran").exists(), "control for {hook}: the target runs and writes");
 }
 
+/// A file changed in place after the supervisor hashed it and before the exec (another writer
+/// of the workspace could) is caught at the exec stop by its size, mtime and ctime: what would
+/// run is not what was hashed. The target here is a copy of the probe in the workspace, which
+/// the hook appends a byte to; the control runs the same copy untouched.
+#[test]
+fn a_file_changed_after_it_was_hashed() {
+    let Some(e) = Suite::new("changed_after_hash", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-touch");
+    ws.give_to_nobody();
+    let copy = ws.join("probe");
+    std::fs::copy(PROBE, &copy).unwrap();
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
+    let run_copy = |hook: Option<&str>| {
+        let mut cmd = Command::new(&e.chio);
+        cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
+            .arg(&ws.0)
+            .args(["--", "/workspace/probe", "write", "/workspace/ran"])
+            .stdin(Stdio::null());
+        if let Some(h) = hook {
+            cmd.env("CHIO_TEST_HOOK", h);
+        }
+        parse(cmd.output().unwrap())
+    };
+    let run = run_copy(Some("touch"));
+    assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
+    let failure = &run.record["failure"];
+    assert_eq!((failure["stage"].as_str(), failure["code"].as_str()), (Some("observe"), Some("fact_mismatch")));
+    let detail = failure["detail"].as_str().unwrap();
+    assert!(detail.contains("a file changed after it was hashed"), "{detail}");
+    assert!(!ws.join("ran").exists(), "the changed file ran");
+    let control = run_copy(None);
+    assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
+    assert!(ws.join("ran").exists(), "control: the target runs and writes");
+}
+
 #[test]
 fn exe_identity() {
     fact_fails("exe_identity", "exe=/probe-suid", &[], "executed file is");
