@@ -744,6 +744,9 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     ctx.inject(Stage::Landlock)?;
     apply_landlock(ctx, &prepared.access, &mut reported)?;
     ctx.inject(Stage::Target)?;
+    if let (true, Some(argv0)) = (plan.hook(&TestHook::TouchBeforeOpen), plan.argv.first()) {
+        touch(&plan.cwd.join(argv0));
+    }
     let target = find_target(plan)?;
     let mut fds = vec![target.exec_fd.as_raw_fd()];
     if let Some(s) = &target.script_fd {
@@ -788,8 +791,8 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
 }
 
-/// Test hook: append a byte to `p`, the file just sent for hashing, once the supervisor has had
-/// the time to hash it.
+/// Test hook: append a byte to `p` (the file just sent for hashing, or the one about to be
+/// opened) once the supervisor has had the time to hash it.
 fn touch(p: &Path) {
     use std::io::Write;
     std::thread::sleep(std::time::Duration::from_millis(300));

@@ -238,6 +238,9 @@ pub enum TestHook {
     /// Change the file sent for hashing in place once the supervisor has hashed it, before the
     /// exec (as another writer of the workspace might).
     Touch,
+    /// Change the command's file (argv[0], a path) in place before opening it, once the
+    /// supervisor has had the time to hash its early guess of it.
+    TouchBeforeOpen,
 }
 
 impl TestHook {
@@ -259,6 +262,7 @@ impl TestHook {
             TestHook::Channel => "channel".into(),
             TestHook::MountFlags => "mount_flags".into(),
             TestHook::Touch => "touch".into(),
+            TestHook::TouchBeforeOpen => "touch_before_open".into(),
         }
     }
 
@@ -285,6 +289,7 @@ impl TestHook {
             "channel" => TestHook::Channel,
             "mount_flags" => TestHook::MountFlags,
             "touch" => TestHook::Touch,
+            "touch_before_open" => TestHook::TouchBeforeOpen,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

@@ -52,39 +52,68 @@ fn fact_fails(test: &str, hook: &str, extra: &[&str], fact: &str) {
     assert!(ws.join("ran").exists(), "control for {hook}: the target runs and writes");
 }
 
+/// `/workspace/probe write /workspace/ran` in a cage, the probe a copy in the workspace that
+/// the target's uid may write, with `hook` (if any) and `extra` flags.
+fn launch_copy(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRun {
+    let copy = ws.join("probe");
+    std::fs::copy(PROBE, &copy).unwrap();
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
+    let mut cmd = Command::new(&e.chio);
+    cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
+        .arg(&ws.0)
+        .args(extra)
+        .args(["--", "/workspace/probe", "write", "/workspace/ran"])
+        .stdin(Stdio::null());
+    if let Some(h) = hook {
+        cmd.env("CHIO_TEST_HOOK", h);
+    }
+    parse(cmd.output().unwrap())
+}
+
 /// A file changed in place after the supervisor hashed it and before the exec (another writer
 /// of the workspace could) is caught at the exec stop by its size, mtime and ctime: what would
-/// run is not what was hashed. The target here is a copy of the probe in the workspace, which
-/// the hook appends a byte to; the control runs the same copy untouched.
+/// run is not what was hashed. The hook appends a byte to the target's copy of the probe; the
+/// control runs the same copy untouched.
 #[test]
 fn a_file_changed_after_it_was_hashed() {
     let Some(e) = Suite::new("changed_after_hash", PROBE) else { return };
     let ws = Scratch::new("exec-stop-touch");
     ws.give_to_nobody();
-    let copy = ws.join("probe");
-    std::fs::copy(PROBE, &copy).unwrap();
-    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
-    let run_copy = |hook: Option<&str>| {
-        let mut cmd = Command::new(&e.chio);
-        cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
-            .arg(&ws.0)
-            .args(["--", "/workspace/probe", "write", "/workspace/ran"])
-            .stdin(Stdio::null());
-        if let Some(h) = hook {
-            cmd.env("CHIO_TEST_HOOK", h);
-        }
-        parse(cmd.output().unwrap())
-    };
-    let run = run_copy(Some("touch"));
+    let run = launch_copy(&e, &ws, Some("touch"), &[]);
     assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
     let failure = &run.record["failure"];
     assert_eq!((failure["stage"].as_str(), failure["code"].as_str()), (Some("observe"), Some("fact_mismatch")));
     let detail = failure["detail"].as_str().unwrap();
     assert!(detail.contains("a file changed after it was hashed"), "{detail}");
     assert!(!ws.join("ran").exists(), "the changed file ran");
-    let control = run_copy(None);
+    let control = launch_copy(&e, &ws, None, &[]);
     assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
     assert!(ws.join("ran").exists(), "control: the target runs and writes");
+}
+
+/// The supervisor hashes its guess of the target while the cage sets up; a file changed in
+/// place before the target opens it is hashed again, never vouched for by the early digest:
+/// `--expect-sha256` of the file as it was refuses the file as it is. Control: untouched, the
+/// same digest runs.
+#[test]
+fn a_file_changed_before_it_was_opened_is_hashed_again() {
+    let Some(e) = Suite::new("changed_before_open", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-touch-early");
+    ws.give_to_nobody();
+    let was = sha256_file(PROBE);
+    let run = launch_copy(&e, &ws, Some("touch_before_open"), &["--expect-sha256", &was]);
+    assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
+    assert_eq!(run.record["failure"]["code"], "digest_mismatch", "{}", run.record["failure"]);
+    assert_eq!(run.record["target"]["sha256"], sha256_file(ws.join("probe")).as_str());
+    assert!(!ws.join("ran").exists(), "the changed file ran");
+    let control = launch_copy(&e, &ws, None, &["--expect-sha256", &was]);
+    assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
+    assert!(ws.join("ran").exists(), "control: the target runs and writes");
+}
+
+fn sha256_file(p: impl AsRef<std::path::Path>) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(std::fs::read(p).unwrap()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
