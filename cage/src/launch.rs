@@ -1047,4 +1047,28 @@ mod tests {
         assert_eq!(tracer_of(pid), "0");
         assert!(stranger.0.try_wait().unwrap().is_none());
     }
+
+    /// A process seized by mistake that stopped for a signal on its way is let go with that
+    /// signal passed on (SIGSTOP here: untraced, it then stops as it would have).
+    #[test]
+    fn a_process_let_go_in_a_signal_stop_is_detached_with_its_signal() {
+        let stranger = Reaped(Command::new("/bin/sleep").arg("30").spawn().unwrap());
+        let pid = Pid::from_raw(stranger.0.id() as libc::pid_t);
+        let state = || fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        ptrace::seize(pid, ptrace::Options::empty()).unwrap();
+        kill(pid, Signal::SIGSTOP).unwrap();
+        // The signal-delivery stop, reported but not yet waited for.
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while !state().contains(") t ") {
+            assert!(Instant::now() < deadline, "no signal-delivery stop");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let_go(pid);
+        assert_eq!(tracer_of(pid.as_raw()), "0", "still traced");
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while !state().contains(") T ") {
+            assert!(Instant::now() < deadline, "its SIGSTOP was lost: {}", state());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
