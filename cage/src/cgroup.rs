@@ -559,31 +559,51 @@ mod tests {
         assert!(matches!(e, Ok(0)), "{e:?}");
     }
 
+    use std::process::{Child, Command};
+
+    /// A child killed and reaped when the test ends, however it ends.
+    struct Gone(Child);
+
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper() -> Gone {
+        Gone(Command::new("/bin/sleep").arg("30").spawn().unwrap())
+    }
+
+    /// A launch cgroup removed when the test ends (after the children, declared later, are gone).
+    struct Removed(LaunchCgroup);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = self.0.remove();
+        }
+    }
+
+    fn ceilings() -> Limits {
+        Limits {
+            memory_bytes: Some(64 << 20),
+            swap_bytes: 16 << 20,
+            pids: Some(7),
+            cpu_millis: Some(250),
+            ..Limits::default()
+        }
+    }
+
     /// A listed pid is killed only while its process is in the cgroup: once reaped, its pid may
     /// be any host process's (here: a process outside the cgroup, named by its pid).
     #[test]
     fn a_listed_pid_is_killed_only_while_it_is_in_the_cgroup() {
-        use std::process::{Child, Command};
-        struct Gone(Child);
-        impl Drop for Gone {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-        struct Removed(LaunchCgroup);
-        impl Drop for Removed {
-            fn drop(&mut self) {
-                let _ = self.0.remove();
-            }
-        }
-        // Dropped last: the children are gone by then.
         let cg = Removed(
             LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::detect(None)).unwrap(),
         );
         let dir = cg.0.unique_dirs()[0].to_path_buf();
-        let mut inside = Gone(Command::new("/bin/sleep").arg("30").spawn().unwrap());
-        let mut outside = Gone(Command::new("/bin/sleep").arg("30").spawn().unwrap());
+        let mut inside = sleeper();
+        let mut outside = sleeper();
         fs::write(dir.join("cgroup.procs"), inside.0.id().to_string()).unwrap();
 
         kill_listed(&dir, outside.0.id() as libc::pid_t);
@@ -594,6 +614,103 @@ mod tests {
         let status = inside.0.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
         cg.0.remove().unwrap();
+    }
+
+    /// Removing a launch cgroup kills whatever is still in it (on this host's v1 hierarchies).
+    #[test]
+    fn removing_a_launch_cgroup_kills_what_is_left_in_it() {
+        let cg = LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::detect(None)).unwrap();
+        let dir = cg.unique_dirs()[0].to_path_buf();
+        let mut left = sleeper();
+        fs::write(dir.join("cgroup.procs"), left.0.id().to_string()).unwrap();
+        let (removed, status) = remove_around(&cg, &mut left);
+        let _ = fs::remove_dir(&dir);
+        removed.unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    }
+
+    /// `cg.remove()` with `left` in it, and how `left` ended (killed here if the removal left it).
+    fn remove_around(cg: &LaunchCgroup, left: &mut Gone) -> (io::Result<()>, std::process::ExitStatus) {
+        let removed = cg.remove();
+        if removed.is_err() {
+            let _ = left.0.kill();
+        }
+        (removed, left.0.wait().unwrap())
+    }
+
+    /// The same on cgroup v2, through `cgroup.kill`: in a private cgroup2 mount (the hierarchy is
+    /// the host's one unified tree; the mount lives in this test thread's own mount namespace).
+    #[test]
+    fn removing_a_v2_launch_cgroup_kills_what_is_left_in_it() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+            let none: Option<&str> = None;
+            nix::mount::mount(none, "/", none, nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE, none)
+                .unwrap();
+            let mnt = std::env::temp_dir().join(format!("chio-cg2-{}", std::process::id()));
+            fs::create_dir_all(&mnt).unwrap();
+            nix::mount::mount(Some("none"), &mnt, Some("cgroup2"), nix::mount::MsFlags::empty(), none).unwrap();
+            let root = mnt.join(format!("chio-unit-{}", std::process::id()));
+            let cg = LaunchCgroup::make(&LaunchCgroup::new_name(), &[], &Hierarchy::V2(root.clone()));
+            let outcome = cg.map(|cg| {
+                let dir = cg.unique_dirs()[0].to_path_buf();
+                let mut left = sleeper();
+                fs::write(dir.join("cgroup.procs"), left.0.id().to_string()).unwrap();
+                let (removed, status) = remove_around(&cg, &mut left);
+                let _ = fs::remove_dir(&dir);
+                (removed, status)
+            });
+            let _ = fs::remove_dir(&root);
+            let _ = nix::mount::umount(&mnt);
+            let _ = fs::remove_dir(&mnt);
+            let (removed, status) = outcome.unwrap();
+            removed.unwrap();
+            assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// The ceilings as each hierarchy names them: on v1 (this host's, for real) the memory ceiling
+    /// with swap on top in memsw, pids, and the CPU quota per period.
+    #[test]
+    fn v1_ceilings_are_written_as_v1_names_them() {
+        let cg = Removed(LaunchCgroup::create(&LaunchCgroup::new_name(), &ceilings(), &Hierarchy::V1).unwrap());
+        let read =
+            |c: Controller, f: &str| fs::read_to_string(cg.0.dir(c).unwrap().join(f)).unwrap().trim().to_string();
+        assert_eq!(read(Controller::Memory, "memory.limit_in_bytes"), (64u64 << 20).to_string());
+        if cg.0.dir(Controller::Memory).unwrap().join("memory.memsw.limit_in_bytes").exists() {
+            assert_eq!(read(Controller::Memory, "memory.memsw.limit_in_bytes"), (80u64 << 20).to_string());
+        }
+        assert_eq!(read(Controller::Pids, "pids.max"), "7");
+        assert_eq!(read(Controller::Cpu, "cpu.cfs_quota_us"), "25000");
+        assert_eq!(read(Controller::Cpu, "cpu.cfs_period_us"), "100000");
+    }
+
+    /// On v2 (this host's v2 tree has no memory, pids or cpu controller: the files are checked in
+    /// a directory standing in for the cgroup) the memory ceiling, swap apart, pids, and the CPU
+    /// quota and period in one file.
+    #[test]
+    fn v2_ceilings_are_written_as_v2_names_them() {
+        let dir = std::env::temp_dir().join(format!("chio-v2-ceilings-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("memory.swap.max"), "max").unwrap();
+        let dirs = [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu];
+        let cg = LaunchCgroup {
+            name: "stand-in".into(),
+            version: "v2",
+            dirs: dirs.iter().map(|c| (*c, dir.clone())).collect(),
+            missing: Vec::new(),
+        };
+        let applied = cg.apply(&ceilings());
+        let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
+        let files = ["memory.max", "memory.swap.max", "pids.max", "cpu.max"].map(read);
+        let v1_files = ["memory.limit_in_bytes", "cpu.cfs_quota_us"].map(|f| dir.join(f).exists());
+        fs::remove_dir_all(&dir).unwrap();
+        applied.unwrap();
+        let want = [(64u64 << 20).to_string(), (16u64 << 20).to_string(), "7".into(), "25000 100000".into()];
+        assert_eq!(files.map(Result::unwrap), want);
+        assert_eq!(v1_files, [false, false]);
     }
 
     #[test]
