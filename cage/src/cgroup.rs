@@ -713,6 +713,54 @@ mod tests {
         assert_eq!(v1_files, [false, false]);
     }
 
+    /// What a workspace's receipts name is reclaimed only if it is a launch cgroup on a cgroup
+    /// file system: a directory of that name elsewhere is refused and left as it was.
+    #[test]
+    fn reclaim_refuses_a_launch_name_off_a_cgroup_file_system() {
+        let base = std::env::temp_dir().join(format!("chio-reclaim-{}", std::process::id()));
+        let fake = base.join("chio-1-00112233aabbccdd");
+        fs::create_dir_all(&fake).unwrap();
+        let refused = reclaim(&[fake.to_string_lossy().into_owned()]);
+        let still = fake.exists();
+        fs::remove_dir_all(&base).unwrap();
+        assert_eq!(refused.map_err(|e| e.kind()), Err(io::ErrorKind::InvalidInput));
+        assert!(still, "a directory off a cgroup file system was removed");
+    }
+
+    /// A launch cgroup a workspace's receipts name is reclaimed: what is in it killed, the
+    /// directory removed (and said so only then).
+    #[test]
+    fn reclaim_removes_a_launch_cgroup_and_kills_what_is_in_it() {
+        let cg = Removed(LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::V1).unwrap());
+        let dir = cg.0.unique_dirs()[0].to_path_buf();
+        let mut left = sleeper();
+        fs::write(dir.join("cgroup.procs"), left.0.id().to_string()).unwrap();
+        let named = dir.to_string_lossy().into_owned();
+        let reclaimed = reclaim(std::slice::from_ref(&named));
+        let gone = !dir.exists();
+        if reclaimed.is_err() {
+            let _ = left.0.kill();
+        }
+        let status = left.0.wait().unwrap();
+        assert_eq!(reclaimed.unwrap(), vec![named]);
+        assert!(gone, "reclaimed but still there");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    }
+
+    /// A launch cgroup whose supervisor is gone is swept, and counted.
+    #[test]
+    fn the_sweep_removes_and_counts_orphans() {
+        let mut dead = Command::new("/bin/true").spawn().unwrap();
+        let pid = dead.id();
+        dead.wait().unwrap();
+        let name = format!("chio-{pid}-00112233aabbccdd");
+        let cg = Removed(LaunchCgroup::make(&name, &[Controller::Pids], &Hierarchy::V1).unwrap());
+        let dir = cg.0.unique_dirs()[0].to_path_buf();
+        let swept = sweep(&Hierarchy::V1);
+        assert!(!dir.exists(), "the orphan is still there");
+        assert!(swept >= 1, "swept {swept}");
+    }
+
     #[test]
     fn parses_v1_membership() {
         let text = "9:name=systemd:/\n4:memory:/a/b\n1:cpu,cpuacct:/c\n0::/\n";
