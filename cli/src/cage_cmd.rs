@@ -250,6 +250,13 @@ pub struct Launched {
     pub root: Option<chio_cage::RootKey>,
 }
 
+impl Launched {
+    /// A launch its gate withdrew: nothing to report, only its cage (if it got one) to tear down.
+    fn withdrawn(teardown: Option<chio_cage::Teardown>) -> Launched {
+        Launched { status: 125, record: None, receipts: Vec::new(), teardown, root: None }
+    }
+}
+
 /// When a launch's teardown — the cage init's exit, which ends its namespaces, and the launch
 /// cgroup's removal — happens.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -300,7 +307,7 @@ pub fn launch(
     };
     if let Some(note) = plan.workspace.as_deref().and_then(|ws| unwritable(ws, plan.uid, plan.gid)) {
         if gate.is_some_and(|open| !open()) {
-            return Ok(Launched { status: 125, record: None, receipts: Vec::new(), teardown: None, root: None });
+            return Ok(Launched::withdrawn(None));
         }
         eprintln!("{note}");
     }
@@ -329,8 +336,7 @@ pub fn launch(
     sinks.gate = gate;
     let (mut rec, left) = chio_cage::launch_to_end(&plan, &mut sinks);
     if gate.is_some_and(|open| !open()) {
-        let teardown = Some(left);
-        return Ok(Launched { status: 125, record: None, receipts: Vec::new(), teardown, root: None });
+        return Ok(Launched::withdrawn(Some(left)));
     }
     let left = match teardown {
         TeardownAt::First => {

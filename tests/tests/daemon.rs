@@ -639,10 +639,11 @@ fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
 }
 
-/// A launch without a policy builds its cage while its journal entry is written and waits at the gate
-/// only before its target goes on: a repeat, or another request under a used id, turned away
-/// there never runs its command — not a byte on the client's descriptors, and no answer but
-/// the daemon's, even after its launch process has torn the cage it built down and gone.
+/// A launch without a policy builds its cage while its journal entry is written and waits at
+/// the gate only before its target goes on: a repeat, or another request under a used id,
+/// turned away there never runs its command — not a byte on the client's descriptors, and no
+/// answer but the daemon's, even after its launch process has torn the cage it built down and
+/// gone.
 #[test]
 fn a_launch_turned_away_at_its_gate_never_runs_its_command() {
     if !privileged("daemon_gate_late") {

@@ -15,11 +15,16 @@ const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
 /// `/probe write /workspace/ran` in a cage, with `hook` (if any) and `extra` flags.
 fn launch(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRun {
+    launch_of(e, "/probe", ws, hook, extra)
+}
+
+/// `TARGET write /workspace/ran` in a cage, with `hook` (if any) and `extra` flags.
+fn launch_of(e: &Suite, target: &str, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRun {
     let mut cmd = Command::new(&e.chio);
     cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
         .arg(&ws.0)
         .args(extra)
-        .args(["--", "/probe", "write", "/workspace/ran"])
+        .args(["--", target, "write", "/workspace/ran"])
         .stdin(Stdio::null());
     if let Some(h) = hook {
         cmd.env("CHIO_TEST_HOOK", h);
@@ -58,16 +63,7 @@ fn launch_copy(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> C
     let copy = ws.join("probe");
     std::fs::copy(PROBE, &copy).unwrap();
     std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
-    let mut cmd = Command::new(&e.chio);
-    cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
-        .arg(&ws.0)
-        .args(extra)
-        .args(["--", "/workspace/probe", "write", "/workspace/ran"])
-        .stdin(Stdio::null());
-    if let Some(h) = hook {
-        cmd.env("CHIO_TEST_HOOK", h);
-    }
-    parse(cmd.output().unwrap())
+    launch_of(e, "/workspace/probe", ws, hook, extra)
 }
 
 /// A file changed in place after the supervisor hashed it and before the exec (another writer
