@@ -344,6 +344,20 @@ mod tests {
     }
 
     #[test]
+    fn only_control_characters_are_escaped() {
+        // U+001F is the last escaped; space, DEL and everything above are written as they are.
+        let v = Value::String("a b\u{1f}\u{7f}\u{e9}".into());
+        assert_eq!(to_canonical(&v).unwrap(), "\"a b\\u001f\u{7f}\u{e9}\"");
+    }
+
+    #[test]
+    fn an_unterminated_string_is_refused_not_a_panic() {
+        for bad in [&b"\"abc"[..], b"\"ab\\", b"[\"a\\\"", b"{\"a"] {
+            assert!(matches!(parse_strict(bad), Err(CanonError::Parse(_))), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
     fn canonical_input_is_required_where_demanded() {
         assert!(parse_canonical(br#"{"a":1,"b":[true,null]}"#).is_ok());
         for bad in [&br#"{"b":1,"a":2}"#[..], br#"{"a": 1}"#, br#"{"a":1.0}"#, br#"{"a":"\u0041"}"#, b"{\"a\":1}\n"] {

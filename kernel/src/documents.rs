@@ -514,6 +514,63 @@ mod tests {
     }
 
     #[test]
+    fn a_manifest_asking_a_wider_syscall_profile_than_the_policy_allows_is_refused() {
+        let body = manifest_body();
+        let digest = body_digest(&body).unwrap();
+        let m = manifest_from(body).unwrap();
+        let mut policy = policy_body(&digest, &"d".repeat(64));
+        policy["launch"] = json!({"path": m.target.path, "argv": m.target.argv});
+        let same = policy_from(policy.clone()).unwrap();
+        assert_eq!(admission_violations(&m, &digest, &same), Vec::<String>::new(), "default under default");
+        policy["ceilings"]["syscall_profile"] = json!("strict");
+        let v = admission_violations(&m, &digest, &policy_from(policy).unwrap());
+        assert!(v.iter().any(|x| x.contains("syscall profile Default is less restrictive")), "{v:?}");
+    }
+
+    #[test]
+    fn digests_and_keys_must_be_64_lowercase_hex_digits() {
+        for bad in ["a".repeat(63), "a".repeat(65), "A".repeat(64), "g".repeat(64), format!("{}/", "a".repeat(63))] {
+            let mut body = manifest_body();
+            body["target"]["sha256"] = json!(bad);
+            let e = manifest_from(body).unwrap_err();
+            assert!(e.to_string().contains("manifest.target.sha256: not 64 lowercase hex digits"), "{bad}: {e}");
+            let e = policy_from(policy_body(&"c".repeat(64), &bad)).unwrap_err();
+            assert!(e.to_string().contains("publisher_key must be 64 lowercase hex"), "{bad}: {e}");
+            assert!(policy_from(policy_body(&bad, &"d".repeat(64))).is_err(), "{bad}");
+        }
+        let mut body = manifest_body();
+        body["target"]["sha256"] = json!("0123456789abcdef".repeat(4));
+        assert!(manifest_from(body).is_ok());
+    }
+
+    #[test]
+    fn a_target_needs_an_absolute_path_and_an_argv() {
+        for (path, argv) in [("usr/bin/files-server", json!(["x"])), ("/usr/bin/files-server", json!([]))] {
+            let mut body = manifest_body();
+            body["target"]["path"] = json!(path);
+            body["target"]["argv"] = argv;
+            let e = manifest_from(body).unwrap_err();
+            assert!(e.to_string().contains("path must be absolute and argv non-empty"), "{path}: {e}");
+        }
+    }
+
+    #[test]
+    fn strings_and_lists_are_bounded_at_every_depth() {
+        // At the bound: accepted. One past it, in a list inside an object: refused, named.
+        let mut body = manifest_body();
+        body["target"]["argv"] = json!(["/usr/bin/files-server", "x".repeat(MAX_STRING)]);
+        body["permissions"]["env"] = json!(vec!["X"; MAX_LIST]);
+        assert!(manifest_from(body.clone()).is_ok());
+        body["target"]["argv"][1] = json!("x".repeat(MAX_STRING + 1));
+        let e = manifest_from(body).unwrap_err();
+        assert_eq!(e.to_string(), format!("manifest.target.argv[1]: string longer than {MAX_STRING} bytes"));
+        let mut body = manifest_body();
+        body["permissions"]["env"] = json!(vec!["X"; MAX_LIST + 1]);
+        let e = manifest_from(body).unwrap_err();
+        assert_eq!(e.to_string(), format!("manifest.permissions.env: list longer than {MAX_LIST} entries"));
+    }
+
+    #[test]
     fn unknown_fields_and_oversized_lists_are_refused() {
         let mut body = manifest_body();
         body["surprise"] = json!(true);

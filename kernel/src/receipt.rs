@@ -237,4 +237,58 @@ mod tests {
         let e = parse_unsigned(serde_json::to_string(&env).unwrap().as_bytes()).unwrap_err();
         assert!(matches!(&e, ReceiptError::Body(_)), "{e}");
     }
+
+    fn chained(n: u64) -> Vec<Verified> {
+        let (mut prev, mut out) = (GENESIS.to_string(), Vec::new());
+        for seq in 1..=n {
+            let b = Body { seq, prev: prev.clone(), ..body() };
+            let id = id_of(&b).unwrap();
+            prev = id.clone();
+            out.push(Verified { id, body: b });
+        }
+        out
+    }
+
+    #[test]
+    fn a_chain_breaks_where_a_receipt_is_missing_moved_or_relinked() {
+        let all = chained(4);
+        assert_eq!(chain_breaks(&all, GENESIS.into(), 0), Vec::new());
+        // A range that starts after an earlier receipt links to that one.
+        assert_eq!(chain_breaks(&all[2..], all[1].id.clone(), 2), Vec::new());
+        // Receipt 2 missing: 3 has the wrong seq and the wrong link.
+        let gap = [all[0].clone(), all[2].clone(), all[3].clone()];
+        let b = chain_breaks(&gap, GENESIS.into(), 0);
+        assert_eq!(b.len(), 2, "{b:?}");
+        assert!(b.iter().all(|(id, _)| *id == all[2].id), "{b:?}");
+        assert!(b[0].1.contains("seq is 3 but 2 was expected"), "{b:?}");
+        assert!(b[1].1.contains(&format!("the previous receipt is {}", all[0].id)), "{b:?}");
+        // Started from the wrong place: the first receipt is named.
+        let b = chain_breaks(&all, all[0].id.clone(), 1);
+        assert!(b.iter().any(|(id, why)| *id == all[0].id && why.contains("seq is 1 but 2")), "{b:?}");
+        assert!(b.iter().any(|(id, why)| *id == all[0].id && why.contains("prev is")), "{b:?}");
+    }
+
+    #[test]
+    fn every_refusal_says_what_was_refused() {
+        let cases: [(ReceiptError, &str); 6] = [
+            (ReceiptError::Body("x".into()), "not a chio.receipt.v1 body: x"),
+            (ReceiptError::Envelope(EnvelopeError::Malformed("m".into())), "not a signed envelope: m"),
+            (
+                ReceiptError::Envelope(EnvelopeError::Canonical(canonical::CanonError::NotCanonical)),
+                "body: JSON is not",
+            ),
+            (
+                ReceiptError::Envelope(EnvelopeError::SignerMismatch { pinned: "p".into(), claimed: "c".into() }),
+                "signer_public_key is c, not the pinned key p",
+            ),
+            (
+                ReceiptError::Envelope(EnvelopeError::Key(keys::KeyError::BadSignature)),
+                "does not verify under the pinned key",
+            ),
+            (ReceiptError::Envelope(EnvelopeError::Key(keys::KeyError::WeakKey)), "weak (small order)"),
+        ];
+        for (e, want) in cases {
+            assert!(e.to_string().contains(want), "{e:?}: {e}");
+        }
+    }
 }

@@ -872,4 +872,95 @@ mod tests {
         assert!(matches!(Store::open(&path, false), Err(StoreError::Foreign(e)) if e.contains("schema 3")));
         assert!(matches!(Store::open(&temp("absent"), false), Err(StoreError::Foreign(_))));
     }
+
+    #[test]
+    fn a_database_without_our_id_is_foreign_even_with_tables() {
+        let path = temp("foreign0");
+        Connection::open(&*path).unwrap().execute_batch("CREATE TABLE t(x);").unwrap();
+        for create in [true, false] {
+            let e = Store::open(&path, create).err().unwrap();
+            assert_eq!(e.to_string(), format!("{} is not a chio receipt store", path.display()), "create {create}");
+        }
+        // Our id without a schema version: a store of an unknown schema, not someone else's file.
+        let c = Connection::open(&*path).unwrap();
+        c.execute_batch(&format!("PRAGMA application_id = {APPLICATION_ID};")).unwrap();
+        drop(c);
+        let e = Store::open(&path, false).err().unwrap();
+        assert!(e.to_string().ends_with("has receipt store schema 0; this chio reads schema 2"), "{e}");
+        let e = Store::open(&temp("empty"), false).err().unwrap();
+        assert!(e.to_string().contains("no such file") || e.to_string().contains("unable to open"), "{e}");
+        assert_eq!(
+            StoreError::from(rusqlite::Error::QueryReturnedNoRows).to_string(),
+            "receipt store: Query returned no rows"
+        );
+    }
+
+    #[test]
+    fn a_store_opened_read_only_is_read_and_a_foreign_one_refused() {
+        let (s, pk, path) = filled("ro", 3);
+        drop(s);
+        let ro = Store::open_read_only(&path).unwrap();
+        assert_eq!(ro.verify_chain(Some(&pk), None, None).unwrap(), ChainReport { checked: 3, problems: vec![] });
+        let h = ro.health().unwrap();
+        assert_eq!((h.quick_check.as_str(), h.application_id, h.user_version), ("ok", APPLICATION_ID, USER_VERSION));
+        assert!(ro.connection().execute("INSERT INTO operations VALUES ('k','s','pending',NULL,0)", []).is_err());
+        drop(ro);
+        let e = Store::open_read_only(&temp("ro-absent")).err().unwrap();
+        assert!(e.to_string().contains("is not a receipt store (no such file)"), "{e}");
+        let c = Connection::open(&*path).unwrap();
+        c.execute_batch("PRAGMA user_version = 3;").unwrap();
+        let e = Store::open_read_only(&path).err().unwrap();
+        assert!(e.to_string().contains("has receipt store schema 3"), "{e}");
+        c.execute_batch("PRAGMA user_version = 1;").unwrap();
+        assert!(Store::open_read_only(&path).is_ok(), "schema 1 is read");
+        c.execute_batch("PRAGMA application_id = 42;").unwrap();
+        let e = Store::open_read_only(&path).err().unwrap();
+        assert!(e.to_string().contains("is not a chio receipt store (application_id 0x2a)"), "{e}");
+    }
+
+    #[test]
+    fn a_range_links_to_the_receipt_before_it_or_says_it_is_missing() {
+        let (s, pk, _) = filled("range", 8);
+        assert_eq!(s.verify_chain(Some(&pk), Some(4), Some(7)).unwrap(), ChainReport { checked: 4, problems: vec![] });
+        assert_eq!(s.verify_chain(Some(&pk), Some(8), None).unwrap(), ChainReport { checked: 1, problems: vec![] });
+        attacker(&s, "DELETE FROM receipts WHERE seq = 3");
+        let r = s.verify_chain(Some(&pk), Some(4), Some(5)).unwrap();
+        assert_eq!(r.problems[0], (3, String::new(), "the receipt before the range is missing".to_string()), "{r:?}");
+        // The range's first receipt links to a receipt that is not there: nothing else is wrong.
+        assert_eq!(r.problems.len(), 2, "{r:?}");
+        assert!(r.problems[1].0 == 4 && r.problems[1].2.ends_with("but the previous receipt is "), "{r:?}");
+    }
+
+    #[test]
+    fn a_checkpoint_catches_a_chain_rewritten_under_the_same_key() {
+        // Whoever holds the kernel key can sign a whole other history that verifies on its own;
+        // a checkpoint kept elsewhere still names the receipt that was there.
+        let key = keys::generate().unwrap();
+        let pk = keys::hex(key.verifying_key().as_bytes());
+        let (a_path, b_path) = (temp("cp-a"), temp("cp-b"));
+        let (mut a, mut b) = (Store::open(&a_path, true).unwrap(), Store::open(&b_path, true).unwrap());
+        for i in 0..3 {
+            a.append(&key, draft(i)).unwrap();
+            b.append(&key, draft(i + 1)).unwrap();
+        }
+        let cp = serde_json::to_vec(&a.checkpoint(&key).unwrap()).unwrap();
+        assert!(b.verify_chain(Some(&pk), None, None).unwrap().problems.is_empty());
+        let p = b.check_checkpoint(&cp, &pk).unwrap();
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("receipt 3 is ") && p[0].ends_with("the chain diverges"), "{p:?}");
+        // The checkpoint's receipt removed from inside a longer chain: missing, not "deleted at the end".
+        a.append(&key, draft(3)).unwrap();
+        attacker(&a, "DELETE FROM receipts WHERE seq = 3");
+        assert_eq!(a.check_checkpoint(&cp, &pk).unwrap(), vec!["receipt 3 of the checkpoint is missing".to_string()]);
+    }
+
+    #[test]
+    fn deferred_sync_waits_for_no_fsync_on_that_connection_only() {
+        let (s, _, path) = filled("sync", 1);
+        let mode = |s: &Store| s.connection().query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)).unwrap();
+        assert_eq!(mode(&s), 2, "FULL");
+        s.defer_sync().unwrap();
+        assert_eq!(mode(&s), 1, "NORMAL");
+        assert_eq!(mode(&Store::open(&path, false).unwrap()), 2, "another connection stays FULL");
+    }
 }
