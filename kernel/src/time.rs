@@ -83,4 +83,60 @@ mod tests {
         assert_eq!(parse_rfc3339("2026-13-29T12:00:00Z"), None);
         assert_eq!(parse_rfc3339("2026-11-29T12:00:00+01:00"), None);
     }
+
+    /// Every day from 1600 to 2400 against a plain calendar counter (Gregorian leap years).
+    #[test]
+    fn every_day_of_eight_centuries_is_the_calendar_s() {
+        let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        let month_len = |y: i64, m: u32| match m {
+            2 if leap(y) => 29,
+            2 => 28,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        };
+        let (mut y, mut m, mut d) = (1600i64, 1u32, 1u32);
+        let mut days = days_from_civil(1600, 1, 1);
+        assert_eq!(days, -135_140, "1600-01-01 is 135,140 days before the epoch");
+        while y <= 2400 {
+            assert_eq!(civil_from_days(days), (y, m, d), "day {days}");
+            assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
+            (days, d) = (days + 1, d + 1);
+            if d > month_len(y, m) {
+                (d, m) = (1, m + 1);
+            }
+            if m > 12 {
+                (m, y) = (1, y + 1);
+            }
+        }
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(951_825_599_999), "2000-02-29T11:59:59.999Z");
+    }
+
+    #[test]
+    fn only_the_exact_utc_form_parses() {
+        let at = |s: &str| parse_rfc3339(s);
+        assert_eq!(at("2026-11-29T23:59:60Z"), Some(1_795_996_800_000), "a leap second");
+        assert_eq!(at("2026-11-29T12:00:00.5Z"), Some(1_795_953_600_500));
+        assert_eq!(at("2026-11-29T12:00:00.123456Z"), Some(1_795_953_600_123));
+        assert!(now_ms() > 1_795_953_600_000, "now is after this code was written");
+        for bad in [
+            "2026-11-29T12:00:0Z",
+            "2026/11-29T12:00:00Z",
+            "2026-11/29T12:00:00Z",
+            "2026-11-29T12-00:00Z",
+            "2026-11-29T12:00-00Z",
+            "2026-11-29T12:00:00",
+            "2026-00-29T12:00:00Z",
+            "2026-11-00T12:00:00Z",
+            "2026-11-32T12:00:00Z",
+            "2026-11-29T24:00:00Z",
+            "2026-11-29T12:60:00Z",
+            "2026-11-29T12:00:61Z",
+            "2026-11-29T12:00:00.Z",
+            "2026-11-29T12:00:00.1aZ",
+            "2026-11-29T12:00:00,5Z",
+        ] {
+            assert_eq!(at(bad), None, "{bad}");
+        }
+    }
 }
