@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -70,6 +72,7 @@ struct Fixture {
 
 impl Fixture {
     fn new(tag: &str) -> Fixture {
+        common::seal();
         let base = std::env::temp_dir().join(format!("chio-extract-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(base.join("root")).unwrap();
@@ -114,6 +117,18 @@ fn refused(r: Result<chio_supervisor::image::extract::LayerReport, ExtractError>
         Err(ExtractError::Refused { why, .. }) => assert!(why.contains(needle), "{why}"),
         other => panic!("expected a refusal containing {needle:?}, got {other:?}"),
     }
+}
+
+/// As root, these tests run with the host read-only (see `common`): a layer that escaped its
+/// root would meet EROFS. Control: the fixture itself writes in the sealed thread's /tmp.
+#[test]
+fn layers_are_applied_with_the_host_sealed() {
+    let f = Fixture::new("sealed");
+    if nix::unistd::geteuid().is_root() {
+        assert!(common::host_is_read_only(), "the host is writable from a layer test");
+    }
+    f.apply(Tar::default().file("a", "x").done()).unwrap();
+    assert_eq!(std::fs::read_to_string(f.root().join("a")).unwrap(), "x");
 }
 
 #[test]

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -133,6 +135,7 @@ struct Env {
 }
 
 fn env(tag: &str) -> Env {
+    common::seal();
     let base = std::env::temp_dir().join(format!("chio-import-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();

@@ -137,8 +137,16 @@ fn io_err(path: &[u8]) -> impl Fn(io::Error) -> ExtractError + '_ {
     move |err| ExtractError::Io { path: String::from_utf8_lossy(path).into_owned(), err }
 }
 
+/// One component, as every `*at` call below takes it. A `/` would let the call leave the
+/// directory it is relative to (an absolute name ignores it altogether), and `.` or `..` would
+/// name another directory: `components` never yields these, and this refuses them again at the
+/// one place every name passes, so no slip there can point a removal at the host.
 fn cstr(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?} is not a single name")));
+    }
+    CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
 }
 
 fn check(r: libc::c_int) -> io::Result<()> {
@@ -622,5 +630,20 @@ impl Layer<'_> {
             remove(parent.as_fd(), &cstr(OsStr::from_bytes(hidden)).map_err(io_err(raw))?).map_err(io_err(raw))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_single_name_reaches_an_at_call() {
+        for bad in ["", ".", "..", "/", "/etc", "etc/", "a/b", "a\0b"] {
+            assert!(cstr(OsStr::new(bad)).is_err(), "{bad:?}");
+        }
+        for good in ["etc", "..a", "a..", ".wh.x", ".bashrc"] {
+            assert_eq!(cstr(OsStr::new(good)).ok().as_deref(), CString::new(good).ok().as_deref(), "{good:?}");
+        }
     }
 }
