@@ -8,9 +8,15 @@
 #                                    tests, the CLI's and the real-cage suites (about a minute a
 #                                    mutant on a 2-core machine: five hours; `--shard k/n` splits it)
 #
-# Results land in target/mutants/ (mutants.out/outcomes.json, missed.txt).
+# Results land in target/mutants/ (mutants.out/outcomes.json, missed.txt). `--crate PKG [FILE...]`
+# runs one crate's mutants against that crate's own tests (e.g. `--crate chio-kernel`).
 set -eu
 cd "$(dirname "$0")/.."
+# Each mutant runs as root with a check turned off: the whole run is sealed (tests/sealed.sh),
+# the host's root file system read-only but for this repository and scratch space.
+if [ -z "${CHIO_SEALED:-}" ]; then
+    exec tests/sealed.sh tests/mutants.sh "$@"
+fi
 command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
 export CI=true
 # Scratch copies of the tree go under target/, not /tmp.
@@ -39,6 +45,18 @@ if [ "${1:-}" = "--e2e" ]; then
         --skip walkthrough --skip session_runs_nothing --skip killed_run --skip worker_stopped \
         --skip debian_package --skip systemd_analyze --skip privileged_units_grant \
         --skip booted_systemd
+elif [ "${1:-}" = "--crate" ]; then
+    pkg=$2
+    shift 2
+    args=""
+    for a in "$@"; do
+        case "$a" in
+            -*) args="$args $a" ;;
+            *) args="$args -f $a" ;;
+        esac
+    done
+    # shellcheck disable=SC2086
+    cargo mutants -p "$pkg" $args -o "${CHIO_MUTANTS_OUT:-target/mutants-$pkg}" -j 2
 else
     cargo mutants -f cage/src/observe.rs -f cage/src/seccomp.rs -o target/mutants -j 2
 fi

@@ -72,8 +72,7 @@ struct Fixture {
 
 impl Fixture {
     fn new(tag: &str) -> Fixture {
-        common::seal();
-        let base = std::env::temp_dir().join(format!("chio-extract-{tag}-{}", std::process::id()));
+        let base = common::scratch().join(format!("chio-extract-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(base.join("root")).unwrap();
         std::fs::create_dir_all(base.join("outside")).unwrap();
@@ -162,13 +161,16 @@ fn setuid_is_kept_and_reported_devices_and_fifos_skipped() {
         .apply(
             Tar::default()
                 .entry(EntryType::Regular, b"su", b"", b"x", 0o4755)
+                .entry(EntryType::Regular, b"plain", b"", b"x", 0o755)
+                .entry(EntryType::Directory, b"sgid-dir", b"", b"", 0o2775)
+                .entry(EntryType::Directory, b"plain-dir", b"", b"", 0o1777)
                 .entry(EntryType::Char, b"dev/null", b"", b"", 0o666)
                 .entry(EntryType::Block, b"dev/sda", b"", b"", 0o660)
                 .entry(EntryType::Fifo, b"pipe", b"", b"", 0o644)
                 .done(),
         )
         .unwrap();
-    assert_eq!(report.setuid, ["su"]);
+    assert_eq!(report.setuid, ["su", "sgid-dir"], "set-id modes only (the sticky bit is not one)");
     assert_eq!(report.skipped_devices, ["dev/null", "dev/sda"]);
     assert_eq!(report.skipped_fifos, ["pipe"]);
     assert!(
@@ -417,4 +419,168 @@ fn file_modes_and_owners_are_exact_whatever_the_umask() {
         let m = std::fs::metadata(f.root().join("owned")).unwrap();
         assert_eq!((m.uid(), m.gid()), (1000, 1000));
     }
+}
+
+/// A directory entry over a lower layer's symlink replaces the symlink: its mode, owner and
+/// times are set on the new directory, never through the link onto what it names (here a
+/// directory outside the root, which keeps its mode).
+#[test]
+fn a_directory_entry_replaces_a_symlink_instead_of_changing_its_target() {
+    let f = Fixture::new("dir-over-link");
+    let outside = f.base.join("outside");
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+    f.apply(Tar::default().symlink("d", outside.to_str().unwrap()).done()).unwrap();
+    f.apply(Tar::default().entry(EntryType::Directory, b"d", b"", b"", 0o777).done()).unwrap();
+    let d = std::fs::symlink_metadata(f.root().join("d")).unwrap();
+    assert!(d.is_dir() && d.mode() & 0o7777 == 0o777, "{:o}", d.mode());
+    assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o7777, 0o700, "the link's target was changed");
+    f.outside_untouched();
+}
+
+/// Directories, symlinks and FIFOs get their entry's mode, owner and modification time too.
+#[test]
+fn every_kind_of_entry_gets_its_mode_and_time() {
+    let f = Fixture::new("dir-modes");
+    let allow = Budgets { allow_fifos: true, ..Budgets::default() };
+    let layer = Tar::default()
+        .entry(EntryType::Directory, b"d", b"", b"", 0o751)
+        .entry(EntryType::Fifo, b"p", b"", b"", 0o640)
+        .symlink("l", "d")
+        .done();
+    f.apply_with(layer, &allow).unwrap();
+    for (name, mode) in [("d", Some(0o751)), ("p", Some(0o640)), ("l", None)] {
+        let m = std::fs::symlink_metadata(f.root().join(name)).unwrap();
+        assert_eq!(m.mtime(), 1_700_000_000, "{name}");
+        if let Some(mode) = mode {
+            assert_eq!(m.mode() & 0o7777, mode, "{name}");
+        }
+    }
+    // Without the budget's consent a FIFO is skipped and reported.
+    let f = Fixture::new("fifo-skipped");
+    let r = f.apply(Tar::default().entry(EntryType::Fifo, b"p", b"", b"", 0o640).done()).unwrap();
+    assert_eq!(r.skipped_fifos, ["p"]);
+    assert!(!f.root().join("p").exists());
+}
+
+/// The content budget counts every file of the import, not the largest one.
+#[test]
+fn the_byte_budget_adds_up_across_files() {
+    let small = Budgets { max_bytes: 1 << 20, ..Budgets::default() };
+    let f = Fixture::new("bytes-sum");
+    let part = vec![7u8; 400 << 10];
+    let mut t = Tar::default();
+    for i in 0..3 {
+        t = t.entry(EntryType::Regular, format!("f{i}").as_bytes(), b"", &part, 0o644);
+    }
+    assert!(matches!(f.apply_with(t.done(), &small), Err(ExtractError::Budget(e)) if e.contains("bytes")));
+    // Exactly at the budget: accepted.
+    let f = Fixture::new("bytes-exact");
+    let exact = vec![7u8; 1 << 20];
+    f.apply_with(Tar::default().entry(EntryType::Regular, b"f", b"", &exact, 0o644).done(), &small).unwrap();
+}
+
+/// Each budget admits exactly its limit and refuses one more.
+#[test]
+fn budgets_are_exact_at_their_limits() {
+    let b = Budgets { max_entries: 3, max_path: 8, max_depth: 3, max_header: 64, ..Budgets::default() };
+    let at = |tag: &str, t: Tar| Fixture::new(tag).apply_with(t.done(), &b);
+    assert!(at("entries", Tar::default().file("a", "").file("b", "").file("c", "")).is_ok());
+    let r = at("entries+1", Tar::default().file("a", "").file("b", "").file("c", "").file("d", ""));
+    assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("more than 3 entries")));
+    assert!(at("path", Tar::default().file("abcdefgh", "")).is_ok());
+    let r = at("path+1", Tar::default().file("abcdefghi", ""));
+    assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("path of 9 bytes")));
+    assert!(at("depth", Tar::default().file("a/b/c", "")).is_ok());
+    let r = at("depth+1", Tar::default().file("a/b/c/d", ""));
+    assert!(matches!(r, Err(ExtractError::Budget(e)) if e.contains("depth 4")));
+    // A PAX header of exactly 64 bytes (one record), then one of 65.
+    let record = |n: usize| ("comment", "z".repeat(n));
+    let (k, v) = record(64 - " comment=\n".len() - 2);
+    assert!(at("header", Tar::default().pax(&[(k, &v)])).is_ok());
+    let (k, v) = record(65 - " comment=\n".len() - 2);
+    let r = at("header+1", Tar::default().pax(&[(k, &v)]));
+    assert!(matches!(&r, Err(ExtractError::Budget(e)) if e.contains("65-byte")), "{r:?}");
+}
+
+/// GNU long names and long link targets (what GNU tar writes past 100 bytes), a PAX link
+/// target, and a PAX global header (which names no file).
+#[test]
+fn long_names_long_links_and_global_headers() {
+    let f = Fixture::new("long");
+    let long = format!("{}/{}", "d".repeat(90), "f".repeat(90));
+    let target = format!("../{}", "t".repeat(150));
+    let nul = |s: &str| [s.as_bytes(), b"\0"].concat();
+    let layer = Tar::default()
+        .entry(EntryType::XGlobalHeader, b"pax_global_header", b"", b"22 comment=from git\n", 0o644)
+        .entry(EntryType::GNULongName, b"././@LongLink", b"", &nul(&long), 0o644)
+        .entry(EntryType::Regular, b"truncated-name", b"", b"content", 0o644)
+        .entry(EntryType::GNULongName, b"././@LongLink", b"", &nul("gnu-link"), 0o644)
+        .entry(EntryType::GNULongLink, b"././@LongLink", b"", &nul(&target), 0o644)
+        .entry(EntryType::Symlink, b"truncated-link", b"truncated", b"", 0o777)
+        .pax(&[("path", "pax-link"), ("linkpath", &target)])
+        .symlink("ignored", "truncated")
+        .done();
+    f.apply(layer).unwrap();
+    let r = f.root();
+    assert_eq!(std::fs::read_to_string(r.join(&long)).unwrap(), "content");
+    assert_eq!(std::fs::read_link(r.join("gnu-link")).unwrap(), Path::new(&target));
+    assert_eq!(std::fs::read_link(r.join("pax-link")).unwrap(), Path::new(&target));
+    let mut top: Vec<String> =
+        std::fs::read_dir(&r).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    top.sort();
+    assert_eq!(top, ["d".repeat(90), "gnu-link".into(), "pax-link".into()], "headers made files of their own");
+}
+
+/// PAX records whose length field lies are refused (never a panic on the slice it names), and
+/// so are PAX sizes (files over 8 GiB).
+#[test]
+fn malformed_pax_records_are_refused() {
+    let raw =
+        |data: &[u8]| Tar::default().entry(EntryType::XHeader, b"././@PaxHeader", b"", data, 0o644).file("a", "x");
+    for (tag, data) in [
+        ("too-long", &b"99 path=a\n"[..]),
+        ("length-is-prefix", b"3 path=a\n"),
+        ("length-short", b"2 path=a\n"),
+        ("length-one", b"1 path=a\n"),
+        ("no-newline", b"10 path=ab"),
+        ("no-equals", b"9 pathab\n"),
+        ("no-number", b"x path=a\n"),
+    ] {
+        let r = Fixture::new(tag).apply(raw(data).done());
+        assert!(matches!(r, Err(ExtractError::Refused { .. })), "{tag}: {r:?}");
+    }
+    let r = Fixture::new("pax-size").apply(Tar::default().pax(&[("size", "9000000000")]).file("a", "x").done());
+    refused(r, "PAX size");
+}
+
+/// A directory entry over a lower layer's directory keeps what is in it (it only sets the
+/// directory's own mode, owner and time).
+#[test]
+fn a_directory_entry_keeps_a_lower_layers_directory() {
+    let f = Fixture::new("dir-keeps");
+    f.apply(Tar::default().dir("d").file("d/lower", "1").done()).unwrap();
+    f.apply(Tar::default().entry(EntryType::Directory, b"d", b"", b"", 0o700).file("d/upper", "2").done()).unwrap();
+    assert_eq!(std::fs::read_to_string(f.root().join("d/lower")).unwrap(), "1");
+    assert_eq!(std::fs::read_to_string(f.root().join("d/upper")).unwrap(), "2");
+    assert_eq!(std::fs::metadata(f.root().join("d")).unwrap().mode() & 0o7777, 0o700);
+}
+
+/// A path through a file, or through a symlink loop, is refused saying which.
+#[test]
+fn a_path_through_a_file_or_a_link_loop_is_named() {
+    let f = Fixture::new("through-file");
+    refused(f.apply(Tar::default().file("f", "x").file("f/x", "y").done()), "f is not a directory");
+    let f = Fixture::new("loop");
+    refused(f.apply(Tar::default().symlink("a", "b").symlink("b", "a").file("a/x", "y").done()), "too many symlinks");
+    f.outside_untouched();
+}
+
+/// An extended attribute the file system refuses (a value over its 64 KiB limit) fails the
+/// layer, naming the entry, rather than vanishing.
+#[test]
+fn an_xattr_that_cannot_be_set_fails_the_layer() {
+    let f = Fixture::new("xattr-big");
+    let big = "v".repeat(70 << 10);
+    let r = f.apply(Tar::default().pax(&[("SCHILY.xattr.user.big", &big)]).file("a", "x").done());
+    assert!(matches!(&r, Err(ExtractError::Io { path, .. }) if path == "a"), "{r:?}");
 }

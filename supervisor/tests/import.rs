@@ -135,8 +135,7 @@ struct Env {
 }
 
 fn env(tag: &str) -> Env {
-    common::seal();
-    let base = std::env::temp_dir().join(format!("chio-import-{tag}-{}", std::process::id()));
+    let base = common::scratch().join(format!("chio-import-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
     let store = ImageStore::open(&base.join("state")).unwrap();

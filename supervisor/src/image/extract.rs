@@ -570,8 +570,10 @@ impl Layer<'_> {
             nix::unistd::fchownat(dir, name, u, g, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| io_err(raw)(e.into()))?;
         }
         if kind != EntryType::Symlink {
-            // fchmodat does not follow here: the entry was just created by us as a non-symlink.
-            stat::fchmodat(dir, name, Mode::from_bits_truncate(mode), FchmodatFlags::FollowSymlink)
+            // Never following: the entry is one this layer just made, or a directory it found
+            // there (a symlink in its place was replaced), so a symlink here would be a bug —
+            // refused (EOPNOTSUPP), not followed onto whatever it names.
+            stat::fchmodat(dir, name, Mode::from_bits_truncate(mode), FchmodatFlags::NoFollowSymlink)
                 .map_err(|e| io_err(raw)(e.into()))?;
         }
         let t = TimeSpec::new(mtime, 0);

@@ -29,6 +29,17 @@ pub fn seal() {
     SEALED.with(|s| s.set(true));
 }
 
+/// Where a sealed test writes: its own `/tmp` (whatever `TMPDIR` says — a mutation run points
+/// it into the repository, which the seal makes read-only too); unsealed, the usual temp dir.
+pub fn scratch() -> std::path::PathBuf {
+    seal();
+    if SEALED.with(Cell::get) {
+        "/tmp".into()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 /// Whether writing outside `/tmp` fails here (the seal holds).
 #[allow(dead_code)]
 pub fn host_is_read_only() -> bool {
