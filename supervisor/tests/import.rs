@@ -450,10 +450,15 @@ fn a_bomb_after_the_tar_end_marker_is_bounded() {
     let dir = oci_dir(&e.base.join("oci"), &img, |m| {
         m["layers"].as_array_mut().unwrap().truncate(1);
     });
-    let small = Budgets { max_bytes: 4 << 20, ..Budgets::default() };
+    // A budget no chunk boundary meets exactly is still enforced; the whole stream's length
+    // exactly is admitted (below).
+    let small = Budgets { max_bytes: (4 << 20) + 12_345, ..Budgets::default() };
     let err = e.import_with(&dir, &small).unwrap_err().to_string();
     assert!(err.contains("exceeds the budget"), "{err}");
     e.empty();
+    let exact = Budgets { max_bytes: img.layers_plain[0].len() as u64, ..Budgets::default() };
+    let rec = e.import_with(&dir, &exact).unwrap();
+    assert!(e.store.remove(&rec).unwrap());
     // Control: with room for it, the same layer imports (the tail is part of its DiffID).
     let rec = e.import(&dir).unwrap();
     assert_eq!(std::fs::read_to_string(e.store.rootfs(&rec).join("hello")).unwrap(), "hi");
@@ -533,4 +538,41 @@ fn wrong_inputs_are_named_and_compressed_archives_import() {
         assert_eq!(r.image_id, plain.image_id, "{name}");
     }
     assert_eq!(std::fs::read_dir(e.base.join("state/tmp")).unwrap().count(), 0, "the decompressed copy is removed");
+}
+
+/// A descriptor's digest must be `sha256:` and 64 hex digits before it names a file: anything
+/// else (here 64 characters that would climb out of `blobs/`) is refused, not looked up.
+#[test]
+fn a_digest_that_is_not_hex_never_names_a_file() {
+    let img = image();
+    let e = env("digest-form");
+    let climbing = format!("sha256:{}", "../".repeat(21) + "x");
+    let dir = oci_dir(&e.base.join("oci"), &img, |m| m["config"]["digest"] = json!(climbing));
+    let err = e.import(&dir).unwrap_err().to_string();
+    // oci-spec refuses it as it parses the manifest; `verified_blob` would refuse it again.
+    assert!(err.contains("Invalid encoded value") || err.contains("unsupported digest"), "{err}");
+    e.empty();
+}
+
+/// A config blob is read into memory only up to 8 MiB: one byte more is refused before it is
+/// read; exactly 8 MiB (the same config padded with spaces) imports.
+#[test]
+fn a_config_blob_is_bounded_at_eight_mib() {
+    let pad = |img: &mut Image, len: usize| {
+        let mut c = image().config;
+        c.resize(len, b' ');
+        img.config = c;
+    };
+    let e = env("config-big");
+    let mut img = image();
+    pad(&mut img, (8 << 20) + 1);
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    let err = e.import(&dir).unwrap_err().to_string();
+    assert!(err.contains("exceeds the limit"), "{err}");
+    e.empty();
+    let e = env("config-exact");
+    let mut img = image();
+    pad(&mut img, 8 << 20);
+    let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
+    e.import(&dir).unwrap();
 }
