@@ -576,3 +576,35 @@ fn a_config_blob_is_bounded_at_eight_mib() {
     let dir = oci_dir(&e.base.join("oci"), &img, |_| {});
     e.import(&dir).unwrap();
 }
+
+/// Two images with the same layers (another config) share one root filesystem: removing one
+/// keeps the tree the other still uses; removing the last collects it. An image with other
+/// layers beside them changes neither.
+#[test]
+fn a_shared_root_filesystem_outlives_all_but_its_last_image() {
+    let e = env("shared-rootfs");
+    let img = image();
+    let mut twin = image();
+    let mut config: serde_json::Value = serde_json::from_slice(&twin.config).unwrap();
+    config["config"]["WorkingDir"] = json!("/elsewhere");
+    twin.config = serde_json::to_vec(&config).unwrap();
+    let other = {
+        let l = layer(&[("other", "x")]);
+        let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&l))]}}))
+        .unwrap();
+        Image { layers_blob: vec![gzip(&l)], layers_plain: vec![l], config }
+    };
+    let a = e.import(&oci_dir(&e.base.join("a"), &img, |_| {})).unwrap();
+    let b = e.import(&oci_dir(&e.base.join("b"), &twin, |_| {})).unwrap();
+    let c = e.import(&oci_dir(&e.base.join("c"), &other, |m| m["layers"].as_array_mut().unwrap().truncate(1))).unwrap();
+    assert_ne!(a.image_id, b.image_id);
+    assert_eq!(e.store.rootfs(&a), e.store.rootfs(&b), "one tree for the same layers");
+    assert!(!e.store.remove(&a).unwrap(), "the twin still uses the tree");
+    assert!(e.store.rootfs(&b).join("usr/bin/tool").exists());
+    assert!(e.store.remove(&b).unwrap(), "its last image: collected");
+    assert!(!e.store.rootfs(&b).exists());
+    assert!(e.store.rootfs(&c).join("other").exists(), "another image's tree is untouched");
+    assert!(e.store.remove(&c).unwrap());
+    e.empty();
+}
