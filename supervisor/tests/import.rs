@@ -608,3 +608,21 @@ fn a_shared_root_filesystem_outlives_all_but_its_last_image() {
     assert!(e.store.remove(&c).unwrap());
     e.empty();
 }
+
+/// An image is found by a reference, its full ID or a prefix of at least 12 hex digits — never
+/// by an ID it does not have, nor by a shorter prefix, even when it is the only image.
+#[test]
+fn an_image_is_found_only_by_what_names_it() {
+    let e = env("find");
+    let rec = e.import(&oci_dir(&e.base.join("oci"), &image(), |_| {})).unwrap();
+    let id = rec.image_id.strip_prefix("sha256:").unwrap().to_string();
+    for good in [rec.image_id.clone(), id.clone(), id[..12].to_string(), "app:1".to_string()] {
+        assert_eq!(e.store.find(&good).unwrap().image_id, rec.image_id, "{good}");
+    }
+    let other = if id.starts_with('0') { "1" } else { "0" }.repeat(64);
+    for bad in [other.as_str(), &id[..11], "nope:1"] {
+        let err = e.store.find(bad).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{bad}: {err}");
+        assert!(err.to_string().contains("no image named"), "{bad}: {err}");
+    }
+}
