@@ -626,3 +626,45 @@ fn an_image_is_found_only_by_what_names_it() {
         assert!(err.to_string().contains("no image named"), "{bad}: {err}");
     }
 }
+
+/// An index listing the same reference for two platforms: the one asked for is imported (the
+/// host's by default), a bare architecture never matches a longer one, and a variant asked for
+/// without one in the index matches nothing.
+#[test]
+fn the_platform_asked_for_is_the_one_imported() {
+    let e = env("platforms");
+    let dir = oci_dir(&e.base.join("oci"), &image(), |_| {});
+    let blobs = dir.join("blobs/sha256");
+    let l = layer(&[("usr/bin/tool", "arm")]);
+    let blob = gzip(&l);
+    let config = serde_json::to_vec(&json!({"architecture": "arm64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&l))]}}))
+    .unwrap();
+    let manifest =
+        serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": desc("application/vnd.oci.image.config.v1+json", &config),
+        "layers": [desc("application/vnd.oci.image.layer.v1.tar+gzip", &blob)]}))
+        .unwrap();
+    for data in [&blob, &config, &manifest] {
+        std::fs::write(blobs.join(hex(data)), data).unwrap();
+    }
+    let mut index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let mut arm = desc("application/vnd.oci.image.manifest.v1+json", &manifest);
+    arm["annotations"] = json!({"org.opencontainers.image.ref.name": "app:1"});
+    arm["platform"] = json!({"os": "linux", "architecture": "arm64"});
+    index["manifests"].as_array_mut().unwrap().push(arm);
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let import = |platform: &str| {
+        let sel = Selection { reference: Some("app:1".into()), platform: platform.into() };
+        e.store.import(&dir, &sel, None, &Budgets::default(), &mut |_| {})
+    };
+    let tool = |rec: &chio_supervisor::image::store::ImageRecord| {
+        std::fs::read_to_string(e.store.rootfs(rec).join("usr/bin/tool")).unwrap()
+    };
+    assert_eq!(tool(&import("linux/arm64").unwrap()), "arm");
+    assert_eq!(tool(&import("linux/amd64").unwrap()), "v2");
+    for none in ["linux/arm", "linux/amd64/v2", "windows/amd64"] {
+        let err = import(none).unwrap_err().to_string();
+        assert!(err.contains(&format!("no image for platform {none}")), "{none}: {err}");
+    }
+}
