@@ -43,5 +43,13 @@ pub fn scratch() -> std::path::PathBuf {
 /// Whether writing outside `/tmp` fails here (the seal holds).
 #[allow(dead_code)]
 pub fn host_is_read_only() -> bool {
-    std::fs::create_dir("/var/chio-sealed-probe").is_err_and(|e| e.raw_os_error() == Some(libc::EROFS))
+    let probe = "/var/chio-sealed-probe";
+    match std::fs::create_dir(probe) {
+        Err(e) => e.raw_os_error() == Some(libc::EROFS),
+        // Not sealed: the probe is the host's now; take it away again.
+        Ok(()) => {
+            let _ = std::fs::remove_dir(probe);
+            false
+        }
+    }
 }
