@@ -745,7 +745,9 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     apply_landlock(ctx, &prepared.access, &mut reported)?;
     ctx.inject(Stage::Target)?;
     if let (true, Some(argv0)) = (plan.hook(&TestHook::TouchBeforeOpen), plan.argv.first()) {
-        touch(&plan.cwd.join(argv0));
+        // The supervisor hashes its early guess while the cage sets up; give it the time.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        append_byte(&plan.cwd.join(argv0));
     }
     let target = find_target(plan)?;
     let mut fds = vec![target.exec_fd.as_raw_fd()];
@@ -759,9 +761,6 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         script_fd: target.script_fd.as_ref().map(|f| f.as_raw_fd()),
     };
     channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
-    if plan.hook(&TestHook::Touch) {
-        touch(&target.exec_path);
-    }
     if let Some(script) = target.script_fd {
         // Kept open across exec for the interpreter (its number is in argv): FD_CLOEXEC cleared.
         fcntl(&script, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
@@ -781,6 +780,10 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         _ => exit_now(125),
     }
     ctx.inject(Stage::Exec)?;
+    if plan.hook(&TestHook::Touch) && matches!(channel::recv_byte(ctx.sock), Ok(Some(GO))) {
+        // The supervisor says it has taken the file's identity: change it before the exec.
+        append_byte(&target.exec_path);
+    }
     let exec_fd = hooked_exec(plan, target.exec_fd)?;
     let err = exec(&target.argv, &plan.env, exec_fd.as_raw_fd());
     let code = match err.raw_os_error() {
@@ -791,11 +794,9 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
 }
 
-/// Test hook: append a byte to `p` (the file just sent for hashing, or the one about to be
-/// opened) once the supervisor has had the time to hash it.
-fn touch(p: &Path) {
+/// Test hook: append a byte to `p` (the file hashed, or the one about to be opened).
+fn append_byte(p: &Path) {
     use std::io::Write;
-    std::thread::sleep(std::time::Duration::from_millis(300));
     if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(p) {
         let _ = f.write_all(b"\0");
     }

@@ -21,12 +21,12 @@ use nix::unistd::Pid;
 
 use crate::cgroup::{Hierarchy, LaunchCgroup, Usage};
 use crate::channel::{self, CageMsg, ABORT, GO};
-use crate::digests::Digests;
+use crate::digests::{Digests, Identity};
 use crate::inside::{self, Ctx};
 use crate::janitor;
 use crate::landlock;
 use crate::observe::{self, Expect};
-use crate::plan::{CagePlan, Mode, Stage};
+use crate::plan::{CagePlan, Mode, Stage, TestHook};
 use crate::prehash::{self, Early};
 use crate::record::{self, CgroupFacts, Failure, LaunchRecord, State, Target, SCHEMA};
 use crate::seccomp::{self, Filters};
@@ -729,20 +729,26 @@ fn verify_traced(
     let mut fds = ready.fds.into_iter();
     let exec_fd =
         fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
-    let mut target = describe(&exec_fd, &exec_path, early, known)?;
+    // What was hashed, with the identity it had *before* it was read, to be found unchanged at
+    // the exec stop (any write moves ctime): an identity taken after the hash would vouch for a
+    // write that landed while the file was being read.
+    let (mut target, id) = describe(&exec_fd, &exec_path, early, known)?;
     let exe_id = (target.device, target.inode);
-    // What was hashed, to be found unchanged at the exec stop (any write moves ctime).
-    let mut hashed = vec![(prehash::identity_of(exec_fd.as_fd()), exec_fd)];
+    let mut hashed = vec![(id, exec_fd)];
     let mut script = None;
     if let (Some(fd), Some(sp), Some(n)) = (fds.next(), script_path, script_fd) {
-        let s = describe(&fd, &sp, early, known)?;
+        let (s, id) = describe(&fd, &sp, early, known)?;
         script = Some((n, s.device, s.inode));
         target = Target { interpreter: Some(Box::new(target)), opened_as: Some(format!("/dev/fd/{n}")), ..s };
-        hashed.push((prehash::identity_of(fd.as_fd()), fd));
+        hashed.push((id, fd));
     }
     let verified = verify_digest(plan, &target);
     rec.target = Some(target);
     verified.and_then(|_| inject(plan, Stage::Verify))?;
+    if plan.hook(&TestHook::Touch) {
+        // Test hook: tell the target its file's identity is taken; it changes the file now.
+        let _ = channel::send_byte(sock.as_raw_fd(), GO);
+    }
     let traced = Traced { plan, host, tpid, exe: exe_id, script, hashed, sock };
     traced.exec_and_observe(rec, hook)
 }
@@ -764,8 +770,8 @@ struct Traced<'a> {
     exe: (u64, u64),
     /// A script's fd number in the target and its device and inode.
     script: Option<(i32, u64, u64)>,
-    /// The hashed files (the supervisor's fds) and their identity when hashed.
-    hashed: Vec<(Option<[i64; 7]>, OwnedFd)>,
+    /// The hashed files (the supervisor's fds) and their identity before they were read.
+    hashed: Vec<(Identity, OwnedFd)>,
     sock: &'a OwnedFd,
 }
 
@@ -792,7 +798,7 @@ impl Traced<'_> {
         };
         let mut problems = observe::violations(&observed, &expect);
         for (then, fd) in &self.hashed {
-            if then.is_none() || *then != prehash::identity_of(fd.as_fd()) {
+            if Some(*then) != prehash::identity_of(fd.as_fd()) {
                 problems.push("a file changed after it was hashed (its size, mtime or ctime moved)".into());
             }
         }
@@ -840,7 +846,14 @@ fn release_tracee(tpid: libc::pid_t) {
     }
 }
 
-fn describe(fd: &OwnedFd, path: &str, early: Option<&Early>, known: Option<Digests>) -> Result<Target, Stop> {
+/// The file behind `fd` described and hashed, and its identity from before it was read (what the
+/// digest is valid for).
+fn describe(
+    fd: &OwnedFd,
+    path: &str,
+    early: Option<&Early>,
+    known: Option<Digests>,
+) -> Result<(Target, Identity), Stop> {
     let st = sys::fstat(fd.as_fd()).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(stop(Stage::Verify, "target_not_executable", format!("{path} is not a regular file")));
@@ -850,14 +863,15 @@ fn describe(fd: &OwnedFd, path: &str, early: Option<&Early>, known: Option<Diges
         _ => prehash::hash_known(fd.as_fd(), &prehash::identity(&st), known)
             .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?,
     };
-    Ok(Target {
+    let target = Target {
         path: path.to_string(),
         sha256,
         device: st.st_dev,
         inode: st.st_ino,
         opened_as: None,
         interpreter: None,
-    })
+    };
+    Ok((target, prehash::identity(&st)))
 }
 
 fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {

@@ -235,8 +235,8 @@ pub enum TestHook {
     /// Mount the image's entries without read-only and `/tmp`, `/dev/shm` without noexec (to
     /// show landlock alone refuses writes and execution there).
     MountFlags,
-    /// Change the file sent for hashing in place once the supervisor has hashed it, before the
-    /// exec (as another writer of the workspace might).
+    /// Change the file sent for hashing in place once the supervisor has hashed it (after GO),
+    /// before the exec (as another writer of the workspace might).
     Touch,
     /// Change the command's file (argv[0], a path) in place before opening it, once the
     /// supervisor has had the time to hash its early guess of it.
