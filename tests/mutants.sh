@@ -38,10 +38,20 @@ if [ "${1:-}" = "--e2e" ]; then
     for f in ${CHIO_MUTANTS_FILES:-cage/src/identity.rs cage/src/landlock.rs cage/src/mounts.rs}; do
         files="$files -f $f"
     done
+    # CHIO_MUTANTS_TESTS="escape exec_stop ..." runs only those test targets of chio-tests, the
+    # unit tests (and
+    # the CLI's cli_args, whose presence makes cargo build the `chio` binary the suites drive).
+    targets=""
+    if [ -n "${CHIO_MUTANTS_TESTS:-}" ]; then
+        targets="--lib --test cli_args"
+        for t in $CHIO_MUTANTS_TESTS; do
+            targets="$targets --test $t"
+        done
+    fi
     # shellcheck disable=SC2086
     cargo mutants $files \
         --test-package=chio-cage,chio-cli,chio-tests \
-        --timeout 240 -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- -- --skip mini_swe_agent_environments \
+        --timeout 240 -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- $targets -- --skip mini_swe_agent_environments \
         --skip walkthrough --skip session_runs_nothing --skip killed_run --skip worker_stopped \
         --skip debian_package --skip systemd_analyze --skip privileged_units_grant \
         --skip booted_systemd

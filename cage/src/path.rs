@@ -1,11 +1,12 @@
 //! Path resolution without string joins. Every lookup is relative to a directory fd we hold,
 //! through `openat2` with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`, so a symlink planted in an
 //! untrusted tree (`/proc -> /host/proc`, `x -> ../../etc`) resolves inside that tree or fails.
-//! Where `openat2` is missing, a per-component `O_NOFOLLOW` walk refuses every symlink instead.
+//! Without `openat2` (before Linux 5.6, or a seccomp filter above chio refusing it) nothing is
+//! resolved: the launch fails, and `chio security preflight` reports it fatal.
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
@@ -31,17 +32,23 @@ pub fn open_host(path: &Path, extra_flags: i32) -> io::Result<OwnedFd> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not an absolute path", path.display())));
     }
     let c = cstring(path)?;
-    let cwd = unsafe_cwd();
-    let opened = match sys::openat2(cwd, &c, libc::O_PATH | extra_flags, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-    {
-        // No openat2: walk from the real root, one O_NOFOLLOW component at a time.
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => sys::openat(cwd, c"/", libc::O_PATH | libc::O_DIRECTORY, 0)
-            .and_then(|root| walk_nofollow(root.as_fd(), path, libc::O_PATH | extra_flags)),
-        r => r,
-    };
-    opened.map_err(|e| match e.raw_os_error() {
-        // The fallback walk meets a symlinked directory as ENOTDIR.
-        Some(libc::ELOOP | libc::ENOTDIR) if has_symlink(path) => symlink_refused(path),
+    openat2(nix::fcntl::AT_FDCWD, &c, libc::O_PATH | extra_flags, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS).map_err(
+        |e| match e.raw_os_error() {
+            // RESOLVE_NO_SYMLINKS met a symlink.
+            Some(libc::ELOOP) => symlink_refused(path),
+            _ => e,
+        },
+    )
+}
+
+/// `openat2`, its absence (ENOSYS) turned into an error an operator can act on.
+fn openat2(dir: BorrowedFd<'_>, path: &std::ffi::CStr, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
+    sys::openat2(dir, path, flags, 0, resolve).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOSYS) => io::Error::new(
+            io::ErrorKind::Unsupported,
+            "openat2 is not available (Linux 5.6 or later, not refused by a seccomp filter above chio): \
+             chio resolves every path with it",
+        ),
         _ => e,
     })
 }
@@ -55,10 +62,6 @@ fn first_symlink(path: &Path) -> Option<std::path::PathBuf> {
     })
 }
 
-fn has_symlink(path: &Path) -> bool {
-    first_symlink(path).is_some()
-}
-
 /// The error for an operator path that passes through a symlink, naming the first one.
 fn symlink_refused(path: &Path) -> io::Error {
     let link = first_symlink(path).map_or_else(|| path.display().to_string(), |l| l.display().to_string());
@@ -68,39 +71,11 @@ fn symlink_refused(path: &Path) -> io::Error {
     )
 }
 
-fn unsafe_cwd() -> BorrowedFd<'static> {
-    nix::fcntl::AT_FDCWD
-}
-
 /// Resolve `path` inside the tree rooted at `root`: absolute symlinks and `..` cannot leave it.
 /// `flags` are the open flags (`O_PATH`, `O_RDONLY`, ...).
 pub fn resolve_in(root: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Result<OwnedFd> {
-    let rel = relative(path)?;
-    let c = cstring(&rel)?;
-    match sys::openat2(root, &c, flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_nofollow(root, path, flags),
-        r => r,
-    }
-}
-
-/// The fallback walk: one `O_PATH | O_NOFOLLOW` open per component; any symlink or `..` fails.
-pub fn walk_nofollow(root: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Result<OwnedFd> {
-    let names = components(path)?;
-    let Some((last, dirs)) = names.split_last() else {
-        return sys::openat(root, c".", flags, 0);
-    };
-    let mut cur: Option<OwnedFd> = None;
-    for name in dirs {
-        let dir = cur.as_ref().map(|f| f.as_fd()).unwrap_or(root);
-        let next = sys::openat(dir, &cstring(name)?, libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY, 0)?;
-        cur = Some(next);
-    }
-    let dir = cur.as_ref().map(|f| f.as_fd()).unwrap_or(root);
-    let fd = sys::openat(dir, &cstring(last)?, flags | libc::O_NOFOLLOW, 0)?;
-    if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFLNK {
-        return Err(io::Error::from_raw_os_error(libc::ELOOP));
-    }
-    Ok(fd)
+    let c = cstring(relative(path)?)?;
+    openat2(root, &c, flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
 }
 
 /// Names in the directory `dir` (without `.` and `..`), unsorted.
@@ -144,6 +119,7 @@ fn relative(path: &Path) -> io::Result<std::path::PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::os::unix::fs::symlink;
 
     fn tempdir(tag: &str) -> std::path::PathBuf {
@@ -182,16 +158,60 @@ mod tests {
     }
 
     #[test]
-    fn fallback_walk_refuses_any_symlink() {
-        let d = tempdir("walk");
+    fn a_host_path_through_a_symlink_is_refused_naming_the_first_link() {
+        let d = tempdir("host");
         std::fs::write(d.join("inner/f"), "x").unwrap();
         symlink("inner", d.join("alias")).unwrap();
-        let root = open_host(&d, libc::O_DIRECTORY).unwrap();
-        assert!(walk_nofollow(root.as_fd(), Path::new("inner/f"), libc::O_RDONLY).is_ok());
-        let err = walk_nofollow(root.as_fd(), Path::new("alias/f"), libc::O_RDONLY).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR));
-        let err = walk_nofollow(root.as_fd(), Path::new("alias"), libc::O_PATH).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        symlink("f", d.join("inner/link")).unwrap();
+        assert!(open_host(&d.join("inner/f"), 0).is_ok(), "control: the real path opens");
+        for (path, named) in
+            [("alias/f", "alias"), ("alias", "alias"), ("alias/link", "alias"), ("inner/link", "inner/link")]
+        {
+            let err = open_host(&d.join(path), 0).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{path}: {err}");
+            let want = format!("{} is a symbolic link", d.join(named).display());
+            assert!(err.to_string().starts_with(&want), "{path}: {err}");
+        }
+        let err = open_host(&d.join("absent"), 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "a missing path is not called a link: {err}");
+        let err = open_host(Path::new("inner/f"), 0).unwrap_err();
+        assert!(err.to_string().ends_with("is not an absolute path"), "{err}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Without openat2 nothing is resolved, and the error says what is missing. (The thread
+    /// runs under the target's own seccomp filter, which makes openat2 ENOSYS; the filter and
+    /// no_new_privs end with the thread.)
+    #[test]
+    fn without_openat2_nothing_resolves() {
+        let d = tempdir("enosys");
+        let dir = d.clone();
+        let filters = crate::seccomp::build().unwrap();
+        let errs = std::thread::spawn(move || {
+            let root = std::fs::File::open(&dir).unwrap();
+            nix::sys::prctl::set_no_new_privs().unwrap();
+            crate::seccomp::install(&filters).unwrap();
+            [open_host(&dir, 0).unwrap_err(), resolve_in(root.as_fd(), Path::new("inner"), libc::O_PATH).unwrap_err()]
+        })
+        .join()
+        .unwrap();
+        for err in errs {
+            assert_eq!(err.kind(), io::ErrorKind::Unsupported, "{err}");
+            assert!(err.to_string().starts_with("openat2 is not available"), "{err}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// An operator's path is only ever named by the fd (a bind source, a root): it opens
+    /// `O_PATH`, which cannot read, write or block on a FIFO.
+    #[test]
+    fn a_host_path_opens_as_a_path_only() {
+        let d = tempdir("opath");
+        std::fs::write(d.join("inner/f"), "x").unwrap();
+        let fd = open_host(&d.join("inner/f"), 0).unwrap();
+        let fl = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        assert_eq!(fl & libc::O_PATH, libc::O_PATH);
+        assert_eq!(nix::unistd::read(&fd, &mut [0u8; 1]), Err(nix::errno::Errno::EBADF));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
