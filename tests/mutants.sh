@@ -39,8 +39,8 @@ if [ "${1:-}" = "--e2e" ]; then
         files="$files -f $f"
     done
     # CHIO_MUTANTS_TESTS="escape exec_stop ..." runs only those test targets of chio-tests, the
-    # unit tests (and
-    # the CLI's cli_args, whose presence makes cargo build the `chio` binary the suites drive).
+    # unit tests and the CLI's cli_args (whose presence makes cargo build the `chio` binary the
+    # suites drive).
     targets=""
     if [ -n "${CHIO_MUTANTS_TESTS:-}" ]; then
         targets="--lib --test cli_args"
