@@ -5,9 +5,11 @@
 //! before the target's first instruction.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -140,6 +142,20 @@ fn check_plan(plan: &CagePlan) -> Result<(), Stop> {
     };
     if plan.argv.is_empty() {
         return Err(reject("empty_command", "no command to run".into()));
+    }
+    // exec takes C strings: an argument or variable with a NUL in it would reach the command
+    // cut short, or not at all, while the record shows it whole.
+    if let Some(a) = plan.argv.iter().find(|a| a.as_bytes().contains(&0)) {
+        return Err(reject("bad_command", format!("command argument {a:?} contains a NUL byte")));
+    }
+    let bad_var = |(k, v): &&(OsString, OsString)| {
+        k.is_empty() || k.as_bytes().iter().any(|b| *b == 0 || *b == b'=') || v.as_bytes().contains(&0)
+    };
+    if let Some((k, _)) = plan.env.iter().find(bad_var) {
+        return Err(reject(
+            "bad_environment",
+            format!("environment variable {k:?} has an empty name, or a NUL or '=' in its name, or a NUL in its value"),
+        ));
     }
     // The exec-stop check compares /proc/<pid>/cwd with this path, so it must be in the form
     // the kernel prints: absolute, no '.', '..', doubled or trailing slashes.
@@ -1019,6 +1035,28 @@ fn ensure_staging(dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::process::{Child, Command};
+
+    /// What exec takes is a C string: an argument or variable it would cut or drop is refused
+    /// before anything is built (a daemon's client can send one in JSON).
+    #[test]
+    fn a_command_exec_would_not_pass_whole_is_refused() {
+        let code = |argv: &[&str], env: &[(&str, &str)]| {
+            let mut plan = CagePlan::new(argv.iter().map(OsString::from).collect());
+            plan.env = env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect();
+            check_plan(&plan).map_err(|s| (s.code, s.detail)).unwrap_err()
+        };
+        let (c, detail) = code(&["/bin/echo", "a\0b"], &[]);
+        assert_eq!(c, "bad_command", "{detail}");
+        assert!(detail.contains("\"a\\0b\" contains a NUL byte"), "{detail}");
+        for env in [("K", "a\0b"), ("K\0", "v"), ("K=V", "v"), ("", "v")] {
+            let (c, detail) = code(&["/bin/echo"], &[env]);
+            assert_eq!(c, "bad_environment", "{env:?}: {detail}");
+        }
+        // Control: the same plans whole pass these checks (and meet the next: this test's
+        // process has threads).
+        let (c, _) = code(&["/bin/echo", "ab"], &[("K", "ab")]);
+        assert_eq!(c, "multithreaded_supervisor");
+    }
 
     /// A child killed and reaped when the test ends, however it ends.
     struct Reaped(Child);

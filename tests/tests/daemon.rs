@@ -605,6 +605,36 @@ fn a_launch_passes_its_clients_variables_never_the_daemons() {
     }
 }
 
+/// A request's arguments are JSON strings, which may hold a NUL byte that no command line can:
+/// exec would drop such an argument (or variable) while the record showed it whole. Refused
+/// before anything runs; control: the same request without the NUL runs whole.
+#[test]
+fn an_argument_with_a_nul_byte_is_refused_not_cut() {
+    if !privileged("daemon_nul_argument") {
+        return;
+    }
+    let dir = Scratch::new("daemon-nul");
+    let d = Daemon::start(&dir, config(json!({})));
+    let ran = |id: &str, args: Value| {
+        let (out, err) = (dir.join(&format!("{id}.out")), dir.join(&format!("{id}.err")));
+        let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
+        let answer = raw_with_fds(&d.socket, launch_line(id, args).as_bytes(), &[&files[0], &files[1]]);
+        (answer, std::fs::read_to_string(&out).unwrap(), std::fs::read_to_string(&err).unwrap())
+    };
+    let show = r#"printf '%s|' "$@""#;
+    for (id, args, says) in [
+        ("nul-arg", json!(["--", "/bin/sh", "-c", show, "sh", "a\0b", "c"]), "contains a NUL byte"),
+        ("nul-env", json!(["--env", "K=a\0b", "--", "/bin/sh", "-c", show, "sh", "c"]), "environment variable"),
+    ] {
+        let (answer, out, err) = ran(id, args);
+        assert_eq!(answer["exit_status"], 125, "{id}: {answer} {err}");
+        assert_eq!(out, "", "{id}: the command ran");
+        assert!(err.contains(says), "{id}: {err}");
+    }
+    let (answer, out, err) = ran("whole", json!(["--env", "K=ab", "--", "/bin/sh", "-c", show, "sh", "ab", "c"]));
+    assert_eq!((answer["exit_status"].as_i64(), out.as_str()), (Some(0), "ab|c|"), "{answer} {err}");
+}
+
 /// A request id runs once. The daemon hands a job on while its journal entry is still being
 /// written and holds it at a gate until the entry lands; a request the journal turns away
 /// (a repeat, or another request under a used id) must leave no trace: not run again, and not
