@@ -964,16 +964,20 @@ fn parse_shebang(head: &[u8]) -> Option<(OsString, Option<OsString>)> {
 }
 
 fn exec(argv: &[OsString], env: &[(OsString, OsString)], fd: RawFd) -> io::Error {
-    let cargs: Vec<CString> = argv.iter().filter_map(|a| CString::new(a.as_bytes()).ok()).collect();
-    let cenv: Vec<CString> = env
+    // The plan's check refuses NUL bytes; were one here, nothing runs rather than a cut command.
+    let cargs: Result<Vec<CString>, _> = argv.iter().map(|a| CString::new(a.as_bytes())).collect();
+    let cenv: Result<Vec<CString>, _> = env
         .iter()
-        .filter_map(|(k, v)| {
+        .map(|(k, v)| {
             let mut kv = k.as_bytes().to_vec();
             kv.push(b'=');
             kv.extend_from_slice(v.as_bytes());
-            CString::new(kv).ok()
+            CString::new(kv)
         })
         .collect();
+    let (Ok(cargs), Ok(cenv)) = (cargs, cenv) else {
+        return io::Error::new(io::ErrorKind::InvalidInput, "a command argument or variable contains a NUL byte");
+    };
     let mut argp: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
     argp.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|c| c.as_ptr()).collect();
