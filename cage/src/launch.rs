@@ -836,8 +836,16 @@ impl Traced<'_> {
                 stop(Stage::Observe, "evidence_not_recorded", e)
             })?;
         }
-        // Detached, the tracee continues from the exec stop.
-        let _ = ptrace::detach(Pid::from_raw(self.tpid), None);
+        if plan.hook(&TestHook::KillAtExecStop) {
+            let _ = kill(Pid::from_raw(self.tpid), Signal::SIGKILL);
+        }
+        // Detached, the tracee continues from the exec stop. Detaching fails only for a tracee
+        // no longer stopped: killed here (the OOM killer, an operator, the init's end), it is a
+        // zombie only its tracer can release, and until then the cage's init cannot finish
+        // dying — reap it as its tracer; its parent, the init, still sees how it ended.
+        if ptrace::detach(Pid::from_raw(self.tpid), None).is_err() {
+            release_tracee(self.tpid);
+        }
         rec.mark("exec_observed");
         Ok(exec_at)
     }

@@ -241,6 +241,9 @@ pub enum TestHook {
     /// Change the command's file (argv[0], a path) in place before opening it, once the
     /// supervisor has had the time to hash its early guess of it.
     TouchBeforeOpen,
+    /// The target is killed (SIGKILL from the host) at its exec stop once every fact is checked,
+    /// before it is let go: as the OOM killer or an operator might.
+    KillAtExecStop,
 }
 
 impl TestHook {
@@ -263,6 +266,7 @@ impl TestHook {
             TestHook::MountFlags => "mount_flags".into(),
             TestHook::Touch => "touch".into(),
             TestHook::TouchBeforeOpen => "touch_before_open".into(),
+            TestHook::KillAtExecStop => "kill_at_exec_stop".into(),
         }
     }
 
@@ -290,6 +294,7 @@ impl TestHook {
             "mount_flags" => TestHook::MountFlags,
             "touch" => TestHook::Touch,
             "touch_before_open" => TestHook::TouchBeforeOpen,
+            "kill_at_exec_stop" => TestHook::KillAtExecStop,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

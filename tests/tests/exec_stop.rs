@@ -215,3 +215,38 @@ fn an_unknown_hook_is_refused() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("names no hook"));
 }
+
+/// A target killed from the host at its exec stop (the OOM killer, an operator) is a traced
+/// zombie: the cage's init cannot finish dying until its tracer reaps it, and a supervisor that
+/// only failed to detach and went on to wait for the init waited forever. The launch must end,
+/// promptly, with the target's death by SIGKILL. (Control: the same launch without the hook.)
+#[test]
+fn a_target_killed_at_its_exec_stop_ends_the_launch() {
+    let Some(e) = Suite::new("killed_at_exec_stop", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-killed");
+    ws.give_to_nobody();
+    let mut cmd = Command::new(&e.chio);
+    cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
+        .arg(&ws.0)
+        .args(["--", "/probe", "write", "/workspace/ran"])
+        .env("CHIO_TEST_HOOK", "kill_at_exec_stop")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the launch did not end within 20 s of its target's death");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let run = parse(child.wait_with_output().unwrap());
+    assert_eq!(run.record["outcome"]["signal"], 9, "{}", run.record);
+    assert_eq!(run.code, 137, "{}", run.stderr);
+    assert!(!ws.join("ran").exists(), "the target ran");
+    let control = launch(&e, &ws, None, &[]);
+    assert_eq!((control.state(), control.code), ("FullyEnforced", 0), "control: {}", control.stderr);
+}
