@@ -38,6 +38,8 @@ if [ "${1:-}" = "--e2e" ]; then
     for f in ${CHIO_MUTANTS_FILES:-cage/src/identity.rs cage/src/landlock.rs cage/src/mounts.rs}; do
         files="$files -f $f"
     done
+    # CHIO_MUTANTS_TIMEOUT (seconds, default 240) bounds one mutant's tests: a mutant that makes
+    # launches hang (the init never reports) costs that much each.
     # CHIO_MUTANTS_TESTS="escape exec_stop ..." runs only those test targets of chio-tests, the
     # unit tests and the CLI's cli_args (whose presence makes cargo build the `chio` binary the
     # suites drive).
@@ -55,7 +57,7 @@ if [ "${1:-}" = "--e2e" ]; then
     # shellcheck disable=SC2086
     cargo mutants $files \
         --test-package=chio-cage,chio-cli,chio-tests \
-        --timeout 240 -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- $targets -- --skip mini_swe_agent_environments \
+        --timeout "${CHIO_MUTANTS_TIMEOUT:-240}" -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- $targets -- --skip mini_swe_agent_environments \
         --skip walkthrough --skip session_runs_nothing --skip killed_run --skip worker_stopped \
         --skip debian_package --skip systemd_analyze --skip privileged_units_grant \
         --skip booted_systemd
