@@ -139,13 +139,19 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     // network namespace is the dearest) overlaps the supervisor's cgroup and janitor work.
     let plan = ctx.plan;
     let mut flags = UNSHARED;
-    for (name, flag) in [("net", libc::CLONE_NEWNET), ("ipc", libc::CLONE_NEWIPC), ("uts", libc::CLONE_NEWUTS)] {
+    for (name, flag) in [
+        ("mnt", libc::CLONE_NEWNS),
+        ("net", libc::CLONE_NEWNET),
+        ("ipc", libc::CLONE_NEWIPC),
+        ("uts", libc::CLONE_NEWUTS),
+    ] {
         if plan.hook(&TestHook::Namespace(name)) {
             flags &= !flag;
         }
     }
+    let supervisors = mount_namespace()?;
     enter_namespaces(flags, ctx.netns)?;
-    let prepared = build_root(ctx)?;
+    let prepared = build_root(ctx, supervisors)?;
     ctx.inject(Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
     if flags & libc::CLONE_NEWUTS != 0 {
@@ -179,8 +185,24 @@ fn enter_namespaces(mut flags: libc::c_int, netns: RawFd) -> Result<(), Fail> {
     unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))
 }
 
-/// The plan's root, attached and pivoted into.
-fn build_root(ctx: &Ctx<'_>) -> Result<Prepared, Fail> {
+/// The mount namespace this process is in (device and inode of `/proc/self/ns/mnt`).
+fn mount_namespace() -> Result<(u64, u64), Fail> {
+    let st = nix::sys::stat::stat(c"/proc/self/ns/mnt").map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// The plan's root, attached and pivoted into — never in `supervisors`, the mount namespace the
+/// init was cloned in: a pivot_root and detach of the old root there would take the supervisor's
+/// (for a one-shot launch, the host's) root away. Checked here, before any mount, whatever the
+/// unshare before it did.
+fn build_root(ctx: &Ctx<'_>, supervisors: (u64, u64)) -> Result<Prepared, Fail> {
+    if mount_namespace()? == supervisors {
+        return Err(fail(
+            Stage::Namespaces,
+            "namespace_failed",
+            "the init is still in the supervisor's mount namespace: no mount is made there",
+        ));
+    }
     let prepared = Prepared::build(ctx.plan, ctx.root_ahead).map_err(|e| {
         let code = match e.kind() {
             io::ErrorKind::NotFound => "path_not_found",
@@ -294,8 +316,9 @@ fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
 /// An init ahead, once it has its plan: its mount namespace (the host's mounts as they are
 /// now), the root, the network, the ceilings, the target.
 fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
+    let supervisors = mount_namespace()?;
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
-    let prepared = build_root(ctx)?;
+    let prepared = build_root(ctx, supervisors)?;
     ctx.inject(Stage::Network)?;
     if ctx.plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;

@@ -222,7 +222,7 @@ pub enum TestHook {
     Gid,
     /// Keep a supplementary group.
     Groups,
-    /// Do not unshare this namespace (`net`, `ipc`, `uts` or `cgroup`).
+    /// Do not unshare this namespace (`mnt`, `net`, `ipc`, `uts` or `cgroup`).
     Namespace(&'static str),
     /// Do not join the launch cgroup.
     Cgroup,
@@ -283,6 +283,7 @@ impl TestHook {
             "uid" => TestHook::Uid,
             "gid" => TestHook::Gid,
             "groups" => TestHook::Groups,
+            "ns=mnt" => TestHook::Namespace("mnt"),
             "ns=net" => TestHook::Namespace("net"),
             "ns=ipc" => TestHook::Namespace("ipc"),
             "ns=uts" => TestHook::Namespace("uts"),

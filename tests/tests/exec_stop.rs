@@ -199,16 +199,15 @@ fn status_channel_eof() {
     fact_fails("status_channel", "channel", &[], "still holds the status channel");
 }
 
-/// The mount and pid namespaces cannot be left shared by a hook without harming the host (the
-/// cage's mounts and pid 1 depend on them); their checks are covered by the unit tests of
-/// `observe::violations`. A hook is refused by a build without the feature, and an unknown one by
-/// every build.
+/// The pid namespace cannot be left shared by a hook (the cage's pid 1 depends on it); its check
+/// is covered by the unit tests of `observe::violations`. A hook is refused by a build without
+/// the feature, and an unknown one by every build.
 #[test]
 fn an_unknown_hook_is_refused() {
     let Some(e) = Suite::new("unknown_hook", PROBE) else { return };
     let out = Command::new(&e.chio)
         .args(["cage", "run", "--", "/bin/true"])
-        .env("CHIO_TEST_HOOK", "ns=mnt")
+        .env("CHIO_TEST_HOOK", "ns=pid")
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -249,4 +248,38 @@ fn a_target_killed_at_its_exec_stop_ends_the_launch() {
     assert!(!ws.join("ran").exists(), "the target ran");
     let control = launch(&e, &ws, None, &[]);
     assert_eq!((control.state(), control.code), ("FullyEnforced", 0), "control: {}", control.stderr);
+}
+
+/// An init that did not get a mount namespace of its own (a hook skips the unshare) must make no
+/// mount at all: a pivot_root there, and the detach of the old root, would take the supervisor's
+/// root away — the host's, for a one-shot launch. The launch fails at the namespaces stage before
+/// the first mount. chio runs here in a private mount namespace of the test's, so that were the
+/// guard ever gone, only that namespace would lose its root. Control: the same, without the hook.
+#[test]
+fn a_cage_never_mounts_in_its_supervisors_mount_namespace() {
+    let Some(e) = Suite::new("mnt_ns_guard", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-mnt");
+    ws.give_to_nobody();
+    let run = |hook: Option<&str>| {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private"])
+            .arg(&e.chio)
+            .args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
+            .arg(&ws.0)
+            .args(["--", "/probe", "write", "/workspace/ran"])
+            .stdin(Stdio::null());
+        if let Some(h) = hook {
+            cmd.env("CHIO_TEST_HOOK", h);
+        }
+        parse(cmd.output().unwrap())
+    };
+    let hooked = run(Some("ns=mnt"));
+    assert_eq!(hooked.state(), "BootstrapFailed", "{}", hooked.stderr);
+    let failure = &hooked.record["failure"];
+    assert_eq!((failure["stage"].as_str(), failure["code"].as_str()), (Some("namespaces"), Some("namespace_failed")));
+    assert!(failure["detail"].as_str().unwrap().contains("supervisor's mount namespace"), "{failure}");
+    assert!(!ws.join("ran").exists(), "the target ran");
+    let control = run(None);
+    assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
+    assert!(ws.join("ran").exists(), "control: the target runs and writes");
 }
