@@ -789,6 +789,11 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         fcntl(&script, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
         let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script);
     }
+    // A test hook's other file is opened now: under the target's filter openat2 is ENOSYS.
+    let swap = match &plan.test_hook {
+        Some(h @ TestHook::Exe(other)) if plan.hook(h) => Some(open_checked(other)?),
+        _ => None,
+    };
     ctx.inject(Stage::Seccomp)?;
     if !plan.hook(&TestHook::Seccomp) {
         seccomp::install(ctx.filters).map_err(|e| fail(Stage::Seccomp, "seccomp_failed", e))?;
@@ -807,7 +812,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         // The supervisor says it has taken the file's identity: change it before the exec.
         append_byte(&target.exec_path);
     }
-    let exec_fd = hooked_exec(plan, target.exec_fd)?;
+    let exec_fd = hooked_exec(plan, target.exec_fd, swap);
     let err = exec(&target.argv, &plan.env, exec_fd.as_raw_fd());
     let code = match err.raw_os_error() {
         Some(libc::ENOENT) => "target_not_found",
@@ -825,18 +830,15 @@ fn append_byte(p: &Path) {
     }
 }
 
-/// The fd to execute: the verified one, or what a test hook says instead (another file; or the
-/// verified one with an extra fd left open across exec).
-fn hooked_exec(plan: &CagePlan, verified: OwnedFd) -> Result<OwnedFd, Fail> {
+/// The fd to execute: the verified one, or what a test hook says instead (`swap`, another file;
+/// or the verified one with an extra fd left open across exec).
+fn hooked_exec(plan: &CagePlan, verified: OwnedFd, swap: Option<OwnedFd>) -> OwnedFd {
     if plan.hook(&TestHook::Fd) {
         // SAFETY: a copy of fd 0 without FD_CLOEXEC, left open on purpose (raw: a test hook on a
         // descriptor number).
         unsafe { libc::fcntl(0, libc::F_DUPFD, 9) };
     }
-    match &plan.test_hook {
-        Some(h @ TestHook::Exe(other)) if plan.hook(h) => open_checked(other),
-        _ => Ok(verified),
-    }
+    swap.unwrap_or(verified)
 }
 
 fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Result<(), Fail> {
