@@ -214,6 +214,21 @@ fn record_file_matches_the_json_line() {
     assert_eq!(observed["fds"], serde_json::json!([0, 1, 2]));
     assert_eq!(observed["status_channel_eof"], true);
     assert_eq!(observed["exe_inode"], from_file["target"]["inode"]);
+    // What the cage reports of itself, as the record carries it.
+    let reported = &from_file["reported"];
+    assert_eq!(
+        (reported["proc_verified"].as_bool(), reported["capabilities_cleared"].as_bool()),
+        (Some(true), Some(true))
+    );
+    let mounts = reported["mounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m.as_str().unwrap().starts_with("/tmp tmpfs size=")), "{mounts:?}");
+    assert!(mounts.iter().any(|m| m.as_str().unwrap().starts_with("/dev/null device node")), "{mounts:?}");
+    let sha = reported["seccomp_filter_sha256"].as_str().unwrap();
+    assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()), "{sha}");
+    // Landlock ABI 4 and later handle every file right chio asks for: the file class is whole.
+    if reported["landlock_abi"].as_u64().unwrap() >= 4 {
+        assert_eq!(reported["landlock_fs"], "FullyEnforced", "{reported}");
+    }
 }
 
 #[test]
