@@ -46,13 +46,18 @@ if [ "${1:-}" = "--e2e" ]; then
     targets=""
     if [ -n "${CHIO_MUTANTS_TESTS:-}" ]; then
         # cargo-mutants' baseline tests the mutated package alone, where these targets do not
-        # exist: it is skipped, so run the named suites on the unmutated tree first yourself (a
-        # failing suite would count every mutant caught).
+        # exist: it is skipped, and the named suites run here on the unmutated tree instead (a
+        # suite failing already would count every mutant caught).
         set -- --baseline=skip "$@"
         targets="--lib --test cli_args"
         for t in $CHIO_MUTANTS_TESTS; do
             targets="$targets --test $t"
         done
+        # shellcheck disable=SC2086
+        if ! cargo test -q -p chio-cage -p chio-cli -p chio-tests $targets >"$TMPDIR/baseline.log" 2>&1; then
+            echo "tests/mutants.sh: the named suites fail on the unmutated tree; see $TMPDIR/baseline.log" >&2
+            exit 1
+        fi
     fi
     # shellcheck disable=SC2086
     cargo mutants $files \
