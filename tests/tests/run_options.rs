@@ -155,11 +155,15 @@ fn without_root_the_message_says_root_is_needed() {
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"), "{}", String::from_utf8_lossy(&out.stderr));
-    // The image store too says whose it is, instead of a bare "Permission denied".
+    // The image store too says whose it is, instead of a bare "Permission denied" (in a
+    // directory of root's that others may enter but not write, as /var/lib is).
+    let roots = Scratch::new("not-yours");
+    std::fs::set_permissions(&roots.0, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let state = roots.join("chio/state");
     let out = Command::new(PROBE)
         .args(["as-user", "65534"])
         .arg(chio())
-        .args(["image", "import", "/etc/hostname", "--state-dir", "/var/lib/chio-test-not-yours/state"])
+        .args(["image", "import", "/etc/hostname", "--state-dir", state.to_str().unwrap()])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
