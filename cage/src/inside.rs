@@ -105,8 +105,25 @@ fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Test hook `orphan_early`: the supervisor's pid, set before it clones the init.
+pub(crate) static HOOK_SUPERVISOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// The cage's init: the child of clone(CLONE_NEWPID), PID 1 of the new pid namespace.
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
+    if ctx.plan.hook(&TestHook::OrphanEarly) {
+        // Test hook: wait (at most 10 s) until the supervisor is gone. (getppid says 0 in a new
+        // pid namespace; the host's procfs, still mounted here, names the parent.)
+        let supervisor = HOOK_SUPERVISOR.load(std::sync::atomic::Ordering::Relaxed).to_string();
+        let ppid = || {
+            std::fs::read_to_string("/proc/self/stat").ok()?.rsplit(") ").next()?.split(' ').nth(1).map(str::to_string)
+        };
+        for _ in 0..10_000 {
+            if ppid().is_some_and(|p| p != supervisor) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
     init_start(ctx.sock, ctx.supervisor_ends);
     match init_setup(ctx) {
         Ok(target) => reap(ctx, target),

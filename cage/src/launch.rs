@@ -565,8 +565,16 @@ fn clone_init(
     };
     // (A test hook leaves the init outside the launch cgroup.)
     let into = v2_dir.as_ref().filter(|_| !plan.hook(&crate::plan::TestHook::Cgroup));
+    if plan.hook(&crate::plan::TestHook::OrphanEarly) {
+        inside::HOOK_SUPERVISOR.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+    }
     match clone_pid_ns(into.map(AsFd::as_fd)) {
         Ok(0) => inside::init_main(&ctx),
+        Ok(_) if plan.hook(&crate::plan::TestHook::OrphanEarly) => {
+            // Test hook: the supervisor dies the moment its init exists, before it sends a word.
+            // SAFETY: _exit ends this process at once (nix has no _exit).
+            unsafe { libc::_exit(9) }
+        }
         // The init has its own copies: the supervisor keeps no handle on the cage's mounts.
         Ok(pid) => Ok((pid, w.into_supervisor_ends())),
         Err(e) => Err(stop(Stage::Namespaces, "namespace_failed", e)),

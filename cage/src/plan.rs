@@ -244,6 +244,10 @@ pub enum TestHook {
     /// The target is killed (SIGKILL from the host) at its exec stop once every fact is checked,
     /// before it is let go: as the OOM killer or an operator might.
     KillAtExecStop,
+    /// The supervisor exits the moment its init exists, and the init waits, before its first
+    /// step, until it is gone: orphaned before it armed its parent-death signal, which will
+    /// then never come, and before the supervisor sent it anything.
+    OrphanEarly,
 }
 
 impl TestHook {
@@ -267,6 +271,7 @@ impl TestHook {
             TestHook::Touch => "touch".into(),
             TestHook::TouchBeforeOpen => "touch_before_open".into(),
             TestHook::KillAtExecStop => "kill_at_exec_stop".into(),
+            TestHook::OrphanEarly => "orphan_early".into(),
         }
     }
 
@@ -296,6 +301,7 @@ impl TestHook {
             "touch" => TestHook::Touch,
             "touch_before_open" => TestHook::TouchBeforeOpen,
             "kill_at_exec_stop" => TestHook::KillAtExecStop,
+            "orphan_early" => TestHook::OrphanEarly,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

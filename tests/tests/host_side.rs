@@ -245,6 +245,57 @@ fn a_supervisor_killed_at_any_early_moment_leaves_no_cage() {
     assert!(left.is_empty(), "cage processes outlived a supervisor killed early: {described:#?}");
 }
 
+/// An init whose supervisor died before the init armed its parent-death signal will never get
+/// that signal: it must see the supervisor's end of the status channel closed — which it is
+/// only once the init has closed its own copies of the supervisor's ends — and exit, rather
+/// than wait on that channel for good. (A hook makes the supervisor exit as soon as its init
+/// exists and holds the init until then; the random kills above rarely land there.)
+#[test]
+fn an_init_orphaned_before_it_armed_its_death_signal_exits() {
+    let Some(e) = env("orphan_early") else { return };
+    let tag = format!("CHIO_TEST_ORPHAN={}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let status = std::process::Command::new(&e.chio)
+        .args(["cage", "run", "--rootfs", e.rootfs.to_str().unwrap(), "--", "/probe", "true"])
+        .env("CHIO_TEST_HOOK", "orphan_early")
+        .env(key, value)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(9), "the hook has the supervisor exit as soon as its init exists");
+    // The init is a copy of the supervisor: its environment carries the tag. It is the one live
+    // process with the tag in a pid namespace other than ours.
+    let own_pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let tagged = || -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|d| d.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|ns| ns != own_pidns))
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == tag.as_bytes()))
+            })
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| !r.starts_with('Z')))
+            })
+            .collect()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut left = tagged();
+    while !left.is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        left = tagged();
+    }
+    for p in &left {
+        // SAFETY: ending the leak this test found, so it does not outlive the test.
+        unsafe { libc::kill(*p, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "an init orphaned before it armed its death signal is still running: {left:?}");
+}
+
 // ---- host-global /proc and /dev inodes, host /etc files ---------------------------------------
 
 fn identity(path: &str) -> String {
