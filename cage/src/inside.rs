@@ -529,7 +529,11 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
         .and_then(|_| identity::drop_bounding_and_lock(last))
         .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
         .and_then(|_| identity::clear_caps())
-        .and_then(|_| identity::no_new_privs());
+        .and_then(|_| identity::no_new_privs())
+        .and_then(|_| match ctx.plan.hook(&TestHook::InitShedFails) {
+            true => Err(io::Error::other("test hook: the init's shedding fails")),
+            false => Ok(()),
+        });
     // A uid change clears the parent-death signal: arm it again (before seccomp, which would
     // refuse prctl), then make sure the supervisor did not die in between (its end of the
     // result pipe would be closed).

@@ -248,6 +248,9 @@ pub enum TestHook {
     /// step, until it is gone: orphaned before it armed its parent-death signal, which will
     /// then never come, and before the supervisor sent it anything.
     OrphanEarly,
+    /// The init's shedding of its privileges fails (as a refused setresuid or capability drop
+    /// would): it must end the cage rather than supervise it privileged.
+    InitShedFails,
 }
 
 impl TestHook {
@@ -272,6 +275,7 @@ impl TestHook {
             TestHook::TouchBeforeOpen => "touch_before_open".into(),
             TestHook::KillAtExecStop => "kill_at_exec_stop".into(),
             TestHook::OrphanEarly => "orphan_early".into(),
+            TestHook::InitShedFails => "init_shed_fails".into(),
         }
     }
 
@@ -302,6 +306,7 @@ impl TestHook {
             "touch_before_open" => TestHook::TouchBeforeOpen,
             "kill_at_exec_stop" => TestHook::KillAtExecStop,
             "orphan_early" => TestHook::OrphanEarly,
+            "init_shed_fails" => TestHook::InitShedFails,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

@@ -283,3 +283,27 @@ fn a_cage_never_mounts_in_its_supervisors_mount_namespace() {
     assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
     assert!(ws.join("ran").exists(), "control: the target runs and writes");
 }
+
+/// The init sheds its privileges (rlimits, bounding set, ids, capabilities, no_new_privs) once
+/// the target exists; if any step fails it must end the cage — kill the target, held at its
+/// exec stop, before one instruction runs — rather than stay in it privileged. A hook makes the
+/// shedding fail. The supervisor lets the target go only on EOF of the init's channel, which
+/// comes after the init's kill, so the target dies before it runs: seen either as a failed
+/// observation (125) or as its SIGKILL (137), depending on which the supervisor meets first.
+/// Control: the same launch without the hook.
+#[test]
+fn an_init_that_cannot_shed_its_privileges_ends_the_cage() {
+    let Some(e) = Suite::new("init_shed_fails", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-shed");
+    ws.give_to_nobody();
+    let run = launch(&e, &ws, Some("init_shed_fails"), &[]);
+    match run.code {
+        125 => assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr),
+        137 => assert_eq!(run.record["outcome"]["signal"], 9, "{}", run.record),
+        code => panic!("exit {code}: {}", run.stderr),
+    }
+    assert!(!ws.join("ran").exists(), "the target ran under an init that kept its privileges");
+    let control = launch(&e, &ws, None, &[]);
+    assert_eq!((control.state(), control.code), ("FullyEnforced", 0), "control: {}", control.stderr);
+    assert!(ws.join("ran").exists(), "control: the target runs and writes");
+}
