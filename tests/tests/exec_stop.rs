@@ -20,7 +20,19 @@ fn launch(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRu
 
 /// `TARGET write /workspace/ran` in a cage, with `hook` (if any) and `extra` flags.
 fn launch_of(e: &Suite, target: &str, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRun {
-    let mut cmd = Command::new(&e.chio);
+    parse(launch_command(e, &[], target, ws, hook, extra).output().unwrap())
+}
+
+/// The command of [`launch_of`], run under `wrap` (a program and its arguments) if any.
+fn launch_command(e: &Suite, wrap: &[&str], target: &str, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> Command {
+    let mut cmd = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&e.chio);
+            c
+        }
+        None => Command::new(&e.chio),
+    };
     cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
         .arg(&ws.0)
         .args(extra)
@@ -29,7 +41,7 @@ fn launch_of(e: &Suite, target: &str, ws: &Scratch, hook: Option<&str>, extra: &
     if let Some(h) = hook {
         cmd.env("CHIO_TEST_HOOK", h);
     }
-    parse(cmd.output().unwrap())
+    cmd
 }
 
 /// The hooked launch fails at the exec stop naming `fact`, the target never ran, and the same
@@ -224,15 +236,11 @@ fn a_target_killed_at_its_exec_stop_ends_the_launch() {
     let Some(e) = Suite::new("killed_at_exec_stop", PROBE) else { return };
     let ws = Scratch::new("exec-stop-killed");
     ws.give_to_nobody();
-    let mut cmd = Command::new(&e.chio);
-    cmd.args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
-        .arg(&ws.0)
-        .args(["--", "/probe", "write", "/workspace/ran"])
-        .env("CHIO_TEST_HOOK", "kill_at_exec_stop")
-        .stdin(Stdio::null())
+    let mut child = launch_command(&e, &[], "/probe", &ws, Some("kill_at_exec_stop"), &[])
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
@@ -260,19 +268,8 @@ fn a_cage_never_mounts_in_its_supervisors_mount_namespace() {
     let Some(e) = Suite::new("mnt_ns_guard", PROBE) else { return };
     let ws = Scratch::new("exec-stop-mnt");
     ws.give_to_nobody();
-    let run = |hook: Option<&str>| {
-        let mut cmd = Command::new("unshare");
-        cmd.args(["--mount", "--propagation", "private"])
-            .arg(&e.chio)
-            .args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--workspace"])
-            .arg(&ws.0)
-            .args(["--", "/probe", "write", "/workspace/ran"])
-            .stdin(Stdio::null());
-        if let Some(h) = hook {
-            cmd.env("CHIO_TEST_HOOK", h);
-        }
-        parse(cmd.output().unwrap())
-    };
+    let private = ["unshare", "--mount", "--propagation", "private"];
+    let run = |hook| parse(launch_command(&e, &private, "/probe", &ws, hook, &[]).output().unwrap());
     let hooked = run(Some("ns=mnt"));
     assert_eq!(hooked.state(), "BootstrapFailed", "{}", hooked.stderr);
     let failure = &hooked.record["failure"];
