@@ -111,18 +111,7 @@ pub(crate) static HOOK_SUPERVISOR: std::sync::atomic::AtomicU32 = std::sync::ato
 /// The cage's init: the child of clone(CLONE_NEWPID), PID 1 of the new pid namespace.
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
     if ctx.plan.hook(&TestHook::OrphanEarly) {
-        // Test hook: wait (at most 10 s) until the supervisor is gone. (getppid says 0 in a new
-        // pid namespace; the host's procfs, still mounted here, names the parent.)
-        let supervisor = HOOK_SUPERVISOR.load(std::sync::atomic::Ordering::Relaxed).to_string();
-        let ppid = || {
-            std::fs::read_to_string("/proc/self/stat").ok()?.rsplit(") ").next()?.split(' ').nth(1).map(str::to_string)
-        };
-        for _ in 0..10_000 {
-            if ppid().is_some_and(|p| p != supervisor) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        await_orphaned();
     }
     init_start(ctx.sock, ctx.supervisor_ends);
     match init_setup(ctx) {
@@ -131,6 +120,20 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
             ctx.report(&f);
             exit_now(1)
         }
+    }
+}
+
+/// Test hook `orphan_early`: wait (at most 10 s) until the supervisor is gone. (getppid says 0
+/// in a new pid namespace; the host's procfs, still mounted here, names the parent.)
+fn await_orphaned() {
+    let supervisor = HOOK_SUPERVISOR.load(std::sync::atomic::Ordering::Relaxed).to_string();
+    let ppid =
+        || std::fs::read_to_string("/proc/self/stat").ok()?.rsplit(") ").next()?.split(' ').nth(1).map(str::to_string);
+    for _ in 0..10_000 {
+        if ppid().is_some_and(|p| p != supervisor) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 

@@ -564,13 +564,13 @@ fn clone_init(
         root_ahead: root_ahead.as_ref(),
     };
     // (A test hook leaves the init outside the launch cgroup.)
-    let into = v2_dir.as_ref().filter(|_| !plan.hook(&crate::plan::TestHook::Cgroup));
-    if plan.hook(&crate::plan::TestHook::OrphanEarly) {
+    let into = v2_dir.as_ref().filter(|_| !plan.hook(&TestHook::Cgroup));
+    if plan.hook(&TestHook::OrphanEarly) {
         inside::HOOK_SUPERVISOR.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     }
     match clone_pid_ns(into.map(AsFd::as_fd)) {
         Ok(0) => inside::init_main(&ctx),
-        Ok(_) if plan.hook(&crate::plan::TestHook::OrphanEarly) => {
+        Ok(_) if plan.hook(&TestHook::OrphanEarly) => {
             // Test hook: the supervisor dies the moment its init exists, before it sends a word.
             // SAFETY: _exit ends this process at once (nix has no _exit).
             unsafe { libc::_exit(9) }
