@@ -528,15 +528,18 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let last = identity::last_cap();
     // The init takes the target's identity with no capabilities: that is exactly enough to
     // forward signals to it (a capability-less root could not signal uid 65534).
-    let shed = identity::set_rlimits(&ctx.plan.limits)
-        .and_then(|_| identity::drop_bounding_and_lock(last))
-        .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
-        .and_then(|_| identity::clear_caps())
-        .and_then(|_| identity::no_new_privs())
-        .and_then(|_| match ctx.plan.hook(&TestHook::InitShedFails) {
-            true => Err(io::Error::other("test hook: the init's shedding fails")),
-            false => Ok(()),
-        });
+    let shed = match ctx.plan.hook(&TestHook::InitPrivileged) {
+        true => Ok(()),
+        false => identity::set_rlimits(&ctx.plan.limits)
+            .and_then(|_| identity::drop_bounding_and_lock(last))
+            .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
+            .and_then(|_| identity::clear_caps())
+            .and_then(|_| identity::no_new_privs())
+            .and_then(|_| match ctx.plan.hook(&TestHook::InitShedFails) {
+                true => Err(io::Error::other("test hook: the init's shedding fails")),
+                false => Ok(()),
+            }),
+    };
     // A uid change clears the parent-death signal: arm it again (before seccomp, which would
     // refuse prctl), then make sure the supervisor did not die in between (its end of the
     // result pipe would be closed).

@@ -661,7 +661,8 @@ fn start_cage(
     let early = prehash::guess(plan, known);
     let host_ns = observe::own_namespaces();
     let filters = observe::own_seccomp_filters();
-    let exec_at = verify_and_exec(plan, rec, Host { cg, ns: &host_ns, filters }, sock, (early.as_ref(), known), hooks)?;
+    let exec_at =
+        verify_and_exec(plan, rec, Host { init, cg, ns: &host_ns, filters }, sock, (early.as_ref(), known), hooks)?;
     Ok((exec_at, pidfd))
 }
 
@@ -780,6 +781,8 @@ fn verify_traced(
 /// The supervisor-side facts the target is checked against.
 #[derive(Clone, Copy)]
 struct Host<'a> {
+    /// The cage's init (our child).
+    init: libc::pid_t,
     cg: &'a LaunchCgroup,
     ns: &'a BTreeMap<String, String>,
     /// Seccomp filters the supervisor itself runs under.
@@ -809,6 +812,9 @@ impl Traced<'_> {
         rec.mark("exec_stop");
         let mut observed = observe::read(self.tpid, self.host.ns);
         observed.status_channel_eof = eof_within(self.sock, 2000);
+        // EOF comes from an init that shed everything and closed its fds, or from one that gave
+        // up and exited: its state tells which, before the target runs.
+        observed.init = observe::read_init(self.host.init);
         observed.seccomp_filters_inherited = self.host.filters;
         let cwd = plan.cwd.to_string_lossy();
         let expect = Expect {

@@ -7,7 +7,7 @@ use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use crate::record::{FdFile, NamespaceFact, Observed};
+use crate::record::{FdFile, InitFacts, NamespaceFact, Observed};
 use crate::sys;
 
 /// Namespaces that must differ from the supervisor's.
@@ -71,12 +71,10 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
         (o.exe_device, o.exe_inode) = (st.st_dev, st.st_ino);
     }
     let status = read_at(dir, c"status");
-    o.no_new_privs = numbers(field(&status, "NoNewPrivs")).first().copied().unwrap_or(0);
-    o.seccomp = numbers(field(&status, "Seccomp")).first().copied().unwrap_or(0);
-    o.seccomp_filters = numbers(field(&status, "Seccomp_filters")).first().copied().unwrap_or(0);
-    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-        o.capabilities.insert(cap.to_string(), field(&status, cap).unwrap_or("missing").to_string());
-    }
+    o.no_new_privs = number(&status, "NoNewPrivs");
+    o.seccomp = number(&status, "Seccomp");
+    o.seccomp_filters = number(&status, "Seccomp_filters");
+    o.capabilities = capabilities(&status);
     o.uids = numbers(field(&status, "Uid"));
     o.gids = numbers(field(&status, "Gid"));
     o.groups = numbers(field(&status, "Groups"));
@@ -100,6 +98,34 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
     }
     o.cwd = link_at(dir, c"cwd");
     o
+}
+
+/// The cage's init `pid`, read once the status channel reached EOF (see [`InitFacts`]).
+pub fn read_init(pid: i32) -> InitFacts {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    InitFacts {
+        pid,
+        state: field(&status, "State").and_then(|s| s.get(..1)).unwrap_or("").to_string(),
+        uids: numbers(field(&status, "Uid")),
+        gids: numbers(field(&status, "Gid")),
+        capabilities: capabilities(&status),
+        no_new_privs: number(&status, "NoNewPrivs"),
+        seccomp: number(&status, "Seccomp"),
+        seccomp_filters: number(&status, "Seccomp_filters"),
+    }
+}
+
+/// The first number of a status field (0 when missing).
+fn number(status: &str, key: &str) -> u32 {
+    numbers(field(status, key)).first().copied().unwrap_or(0)
+}
+
+/// Every capability set of a status file, as hex ("missing" when absent).
+fn capabilities(status: &str) -> BTreeMap<String, String> {
+    ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
+        .iter()
+        .map(|cap| (cap.to_string(), field(status, cap).unwrap_or("missing").to_string()))
+        .collect()
 }
 
 fn read_at(dir: BorrowedFd<'_>, name: &CStr) -> String {
@@ -179,6 +205,37 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
     if !o.status_channel_eof {
         v.push("a cage process still holds the status channel".to_string());
     }
+    v.extend(init_violations(&o.init, e));
+    v
+}
+
+/// Every way the cage's init holds more than the target may (see [`InitFacts`]).
+fn init_violations(i: &InitFacts, e: &Expect<'_>) -> Vec<String> {
+    if !matches!(i.state.as_str(), "R" | "S" | "D") {
+        let state = if i.state.is_empty() { "unreadable" } else { i.state.as_str() };
+        return vec![format!("the cage's init {} is not there to supervise the target (state {state})", i.pid)];
+    }
+    let mut v = Vec::new();
+    if i.uids.len() != 4 || i.uids.iter().any(|u| *u != e.uid) {
+        v.push(format!("the cage's init runs with uids {:?} (want all {})", i.uids, e.uid));
+    }
+    if i.gids.len() != 4 || i.gids.iter().any(|g| *g != e.gid) {
+        v.push(format!("the cage's init runs with gids {:?} (want all {})", i.gids, e.gid));
+    }
+    for (name, value) in &i.capabilities {
+        if u64::from_str_radix(value, 16) != Ok(0) {
+            v.push(format!("the cage's init holds {name} {value} (want 0)"));
+        }
+    }
+    if i.no_new_privs != 1 {
+        v.push(format!("the cage's init has NoNewPrivs {} (want 1)", i.no_new_privs));
+    }
+    if i.seccomp != 2 || i.seccomp_filters != e.inherited_filters + 1 {
+        v.push(format!(
+            "the cage's init has Seccomp {} with {} filters (want mode 2 with its filter on top of the {} the supervisor runs under)",
+            i.seccomp, i.seccomp_filters, e.inherited_filters
+        ));
+    }
     v
 }
 
@@ -206,6 +263,16 @@ mod tests {
             fds: vec![0, 1, 2],
             cwd: "/".into(),
             status_channel_eof: true,
+            init: InitFacts {
+                pid: 7,
+                state: "S".into(),
+                uids: vec![65534; 4],
+                gids: vec![65534; 4],
+                capabilities: caps.iter().map(|c| (c.to_string(), "0000000000000000".to_string())).collect(),
+                no_new_privs: 1,
+                seccomp: 2,
+                seccomp_filters: 1,
+            },
             ..Observed::default()
         }
     }
@@ -220,6 +287,30 @@ mod tests {
             script: None,
             inherited_filters: 0,
         }
+    }
+
+    /// `read_init` of this process and of a child that has ended but is not reaped yet (what an
+    /// init that gave up is while the supervisor has not waited for it).
+    #[test]
+    fn reading_an_init_alive_and_ended() {
+        let (pid, uid) = (nix::unistd::getpid().as_raw(), nix::unistd::getuid().as_raw());
+        let i = read_init(pid);
+        // The test harness's main thread (whose state the process shows) waits, or runs.
+        assert!(matches!(i.state.as_str(), "R" | "S"), "{:?}", i.state);
+        assert_eq!((i.pid, i.uids.clone()), (pid, vec![uid; 4]));
+        assert_eq!(i.seccomp_filters, own_seccomp_filters());
+        assert!(i.capabilities.values().all(|v| u64::from_str_radix(v, 16).is_ok()), "{:?}", i.capabilities);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let cpid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while read_init(cpid).state != "Z" && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let ended = Observed { init: read_init(cpid), ..good() };
+        let v = violations(&ended, &expect());
+        assert!(v.iter().any(|m| m.contains("(state Z)")), "{v:?}");
+        child.wait().unwrap();
+        assert_eq!(read_init(cpid).state, "", "a reaped init's status is gone");
     }
 
     /// `read` of this very process: every fact comes from the kernel, compared with what the
@@ -285,11 +376,16 @@ mod tests {
     #[test]
     fn inherited_filters_count_and_ours_is_still_required_on_top() {
         let e = Expect { inherited_filters: 5, ..expect() };
-        let with = |n| Observed { seccomp_filters: n, ..good() };
-        assert_eq!(violations(&with(6), &e), Vec::<String>::new());
-        for n in [5, 7, 1] {
-            let v = violations(&with(n), &e);
-            assert!(v.len() == 1 && v[0].contains("on top of the 5 the supervisor runs under"), "{n}: {v:?}");
+        let with = |n, i| {
+            let mut o = Observed { seccomp_filters: n, ..good() };
+            o.init.seccomp_filters = i;
+            o
+        };
+        assert_eq!(violations(&with(6, 6), &e), Vec::<String>::new());
+        for (n, i) in [(5, 6), (7, 6), (1, 6), (6, 5), (6, 7), (6, 1)] {
+            let v = violations(&with(n, i), &e);
+            assert!(v.len() == 1 && v[0].contains("on top of the 5 the supervisor runs under"), "{n} {i}: {v:?}");
+            assert_eq!(v[0].contains("the cage's init"), i != 6, "{n} {i}: {v:?}");
         }
     }
 
@@ -323,6 +419,16 @@ mod tests {
             ("open fds", |o| o.fds = vec![0, 1]),
             ("cwd", |o| o.cwd = "/tmp".into()),
             ("status channel", |o| o.status_channel_eof = false),
+            ("init 7 is not there to supervise the target (state Z)", |o| o.init.state = "Z".into()),
+            ("init 7 is not there to supervise the target (state unreadable)", |o| o.init.state = String::new()),
+            ("init runs with uids [0, 0, 0, 0]", |o| o.init.uids = vec![0; 4]),
+            ("init runs with uids", |o| o.init.uids.truncate(2)),
+            ("init runs with gids", |o| o.init.gids[1] = 0),
+            ("init holds CapEff", |o| drop(o.init.capabilities.insert("CapEff".into(), "000001ffffffffff".into()))),
+            ("init holds CapBnd", |o| drop(o.init.capabilities.insert("CapBnd".into(), "missing".into()))),
+            ("init has NoNewPrivs 0", |o| o.init.no_new_privs = 0),
+            ("init has Seccomp 0", |o| o.init.seccomp = 0),
+            ("init has Seccomp 2 with 0 filters", |o| o.init.seccomp_filters = 0),
         ];
         for (fact, brk) in cases {
             let mut o = good();

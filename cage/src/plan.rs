@@ -251,6 +251,10 @@ pub enum TestHook {
     /// The init's shedding of its privileges fails (as a refused setresuid or capability drop
     /// would): it must end the cage rather than supervise it privileged.
     InitShedFails,
+    /// The init skips its shedding altogether (root, every capability, no `no_new_privs`) and
+    /// goes on as if it had shed: only the supervisor's reading of it at the exec stop is left
+    /// to refuse the launch.
+    InitPrivileged,
 }
 
 impl TestHook {
@@ -276,6 +280,7 @@ impl TestHook {
             TestHook::KillAtExecStop => "kill_at_exec_stop".into(),
             TestHook::OrphanEarly => "orphan_early".into(),
             TestHook::InitShedFails => "init_shed_fails".into(),
+            TestHook::InitPrivileged => "init_privileged".into(),
         }
     }
 
@@ -307,6 +312,7 @@ impl TestHook {
             "kill_at_exec_stop" => TestHook::KillAtExecStop,
             "orphan_early" => TestHook::OrphanEarly,
             "init_shed_fails" => TestHook::InitShedFails,
+            "init_privileged" => TestHook::InitPrivileged,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

@@ -138,6 +138,34 @@ pub struct Observed {
     pub cwd: String,
     /// The cage's status channel reached EOF (no cage process holds a setup fd).
     pub status_channel_eof: bool,
+    /// The cage's init, read at the same stop once the channel reached EOF.
+    #[serde(default)]
+    pub init: InitFacts,
+}
+
+/// The cage's init as the supervisor reads it from `/proc/<init>/status` at the target's exec
+/// stop. The init lives on beside the target (it forwards signals and reaps), so before the
+/// target runs it must hold no more than the target: the target's uid and gid, no
+/// capabilities, `no_new_privs`, and its own seccomp filter. An init that ended instead (it
+/// gives up when it cannot shed) closes the channel too: its state tells the two apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitFacts {
+    /// The init's pid as the host sees it.
+    pub pid: i32,
+    /// The first letter of `State:` (`S` waiting; `Z` ended; empty: unreadable).
+    pub state: String,
+    /// Real, effective, saved, filesystem uid.
+    pub uids: Vec<u32>,
+    /// Real, effective, saved, filesystem gid.
+    pub gids: Vec<u32>,
+    /// CapInh, CapPrm, CapEff, CapBnd, CapAmb as hex strings.
+    pub capabilities: BTreeMap<String, String>,
+    /// `NoNewPrivs:` of status.
+    pub no_new_privs: u32,
+    /// `Seccomp:` of status (2 = filter).
+    pub seccomp: u32,
+    /// `Seccomp_filters:` of status.
+    pub seccomp_filters: u32,
 }
 
 /// Facts reported by the cage's own pre-exec code.

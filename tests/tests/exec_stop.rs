@@ -284,23 +284,32 @@ fn a_cage_never_mounts_in_its_supervisors_mount_namespace() {
 /// The init sheds its privileges (rlimits, bounding set, ids, capabilities, no_new_privs) once
 /// the target exists; if any step fails it must end the cage — kill the target, held at its
 /// exec stop, before one instruction runs — rather than stay in it privileged. A hook makes the
-/// shedding fail. The supervisor lets the target go only on EOF of the init's channel, which
-/// comes after the init's kill, so the target dies before it runs: seen either as a failed
-/// observation (125) or as its SIGKILL (137), depending on which the supervisor meets first.
-/// Control: the same launch without the hook.
+/// shedding fail. Its exit closes the status channel as a successful shedding does, but the
+/// supervisor reads the init at the exec stop and finds it ended (or without its filter): the
+/// launch fails before the target runs, and is never recorded FullyEnforced. Control: the same
+/// launch without the hook.
 #[test]
 fn an_init_that_cannot_shed_its_privileges_ends_the_cage() {
     let Some(e) = Suite::new("init_shed_fails", PROBE) else { return };
     let ws = Scratch::new("exec-stop-shed");
     ws.give_to_nobody();
     let run = launch(&e, &ws, Some("init_shed_fails"), &[]);
-    match run.code {
-        125 => assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr),
-        137 => assert_eq!(run.record["outcome"]["signal"], 9, "{}", run.record),
-        code => panic!("exit {code}: {}", run.stderr),
+    assert_eq!((run.state(), run.code), ("BootstrapFailed", 125), "{}", run.stderr);
+    let failure = &run.record["failure"];
+    if failure["stage"] == "observe" {
+        let detail = failure["detail"].as_str().unwrap();
+        assert!(detail.contains("the cage's init"), "the failure names the init: {detail}");
     }
     assert!(!ws.join("ran").exists(), "the target ran under an init that kept its privileges");
     let control = launch(&e, &ws, None, &[]);
     assert_eq!((control.state(), control.code), ("FullyEnforced", 0), "control: {}", control.stderr);
     assert!(ws.join("ran").exists(), "control: the target runs and writes");
+}
+
+/// An init that stays in the cage privileged (a hook skips its shedding; it goes on to
+/// supervise as if it had shed) is refused at the exec stop, where the supervisor reads the
+/// init as it reads the target: root, every capability, no no_new_privs.
+#[test]
+fn an_init_left_privileged_is_refused_at_the_exec_stop() {
+    fact_fails("init_privileged", "init_privileged", &[], "the cage's init runs with uids [0, 0, 0, 0]");
 }
