@@ -506,8 +506,11 @@ fn give_up(target: libc::pid_t) -> ! {
     exit_now(1)
 }
 
-/// Block the signals the init waits for with sigwaitinfo (and SIGCHLD).
+/// Block the signals the init waits for with sigwaitinfo (and SIGCHLD, by which it learns of
+/// the target's end: an ignored SIGCHLD inherited from whoever started chio would reap the
+/// target unasked and never wake the init).
 fn block_forwarded_signals() {
+    let _ = sys::hear_of_children();
     let mut set = SigSet::empty();
     for s in FORWARDED.into_iter().chain([libc::SIGCHLD]).filter_map(|s| Signal::try_from(s).ok()) {
         set.add(s);
@@ -838,6 +841,9 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     if plan.hook(&TestHook::Touch) && matches!(channel::recv_byte(ctx.sock), Ok(Some(GO))) {
         // The supervisor says it has taken the file's identity: change it before the exec.
         append_byte(&target.exec_path);
+    }
+    if plan.hook(&TestHook::StallBeforeExec) {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
     }
     let exec_fd = hooked_exec(plan, target.exec_fd, swap);
     let err = exec(&target.argv, &plan.env, exec_fd.as_raw_fd());

@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
@@ -23,6 +23,7 @@ use nix::unistd::Pid;
 
 use crate::cgroup::{Hierarchy, LaunchCgroup, Usage};
 use crate::channel::{self, CageMsg, ABORT, GO};
+use crate::child_stops::ChildStops;
 use crate::digests::{Digests, Identity};
 use crate::inside::{self, Ctx};
 use crate::janitor;
@@ -37,7 +38,8 @@ use crate::sys;
 
 /// Namespaces every cage gets (pid by clone, the others by the init itself).
 pub const NAMESPACES: [&str; 6] = ["mnt", "pid", "net", "ipc", "uts", "cgroup"];
-/// How long the cage may take from clone to the exec stop.
+/// How long the cage may take for each of its steps to the exec stop: its hello, its ready
+/// report, and from the supervisor's go to its exec.
 const SETUP_TIMEOUT_MS: i32 = 30_000;
 
 /// A launch refused or failed before the target ran.
@@ -806,7 +808,12 @@ impl Traced<'_> {
     /// Let the target exec, check every fact at the exec stop, tell the hook, then detach.
     fn exec_and_observe(&self, rec: &mut LaunchRecord, hook: Option<OnEnforced<'_>>) -> Result<Instant, Stop> {
         let plan = self.plan;
-        wait_exec(self.tpid, self.sock)?;
+        // Test hook: the target stalls before its exec, and the wait for it is short.
+        let within = match plan.hook(&TestHook::StallBeforeExec) {
+            true => Duration::from_millis(1000),
+            false => Duration::from_millis(SETUP_TIMEOUT_MS as u64),
+        };
+        wait_exec(self.tpid, self.sock, within)?;
         let exec_at = Instant::now();
         rec.exec_observed_at = Some(record::now_rfc3339());
         rec.mark("exec_stop");
@@ -965,10 +972,26 @@ fn let_go(pid: Pid) {
 }
 
 /// Wait for the target's exec stop; an exit instead means exec failed (the cage says why).
-fn wait_exec(tpid: libc::pid_t, sock: &OwnedFd) -> Result<(), Stop> {
+fn wait_exec(tpid: libc::pid_t, sock: &OwnedFd, within: Duration) -> Result<(), Stop> {
     let pid = Pid::from_raw(tpid);
+    let deadline = Instant::now() + within;
+    let stops = ChildStops::catch().map_err(|e| stop(Stage::Exec, "ptrace_failed", e))?;
     loop {
-        let stopped = match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+        let stopped = match waitpid(pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => match stops.wait(deadline) {
+                Ok(true) => continue,
+                Ok(false) => {
+                    return Err(stop(
+                        Stage::Exec,
+                        "setup_timeout",
+                        format!(
+                            "the target did not reach its exec within {} ms of being let go (an exec of a file on a file system that does not answer would not)",
+                            within.as_millis()
+                        ),
+                    ))
+                }
+                Err(e) => return Err(stop(Stage::Exec, "ptrace_failed", e)),
+            },
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(stop(Stage::Exec, "ptrace_failed", e)),
             Ok(WaitStatus::PtraceEvent(_, _, event)) if event == libc::PTRACE_EVENT_EXEC => return Ok(()),

@@ -7,6 +7,7 @@
 pub mod ahead;
 pub mod cgroup;
 pub mod channel;
+mod child_stops;
 pub mod digests;
 pub mod identity;
 mod inside;

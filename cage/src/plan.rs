@@ -255,6 +255,9 @@ pub enum TestHook {
     /// goes on as if it had shed: only the supervisor's reading of it at the exec stop is left
     /// to refuse the launch.
     InitPrivileged,
+    /// The target sleeps instead of making its exec (as one of a file on a file system that
+    /// does not answer would), and the supervisor waits for its exec stop 1 s, not 30.
+    StallBeforeExec,
 }
 
 impl TestHook {
@@ -281,6 +284,7 @@ impl TestHook {
             TestHook::OrphanEarly => "orphan_early".into(),
             TestHook::InitShedFails => "init_shed_fails".into(),
             TestHook::InitPrivileged => "init_privileged".into(),
+            TestHook::StallBeforeExec => "stall_before_exec".into(),
         }
     }
 
@@ -313,6 +317,7 @@ impl TestHook {
             "orphan_early" => TestHook::OrphanEarly,
             "init_shed_fails" => TestHook::InitShedFails,
             "init_privileged" => TestHook::InitPrivileged,
+            "stall_before_exec" => TestHook::StallBeforeExec,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

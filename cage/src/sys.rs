@@ -257,6 +257,17 @@ pub fn pidfd_holds_pid(pidfd: BorrowedFd<'_>) -> bool {
     pidfd_send_signal(pidfd, 0).is_ok()
 }
 
+/// Hear of every child's stop and end: SIGCHLD back to its default disposition. An ignored
+/// SIGCHLD (a disposition kept across exec from whoever started chio) makes the kernel reap
+/// children unasked and send no SIGCHLD at all, and `SA_NOCLDSTOP` silences stops: a process
+/// that waits for its children by that signal would wait for good.
+pub fn hear_of_children() -> io::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: installs no handler (the default disposition).
+    unsafe { sigaction(Signal::SIGCHLD, &default) }.map(drop).map_err(io::Error::from)
+}
+
 /// Close every fd from `first` upwards.
 pub fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: plain syscall with integer arguments.

@@ -192,6 +192,9 @@ const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
 /// forwarded signals and the deadline; `READY=1`, `STOPPING=1` and `STATUS=` to systemd.
 pub fn run(o: &RunOptions) -> Result<Ended, ServiceError> {
     let Some((program, args)) = o.argv.split_first() else { return Err(refused("no command")) };
+    // The command's end is heard by SIGCHLD, and its status read by waiting: neither works
+    // under an ignored SIGCHLD inherited from whoever started this.
+    chio_cage::sys::hear_of_children().map_err(|e| failed(format!("restoring SIGCHLD: {e}")))?;
     let mut mask = SigSet::empty();
     for s in FORWARDED.into_iter().chain([Signal::SIGCHLD]) {
         mask.add(s);

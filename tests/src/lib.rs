@@ -380,6 +380,53 @@ pub fn wait_gone(tag: &str, within: std::time::Duration) -> Vec<u32> {
     }
 }
 
+/// Live cage processes (in a pid namespace other than this test's) whose environment holds
+/// `var` (`KEY=VALUE`): a cage's init, and its target until the exec, are copies of the
+/// supervisor and carry its environment. Waits until none is left or `within` has passed; those
+/// left are killed (so a leak this finds does not outlive its test) and returned.
+pub fn wait_untagged(var: &str, within: std::time::Duration) -> Vec<i32> {
+    let own_pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let tagged = || -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|d| d.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|ns| ns != own_pidns))
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()))
+            })
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| !r.starts_with('Z')))
+            })
+            .collect()
+    };
+    let until = std::time::Instant::now() + within;
+    let mut left = tagged();
+    while !left.is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        left = tagged();
+    }
+    for p in &left {
+        // SAFETY: ending the leak the caller found, so it does not outlive the test.
+        unsafe { libc::kill(*p, libc::SIGKILL) };
+    }
+    left
+}
+
+/// Start `cmd` with SIGCHLD ignored, a disposition its exec keeps (as from a parent that set
+/// it, or a service manager configured to).
+pub fn ignore_sigchld(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) alone between fork and exec (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| match libc::signal(libc::SIGCHLD, libc::SIG_IGN) {
+            libc::SIG_ERR => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        });
+    }
+}
+
 /// A pseudo-terminal pair: (master, slave), both opened without becoming a controlling tty.
 pub fn pty() -> (std::fs::File, std::fs::File) {
     use std::os::fd::FromRawFd;

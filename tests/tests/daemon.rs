@@ -51,10 +51,6 @@ impl Daemon {
 
     /// [`Daemon::start_with`], with `env` added to the daemon's environment.
     fn start_with_env(dir: &Scratch, config: Value, v2: Option<&V2Root>, env: &[(&str, &str)]) -> Daemon {
-        let conf = dir.join("supervisor.json");
-        std::fs::write(&conf, config.to_string()).unwrap();
-        let (socket, log) = (dir.join("s.sock"), dir.join("daemon.log"));
-        let before = std::fs::read_to_string(&log).unwrap_or_default().matches("listening on").count();
         let mut cmd = Command::new(chio());
         if let Some(V2Root(mnt, sub)) = v2 {
             let script = r#"set -e; mount -t cgroup2 none "$1"; mkdir -p "$1/$2"; export CHIO_CGROUP_V2_ROOT="$1/$2"
@@ -62,8 +58,17 @@ shift 2; exec "$@""#;
             cmd = Command::new("unshare");
             cmd.args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(mnt), sub, s(&chio())]);
         }
+        cmd.envs(env.iter().copied());
+        Daemon::spawn(dir, config, cmd)
+    }
+
+    /// `cmd` (chio, or what runs it) with `supervisor serve` on `dir` and `config`, started.
+    fn spawn(dir: &Scratch, config: Value, mut cmd: Command) -> Daemon {
+        let conf = dir.join("supervisor.json");
+        std::fs::write(&conf, config.to_string()).unwrap();
+        let (socket, log) = (dir.join("s.sock"), dir.join("daemon.log"));
+        let before = std::fs::read_to_string(&log).unwrap_or_default().matches("listening on").count();
         let child = cmd
-            .envs(env.iter().copied())
             .args([
                 "supervisor",
                 "serve",
@@ -281,6 +286,47 @@ fn a_launch_through_the_daemon_is_the_one_shot_launch() {
     // The daemon's store is the receipt store: the client may not name another.
     let out = d.run(None, &["--receipt-db", "x.db", "--kernel-key", "k", "--", "/bin/true"], None);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+/// A daemon started by a process that ignores SIGCHLD (a disposition an exec keeps) still hears
+/// its launches end: under an ignored SIGCHLD the kernel reaps children unasked and never says
+/// so, and a launch's cage then waited for its command until the wall deadline.
+#[test]
+fn a_daemon_started_ignoring_sigchld_still_sees_launches_end() {
+    if !privileged("daemon_sigchld_ignored") {
+        return;
+    }
+    let dir = Scratch::new("daemon-sigchld");
+    let mut cmd = Command::new(chio());
+    chio_tests::ignore_sigchld(&mut cmd);
+    let d = Daemon::spawn(&dir, config(json!({})), cmd);
+    // The launcher (which reaps launches and notices a spare's death by SIGCHLD) and the spare
+    // (whose init is cloned from it) hear of their children; the daemon itself still ignores.
+    let ignores_sigchld = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:")).unwrap().trim().to_string();
+        u64::from_str_radix(&mask, 16).unwrap() & (1 << (libc::SIGCHLD - 1)) != 0
+    };
+    let spare = d.spare();
+    let launcher: u32 = std::fs::read_to_string(format!("/proc/{spare}/stat"))
+        .unwrap()
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ignores_sigchld(d.pid()), "the daemon was started ignoring SIGCHLD");
+    assert!(!ignores_sigchld(launcher) && !ignores_sigchld(spare), "launcher {launcher}, spare {spare}");
+    for _ in 0..3 {
+        let started = Instant::now();
+        let out = d.run(None, &["--json", "--timeout", "20s", "--", "/bin/sh", "-c", "exit 3"], None);
+        assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+        assert_eq!(record(&out)["outcome"]["limit_hit"], json!([]));
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    }
 }
 
 /// The daemon answers as soon as the command is over, before its cage is wound down — so "over"

@@ -313,3 +313,34 @@ fn an_init_that_cannot_shed_its_privileges_ends_the_cage() {
 fn an_init_left_privileged_is_refused_at_the_exec_stop() {
     fact_fails("init_privileged", "init_privileged", &[], "the cage's init runs with uids [0, 0, 0, 0]");
 }
+
+/// A target that never reaches its exec stop (its exec of a file on a file system that does
+/// not answer, say) must not hold the supervisor — or a daemon's launch slot — for good: the
+/// wait for the exec stop has a deadline, after which the target and its cage are killed and
+/// the launch fails `setup_timeout`. A hook makes the target sleep instead of its exec and
+/// shortens that deadline to 1 s. Control: the same launch without the hook.
+#[test]
+fn a_target_that_never_reaches_its_exec_ends_the_launch() {
+    let Some(e) = Suite::new("stall_before_exec", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-stall");
+    ws.give_to_nobody();
+    let tag = format!("CHIO_TEST_STALL={}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let mut cmd = launch_command(&e, &[], "/probe", &ws, Some("stall_before_exec"), &[]);
+    let mut child = cmd.env(key, value).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let run = parse(child.wait_with_output().unwrap());
+    assert_eq!((run.state(), run.code), ("BootstrapFailed", 125), "the launch ended: {}", run.stderr);
+    let failure = &run.record["failure"];
+    assert_eq!((failure["stage"].as_str(), failure["code"].as_str()), (Some("exec"), Some("setup_timeout")));
+    let left = chio_tests::wait_untagged(&tag, std::time::Duration::from_secs(5));
+    assert!(left.is_empty(), "cage processes left: {left:?}");
+    assert!(!ws.join("ran").exists(), "the target ran");
+    let control = launch(&e, &ws, None, &[]);
+    assert_eq!((control.state(), control.code), ("FullyEnforced", 0), "control: {}", control.stderr);
+    assert!(ws.join("ran").exists(), "control: the target runs and writes");
+}

@@ -265,35 +265,32 @@ fn an_init_orphaned_before_it_armed_its_death_signal_exits() {
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(9), "the hook has the supervisor exit as soon as its init exists");
-    // The init is a copy of the supervisor: its environment carries the tag. It is the one live
-    // process with the tag in a pid namespace other than ours.
-    let own_pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
-    let tagged = || -> Vec<i32> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|d| d.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|ns| ns != own_pidns))
-            .filter(|p| {
-                std::fs::read(format!("/proc/{p}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == tag.as_bytes()))
-            })
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/stat"))
-                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| !r.starts_with('Z')))
-            })
-            .collect()
-    };
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut left = tagged();
-    while !left.is_empty() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        left = tagged();
-    }
-    for p in &left {
-        // SAFETY: ending the leak this test found, so it does not outlive the test.
-        unsafe { libc::kill(*p, libc::SIGKILL) };
-    }
+    // The init is a copy of the supervisor: its environment carries the tag.
+    let left = chio_tests::wait_untagged(&tag, std::time::Duration::from_secs(10));
     assert!(left.is_empty(), "an init orphaned before it armed its death signal is still running: {left:?}");
+}
+
+/// A caller that ignores SIGCHLD (the disposition survives its exec of chio) must not change
+/// how a launch ends: the init inherited it, the kernel reaped the target unasked and never
+/// woke the init, and the launch of `/probe true` was held to its wall deadline and recorded
+/// killed by it. Control: the same launch from a caller with the default disposition.
+#[test]
+fn a_caller_ignoring_sigchld_changes_nothing() {
+    let Some(e) = env("sigchld_ignored") else { return };
+    for ignore in [true, false] {
+        let mut c = std::process::Command::new(&e.chio);
+        c.args(["cage", "run", "--json", "--timeout", "20s", "--rootfs", e.rootfs.to_str().unwrap()])
+            .args(["--", "/probe", "argv", "x"])
+            .stdin(std::process::Stdio::null());
+        if ignore {
+            chio_tests::ignore_sigchld(&mut c);
+        }
+        let started = std::time::Instant::now();
+        let run = chio_tests::parse(c.output().unwrap());
+        assert_eq!((run.state(), run.code), ("FullyEnforced", 0), "ignored {ignore}: {}", run.stderr);
+        assert_eq!(run.record["outcome"]["limit_hit"], serde_json::json!([]), "ignored {ignore}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "ignored {ignore}: {:?}", started.elapsed());
+    }
 }
 
 // ---- host-global /proc and /dev inodes, host /etc files ---------------------------------------

@@ -228,3 +228,21 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
     let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("WRONG", "not-it")]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A caller that ignores SIGCHLD (the disposition survives its exec of chio) must not cost the
+/// command's status: under it the kernel reaps the child unasked and chio answered "No child
+/// processes", exit 1. The exit status and a death by signal both come through.
+#[test]
+fn a_caller_ignoring_sigchld_keeps_the_status() {
+    for (script, code, signal) in [("exit 3", Some(3), None), ("kill -9 $$", None, Some(libc::SIGKILL))] {
+        let mut c = supervise(&["--", "sh", "-c", script], &[]);
+        chio_tests::ignore_sigchld(&mut c);
+        let out = c.output().unwrap();
+        assert_eq!(
+            (out.status.code(), out.status.signal()),
+            (code, signal),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -110,11 +110,13 @@ fn serve(sock: OwnedFd) -> ! {
         // SAFETY: setting a disposition to SIG_IGN installs no handler.
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
     }
+    // Launches end by SIGCHLD: an ignored one (inherited by the daemon) would reap them unasked.
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
+    let heard = chio_cage::sys::hear_of_children().is_ok();
     let sfd =
         chld.thread_block().and_then(|_| SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK));
-    let Ok(sfd) = sfd else {
+    let (true, Ok(sfd)) = (heard, sfd) else {
         // SAFETY: leaving without running the daemon's destructors (nix has no _exit).
         unsafe { libc::_exit(1) }
     };
