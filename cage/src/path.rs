@@ -14,6 +14,7 @@ use crate::sys;
 
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
 const RESOLVE_IN_ROOT: u64 = 0x10;
 
 /// Convert a path to a C string, refusing interior NUL bytes.
@@ -76,6 +77,26 @@ fn symlink_refused(path: &Path) -> io::Error {
 pub fn resolve_in(root: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Result<OwnedFd> {
     let c = cstring(relative(path)?)?;
     openat2(root, &c, flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+}
+
+/// Open `path` under the directory `dir` through no symlink at all and never above `dir`
+/// (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): for trees that hold only plain files and
+/// directories (an OCI layout), where a link can only be planted. A link met is refused
+/// (`ErrorKind::InvalidData`), naming `path`.
+pub fn open_beneath(dir: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Result<OwnedFd> {
+    let c = cstring(relative(path)?)?;
+    openat2(dir, &c, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is or passes through a symbolic link, which chio does not follow here", path.display()),
+            ),
+            Some(libc::EXDEV) => {
+                io::Error::new(io::ErrorKind::InvalidData, format!("{} leads outside its directory", path.display()))
+            }
+            _ => e,
+        }
+    })
 }
 
 /// Names in the directory `dir` (without `.` and `..`), unsorted.
@@ -176,6 +197,29 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "a missing path is not called a link: {err}");
         let err = open_host(Path::new("inner/f"), 0).unwrap_err();
         assert!(err.to_string().ends_with("is not an absolute path"), "{err}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Beneath a directory, no link is followed — not even one that stays inside — and `..`
+    /// is refused; plain files and directories open.
+    #[test]
+    fn beneath_a_directory_no_link_is_followed() {
+        let d = tempdir("beneath");
+        std::fs::write(d.join("inner/f"), "x").unwrap();
+        symlink("inner", d.join("alias")).unwrap();
+        symlink("f", d.join("inner/link")).unwrap();
+        symlink("/etc", d.join("host")).unwrap();
+        let dir = open_host(&d, libc::O_DIRECTORY).unwrap();
+        assert!(open_beneath(dir.as_fd(), Path::new("inner/f"), libc::O_RDONLY).is_ok(), "control");
+        for path in ["alias/f", "inner/link", "host/hostname"] {
+            let err = open_beneath(dir.as_fd(), Path::new(path), libc::O_RDONLY).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{path}: {err}");
+            assert!(err.to_string().contains("symbolic link"), "{path}: {err}");
+        }
+        let err = open_beneath(dir.as_fd(), Path::new("inner/../../etc/hostname"), libc::O_RDONLY).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        let err = open_beneath(dir.as_fd(), Path::new("absent"), libc::O_RDONLY).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

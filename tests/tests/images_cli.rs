@@ -214,3 +214,71 @@ fn the_image_packer_writes_an_archive_chio_imports_and_runs() {
     pack(&again);
     assert_eq!(std::fs::read(&archive).unwrap(), std::fs::read(&again).unwrap());
 }
+
+/// An OCI layout holds plain files and directories only. A symlink planted in one — for a blob,
+/// or for the directory of blobs — is refused, never followed, even when what it points at has
+/// exactly the digest the manifest names (so the digest check alone would pass it): reading
+/// through it would have the importer open files outside the layout (another's layout, host
+/// files). A FIFO in place of a blob is refused without blocking on it, and a layout reached
+/// through a symlink is refused as every operator path is. Control: the untouched layout.
+#[test]
+fn a_layout_with_a_planted_link_or_fifo_is_refused() {
+    if !privileged("images_layout_links") {
+        return;
+    }
+    let dir = Scratch::new("images-links");
+    let rootfs = dir.join("rootfs");
+    build_rootfs(&rootfs, Path::new(PROBE));
+    std::fs::remove_file(rootfs.join("probe-suid")).unwrap();
+    let layout = dir.join("layout");
+    oci_layout(&rootfs, &layout);
+    let blobs = layout.join("blobs/sha256");
+    // The largest blob is the layer.
+    let layer = std::fs::read_dir(&blobs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let outside = dir.join("outside");
+    assert!(Command::new("cp").arg("-a").arg(&blobs).arg(&outside).status().unwrap().success());
+    let import = |what: &str, path: &Path, state: &str| -> Output {
+        let started = std::time::Instant::now();
+        let s = dir.join(state);
+        let out = chio(&["image", "import", path.to_str().unwrap(), "--state-dir", s.to_str().unwrap()]);
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{what}: {:?}", started.elapsed());
+        out
+    };
+    let refused = |what: &str, out: Output, says: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: imported");
+        assert!(err.contains(says), "{what}: {err}");
+    };
+    // A blob that is a link to an identical copy outside the layout.
+    let copy = |tag: &str| {
+        let c = dir.join(tag);
+        assert!(Command::new("cp").arg("-a").arg(&layout).arg(&c).status().unwrap().success());
+        c
+    };
+    let l = copy("blob-link");
+    let name = layer.file_name().unwrap();
+    std::fs::remove_file(l.join("blobs/sha256").join(name)).unwrap();
+    std::os::unix::fs::symlink(outside.join(name), l.join("blobs/sha256").join(name)).unwrap();
+    refused("a blob that is a link", import("blob link", &l, "s1"), "symbolic link");
+    // The blob directory itself a link to identical blobs outside.
+    let l = copy("dir-link");
+    std::fs::remove_dir_all(l.join("blobs/sha256")).unwrap();
+    std::os::unix::fs::symlink(&outside, l.join("blobs/sha256")).unwrap();
+    refused("a blob directory that is a link", import("dir link", &l, "s2"), "symbolic link");
+    // A FIFO where the layer should be: refused at once, not waited on.
+    let l = copy("fifo");
+    std::fs::remove_file(l.join("blobs/sha256").join(name)).unwrap();
+    assert!(Command::new("mkfifo").arg(l.join("blobs/sha256").join(name)).status().unwrap().success());
+    refused("a FIFO blob", import("fifo", &l, "s3"), "not a regular file");
+    // The layout named through a link.
+    let via = dir.join("via");
+    std::os::unix::fs::symlink(&layout, &via).unwrap();
+    refused("a layout path through a link", import("path link", &via, "s4"), "symbolic link");
+    // Control: the layout as written imports.
+    let out = import("control", &layout, "s5");
+    assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
+}

@@ -179,9 +179,9 @@ fn platform_matches(have: &str, want: &str) -> bool {
 
 /// Find and verify the image in `src`.
 pub fn resolve(src: &Source, sel: &Selection) -> Result<Resolved, ImportError> {
-    if src.exists("index.json") && src.exists("oci-layout") {
+    if src.exists("index.json")? && src.exists("oci-layout")? {
         resolve_oci(src, sel)
-    } else if src.exists("manifest.json") {
+    } else if src.exists("manifest.json")? {
         resolve_legacy(src, sel)
     } else {
         Err(invalid("not an OCI layout (no index.json and oci-layout) nor a docker save archive (no manifest.json)"))
@@ -222,7 +222,7 @@ fn collect(
             }
         }
         let hex = digest.trim_start_matches("sha256:");
-        if !src.exists(&format!("blobs/sha256/{hex}")) {
+        if !src.exists(&format!("blobs/sha256/{hex}"))? {
             // containerd-store exports omit blobs of other platforms.
             continue;
         }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// Largest JSON document (index, manifest, config) read into memory.
@@ -22,8 +22,8 @@ pub struct Member {
 
 /// Files of an image, by relative path.
 pub enum Source {
-    /// An OCI image layout directory.
-    Dir(PathBuf),
+    /// An OCI image layout directory (an `O_PATH` fd of it; its files are opened beneath it).
+    Dir(OwnedFd),
     /// A tar archive and its member index.
     Tar {
         /// The archive.
@@ -81,7 +81,8 @@ impl Source {
     /// Open `path`: a directory is an OCI layout; anything else is read as a tar archive.
     pub fn open(path: &Path) -> io::Result<Source> {
         if path.is_dir() {
-            return Ok(Source::Dir(path.to_path_buf()));
+            // The operator's path is walked as every host path is: through no symlink.
+            return Ok(Source::Dir(chio_cage::path::open_host(&std::path::absolute(path)?, libc::O_DIRECTORY)?));
         }
         let not_an_image = || {
             io::Error::new(
@@ -130,11 +131,17 @@ impl Source {
         Ok(Source::Tar { file: path.to_path_buf(), members })
     }
 
-    /// Whether `name` exists.
-    pub fn exists(&self, name: &str) -> bool {
-        match self {
-            Source::Dir(d) => normalize(name).is_some_and(|n| d.join(n).is_file()),
-            Source::Tar { .. } => self.resolve(name).is_ok(),
+    /// Whether `name` exists: false only when it is absent; a file there that may not be read
+    /// (a link in a layout, a FIFO, a loop of links in an archive) is an error, not an absence.
+    pub fn exists(&self, name: &str) -> io::Result<bool> {
+        let found = match self {
+            Source::Dir(d) => layout_file(d, name, libc::O_PATH).map(drop),
+            Source::Tar { .. } => self.resolve(name).map(drop),
+        };
+        match found {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -162,7 +169,7 @@ impl Source {
     /// Size of `name`.
     pub fn size(&self, name: &str) -> io::Result<u64> {
         match self {
-            Source::Dir(d) => Ok(std::fs::metadata(d.join(normalize(name).ok_or_else(|| not_found(name))?))?.len()),
+            Source::Dir(d) => Ok(layout_file(d, name, libc::O_PATH)?.1),
             Source::Tar { .. } => Ok(self.resolve(name)?.1),
         }
     }
@@ -171,17 +178,8 @@ impl Source {
     pub fn read(&self, name: &str) -> io::Result<Box<dyn Read + '_>> {
         match self {
             Source::Dir(d) => {
-                // A layout's files are regular files: a planted symlink or FIFO is not followed.
-                let rel = normalize(name).ok_or_else(|| not_found(name))?;
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(d.join(rel))?;
-                let meta = f.metadata()?;
-                if !meta.is_file() {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name} is not a regular file")));
-                }
-                Ok(Box::new(f.take(meta.len())))
+                let (f, len) = layout_file(d, name, libc::O_RDONLY)?;
+                Ok(Box::new(File::from(f).take(len)))
             }
             Source::Tar { file, .. } => {
                 let (offset, size) = self.resolve(name)?;
@@ -205,6 +203,26 @@ impl Source {
         self.read(name)?.take(MAX_JSON).read_to_end(&mut buf)?;
         serde_json::from_slice(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}")))
     }
+}
+
+/// The layout file `name` opened beneath the layout `dir` and its size. A layout holds plain
+/// files and directories only: a symlink anywhere on the way (planted to read a host file, or
+/// one another layout controls) is refused, never followed; a FIFO or device is refused
+/// without blocking on it (`O_NONBLOCK`).
+fn layout_file(dir: &OwnedFd, name: &str, flags: i32) -> io::Result<(OwnedFd, u64)> {
+    let rel = normalize(name).ok_or_else(|| not_found(name))?;
+    // (openat2 refuses O_PATH with any flag but a few: O_NONBLOCK only where the file opens.)
+    let nonblock = if flags & libc::O_PATH == 0 { libc::O_NONBLOCK } else { 0 };
+    let f =
+        chio_cage::path::open_beneath(dir.as_fd(), Path::new(&rel), flags | nonblock).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => not_found(name),
+            _ => e,
+        })?;
+    let meta = nix::sys::stat::fstat(&f)?;
+    if meta.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name} is not a regular file")));
+    }
+    Ok((f, meta.st_size as u64))
 }
 
 fn not_found(name: &str) -> io::Error {
