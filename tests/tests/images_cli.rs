@@ -167,6 +167,52 @@ fn import_refusals_name_the_problem() {
     assert!(!state.exists(), "a refused import creates no store");
 }
 
+/// A compressed archive is decompressed into the store's `tmp/` before it is read, at most
+/// `--max-bytes` of it: a gzip bomb (here 1 MiB and one byte of zeros, about a kilobyte packed)
+/// is refused for its size, naming the limit, and leaves nothing in `tmp/`; exactly the limit
+/// passes that step (and is then refused as what it is: not an image), and so does any size
+/// under a larger limit. zstd is bounded the same way.
+#[test]
+fn a_compressed_archive_is_decompressed_only_up_to_the_limit() {
+    if !privileged("import_bomb") {
+        return;
+    }
+    let dir = Scratch::new("import-bomb");
+    let state = dir.join("state");
+    let packed = |n: usize, tool: &str| -> PathBuf {
+        let plain = dir.join(&format!("zeros-{n}"));
+        std::fs::write(&plain, vec![0u8; n]).unwrap();
+        assert!(Command::new(tool).args(["-q", "-f"]).arg(&plain).status().unwrap().success());
+        let ext = if tool == "gzip" { "gz" } else { "zst" };
+        let _ = std::fs::remove_file(&plain);
+        dir.join(&format!("zeros-{n}.{ext}"))
+    };
+    let import = |file: &Path, max: &str| -> String {
+        let out = chio(&[
+            "image",
+            "import",
+            file.to_str().unwrap(),
+            "--max-bytes",
+            max,
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", file.display());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    const MIB: usize = 1 << 20;
+    for tool in ["gzip", "zstd"] {
+        let over = import(&packed(MIB + 1, tool), "1M");
+        assert!(over.contains("decompresses to more than 1048576 bytes (--max-bytes)"), "{tool}: {over}");
+        let at = import(&packed(MIB, tool), "1M");
+        assert!(!at.contains("decompresses to more than") && at.contains("not an image"), "{tool}: {at}");
+        let under = import(&packed(MIB + 1, tool), "2M");
+        assert!(!under.contains("decompresses to more than") && under.contains("not an image"), "{tool}: {under}");
+    }
+    let left: Vec<_> = std::fs::read_dir(state.join("tmp")).unwrap().collect();
+    assert!(left.is_empty(), "left in tmp/: {left:?}");
+}
+
 /// `packaging/images/build-images.py --pack` (the packer behind the session images, which are
 /// made with debootstrap) writes a `docker save` archive chio imports and runs: here from a
 /// root of the host's own programs, which is what a test can build quickly.
@@ -278,6 +324,10 @@ fn a_layout_with_a_planted_link_or_fifo_is_refused() {
     let via = dir.join("via");
     std::os::unix::fs::symlink(&layout, &via).unwrap();
     refused("a layout path through a link", import("path link", &via, "s4"), "symbolic link");
+    // Not a link, but no layout either: an index.json without its oci-layout marker.
+    let l = copy("no-marker");
+    std::fs::remove_file(l.join("oci-layout")).unwrap();
+    refused("an index without oci-layout", import("no marker", &l, "s6"), "not an OCI layout");
     // Control: the layout as written imports.
     let out = import("control", &layout, "s5");
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));

@@ -400,3 +400,52 @@ pub fn decompress<'a, R: Read + 'a>(raw: R) -> io::Result<Box<dyn Read + 'a>> {
         _ => Box::new(buf),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blob is named by a SHA-256 digest of exactly 64 hex digits and nothing else: a
+    /// descriptor's digest becomes a path in the layout, so nothing but hex may reach it.
+    #[test]
+    fn a_blob_digest_is_sha256_of_64_hex_digits() {
+        let d = std::env::temp_dir().join(format!("chio-unit-digest-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("blobs/sha256")).unwrap();
+        let body = b"{}";
+        let hex = format!("{:x}", Sha256::digest(body));
+        std::fs::write(d.join("blobs/sha256").join(&hex), body).unwrap();
+        let src = Source::open(&d).unwrap();
+        assert_eq!(verified_blob(&src, &format!("sha256:{hex}"), Some(2)).unwrap(), body, "control");
+        let bad = [
+            format!("sha256:{}", &hex[..63]),
+            format!("sha256:{}g", &hex[..63]),
+            format!("sha256:{}", "../".repeat(21) + "x"),
+            format!("sha512:{hex}"),
+            hex.clone(),
+        ];
+        for digest in &bad {
+            let err = verified_blob(&src, digest, None).unwrap_err().to_string();
+            assert!(err.contains("unsupported digest"), "{digest}: {err}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A zstd stream may open with skippable frames (magic 0x184D2A50 to 0x184D2A5F, as some
+    /// tools write for metadata): such a layer is zstd, and its content is what follows. A
+    /// stream that only looks close (0x184D2A40) is not zstd.
+    #[test]
+    fn zstd_after_skippable_frames_is_zstd() {
+        let packed = zstd::stream::encode_all(&b"layer bytes"[..], 3).unwrap();
+        for magic in [0x50u8, 0x5f] {
+            let mut stream = vec![magic, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3];
+            stream.extend_from_slice(&packed);
+            let mut out = Vec::new();
+            decompress(&stream[..]).unwrap().read_to_end(&mut out).unwrap();
+            assert_eq!(out, b"layer bytes", "magic {magic:#x}");
+        }
+        let plain = [0x40u8, 0x2a, 0x4d, 0x18, 9, 9];
+        let mut out = Vec::new();
+        decompress(&plain[..]).unwrap().read_to_end(&mut out).unwrap();
+        assert_eq!(out, plain, "not a skippable frame: read as it is");
+    }
+}
