@@ -332,3 +332,62 @@ fn a_layout_with_a_planted_link_or_fifo_is_refused() {
     let out = import("control", &layout, "s5");
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Several images in one store: each root is its own tree, named by its layers' ChainID (two
+/// images with different layers never share one; two with the same layers and different
+/// configs do), a name given again moves to the new image, and removing an image keeps a tree
+/// another image still uses.
+#[test]
+fn images_in_one_store_keep_their_own_trees_and_names() {
+    if !privileged("images_one_store") {
+        return;
+    }
+    let dir = Scratch::new("images-store");
+    let state = dir.join("state");
+    let s = state.to_str().unwrap();
+    let layout = |tag: &str, marker: &str, env: &str| -> PathBuf {
+        let rootfs = dir.join(&format!("rootfs-{marker}"));
+        if !rootfs.exists() {
+            build_rootfs(&rootfs, Path::new(PROBE));
+            std::fs::remove_file(rootfs.join("probe-suid")).unwrap();
+            std::fs::write(rootfs.join("marker"), marker).unwrap();
+        }
+        let out = dir.join(&format!("layout-{tag}"));
+        oci_layout_with(&rootfs, &out, serde_json::json!({"Env": [env]}), &format!("img:{tag}"));
+        out
+    };
+    let import = |l: &Path, name: &str| -> String {
+        let out = chio(&["image", "import", l.to_str().unwrap(), "--state-dir", s, "--name", name]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let inspect = |what: &str| -> serde_json::Value {
+        let out = chio(&["image", "inspect", what, "--state-dir", s]);
+        assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let a = import(&layout("a", "a", "V=1"), "mine");
+    let b = import(&layout("b", "b", "V=1"), "mine");
+    let c = import(&layout("c", "a", "V=2"), "other");
+    assert!(a != b && a != c && b != c, "three images: {a} {b} {c}");
+    let root = |id: &str| inspect(id)["rootfs"].as_str().unwrap().to_string();
+    let (ra, rb, rc) = (root(&a), root(&b), root(&c));
+    assert_ne!(ra, rb, "different layers, different trees");
+    assert_eq!(ra, rc, "the same layers, one tree");
+    assert_eq!(std::fs::read_to_string(Path::new(&ra).join("marker")).unwrap(), "a");
+    assert_eq!(std::fs::read_to_string(Path::new(&rb).join("marker")).unwrap(), "b");
+    // "mine" moved from a to b; a keeps its own reference.
+    assert_eq!(inspect("mine")["image_id"], b.as_str());
+    let refs = inspect(&a)["references"].to_string();
+    assert!(refs.contains("img:a") && !refs.contains("mine"), "{refs}");
+    // An ID prefix of 12 hex digits finds an image; a shorter one is not an ID.
+    assert_eq!(inspect(&a["sha256:".len().."sha256:".len() + 12])["image_id"], a.as_str());
+    assert!(!chio(&["image", "inspect", &a["sha256:".len().."sha256:".len() + 11], "--state-dir", s]).status.success());
+    // Removing a keeps the tree c still uses; removing c then removes it.
+    assert!(chio(&["image", "rm", &a, "--state-dir", s]).status.success());
+    assert!(Path::new(&rc).join("marker").exists(), "a tree another image uses was removed");
+    assert!(chio(&["image", "verify", &c, "--state-dir", s]).status.success());
+    assert!(chio(&["image", "rm", &c, "--state-dir", s]).status.success());
+    assert!(!Path::new(&rc).exists(), "an unused tree was left");
+    assert!(Path::new(&rb).join("marker").exists());
+}

@@ -582,3 +582,22 @@ pub enum Progress<'a> {
         already_present: bool,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The OCI image spec's ChainID: the first layer's DiffID, then the digest of the previous
+    /// ChainID, a space, and the next DiffID (the vector computed here with sha256sum).
+    #[test]
+    fn chain_ids_follow_the_image_spec() {
+        let l0 = format!("sha256:{}", "a".repeat(64));
+        let l1 = format!("sha256:{}", "b".repeat(64));
+        assert_eq!(chain_id(&[]), None);
+        assert_eq!(chain_id(std::slice::from_ref(&l0)), Some(l0.clone()));
+        // printf 'sha256:aaa…a sha256:bbb…b' | sha256sum
+        let want = "sha256:ccd722928bd92476ba1745586fed6e45a102504185ad88cd89e01ff116fd146c";
+        assert_eq!(chain_id(&[l0.clone(), l1.clone()]).unwrap(), want);
+        assert_ne!(chain_id(&[l1, l0]).unwrap(), want, "the order of layers matters");
+    }
+}
