@@ -1155,9 +1155,9 @@ fn the_repository_leg_through_the_daemon() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
-/// A client uid holds at most its share: a launch over `max_launches_per_client` and a
-/// connection over `max_connections_per_client` are answered "try again" at once, while another
-/// client is served.
+/// A client uid holds at most its share: a launch over `max_launches_per_client` (after a
+/// second's wait for one of its own to end) and a connection over `max_connections_per_client`
+/// (at once) are answered "try again", while another client is served.
 #[test]
 fn one_client_holds_at_most_its_share() {
     if !privileged("daemon_share") {
@@ -1187,6 +1187,26 @@ fn one_client_holds_at_most_its_share() {
     drop(d);
     let _ = long.wait_with_output();
     assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
+}
+
+/// A client launching back to back at its `max_launches_per_client` is never refused: each
+/// launch answers its client itself, a moment before the daemon reads that it ended, and a
+/// client that sends its next request the instant its answer arrives (this one, on a raw
+/// socket) would otherwise find its own finished launch still counted against it.
+#[test]
+fn a_client_at_its_limit_launching_back_to_back_is_served() {
+    if !privileged("daemon_share_back_to_back") {
+        return;
+    }
+    let dir = Scratch::new("daemon-share-b2b");
+    let d = Daemon::start(&dir, config(json!({"max_launches_per_client": 1})));
+    let (out, err) = (dir.join("out"), dir.join("err"));
+    let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
+    for i in 0..40 {
+        let line = launch_line(&format!("b2b-{i}"), json!(["--", "/bin/true"]));
+        let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
+        assert_eq!(answer["exit_status"], 0, "launch {i}: {answer}");
+    }
 }
 
 /// The daemon's launcher makes each launch's network namespace before the request (see

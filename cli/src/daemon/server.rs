@@ -36,6 +36,11 @@ const REPEAT_WAIT: Duration = Duration::from_secs(2);
 const WITHDRAW_WAIT: Duration = Duration::from_secs(10);
 /// The daemon's keys in the journal: `supervisor:<peer uid>:<request id>`.
 const JOURNAL_PREFIX: &str = "supervisor:";
+/// How long a launch that finds its client at `max_launches_per_client` waits for one of that
+/// client's own launches to end before it is answered "try again": a launch answers its client
+/// itself, a moment before the daemon reads that it ended, so a client launching back to back
+/// at its limit would otherwise be refused for a launch it already has the answer of.
+const SHARE_WAIT: Duration = Duration::from_secs(1);
 /// The longest answer a launch child may give (a launch record is a few KiB).
 const MAX_ANSWER_BYTES: u64 = 4 << 20;
 
@@ -52,6 +57,8 @@ struct Shared {
     running: Arc<AtomicUsize>,
     /// Told whenever a request's outcome lands in the journal (see [`settled_meanwhile`]).
     settled: Arc<Notify>,
+    /// Told whenever a client gives back a share (see [`Shared::share_within`]).
+    freed: Notify,
 }
 
 /// Serve until SIGTERM or SIGINT; then stop accepting, give running launches the stop grace,
@@ -78,6 +85,7 @@ pub async fn run(
         connections: Arc::new(Semaphore::new(config.max_connections)),
         running: Arc::new(AtomicUsize::new(0)),
         settled: Arc::new(Notify::new()),
+        freed: Notify::new(),
         config,
         daemon,
         launcher,
@@ -161,6 +169,23 @@ impl Shared {
         *held += 1;
         Some(Share { s: self, uid, kind })
     }
+
+    /// [`Shared::share`], waiting up to `wait` for one of the client's own to be given back.
+    async fn share_within(&self, uid: u32, kind: Kind, wait: Duration) -> Option<Share<'_>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Listening before looking, so that a share given back in between is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(share) = self.share(uid, kind) {
+                return Some(share);
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return None;
+            }
+        }
+    }
 }
 
 impl Drop for Share<'_> {
@@ -176,6 +201,7 @@ impl Drop for Share<'_> {
                 }
             }
         }
+        self.s.freed.notify_waiters();
     }
 }
 
@@ -347,7 +373,7 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
 
 async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: OwnedFd) -> (Answer, Settling) {
     let uid = peer.uid;
-    let Some(_share) = s.share(uid, Kind::Launch) else {
+    let Some(_share) = s.share_within(uid, Kind::Launch, SHARE_WAIT).await else {
         let why = format!(
             "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
             s.config.max_launches_per_client
