@@ -484,6 +484,39 @@ pub fn describe_process(pid: u32) -> String {
     format!("{} :: {cmd}", stat.split_whitespace().take(4).collect::<Vec<_>>().join(" "))
 }
 
+/// A `docker save` archive (the legacy layout: `manifest.json`, `<config digest>.json`,
+/// `<layer digest>/layer.tar`) at `out` holding one single-layer image per `(tag, rootfs, env)`.
+/// With `tamper`, the first image's config file holds other content than its name's digest.
+pub fn docker_save_with(out: &Path, images: &[(&str, &Path, &str)], tamper: bool) {
+    let mut archive = tar::Builder::new(std::fs::File::create(out).unwrap());
+    let mut manifest = Vec::new();
+    let mut add = |name: &str, bytes: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        archive.append_data(&mut h, name, bytes).unwrap();
+    };
+    for (i, (tag, rootfs, env)) in images.iter().enumerate() {
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", rootfs).unwrap();
+        let layer = b.into_inner().unwrap();
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": "amd64", "os": "linux", "config": {"Env": [env]},
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
+        }))
+        .unwrap();
+        let (config_name, layer_name) = (format!("{}.json", hex(&config)), format!("{}/layer.tar", hex(&layer)));
+        let stored = if tamper && i == 0 { [&config[..], b" "].concat() } else { config.clone() };
+        add(&config_name, &stored);
+        add(&layer_name, &layer);
+        manifest.push(serde_json::json!({"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}));
+    }
+    add("manifest.json", &serde_json::to_vec(&manifest).unwrap());
+    archive.finish().unwrap();
+}
+
 /// An OCI image layout at `out` with one gzip layer holding `rootfs`, the given image config and
 /// reference `name`.
 pub fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Value, name: &str) {

@@ -165,6 +165,12 @@ fn import_refusals_name_the_problem() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("OS/ARCH"));
     assert!(!state.exists(), "a refused import creates no store");
+    // Listing: no store yet is an empty list (and creates none); a file is refused.
+    let out = chio(&["image", "list", "--state-dir", state.to_str().unwrap()]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!state.exists(), "listing creates no store");
+    let out = chio(&["image", "list", "--state-dir", file.to_str().unwrap()]);
+    assert!(!out.status.success(), "a state directory that is a file is refused");
 }
 
 /// A compressed archive is decompressed into the store's `tmp/` before it is read, at most
@@ -328,6 +334,16 @@ fn a_layout_with_a_planted_link_or_fifo_is_refused() {
     let l = copy("no-marker");
     std::fs::remove_file(l.join("oci-layout")).unwrap();
     refused("an index without oci-layout", import("no marker", &l, "s6"), "not an OCI layout");
+    // An index.json past the 8 MiB a JSON document may have is refused by its size.
+    let l = copy("big-index");
+    let mut index = std::fs::read(l.join("index.json")).unwrap();
+    index.resize(9 << 20, b' ');
+    std::fs::write(l.join("index.json"), index).unwrap();
+    refused("an oversized index", import("big index", &l, "s7"), "(limit 8388608)");
+    // Bytes that are not a tar archive, long enough to hold a tar header, are not an image.
+    let noise = dir.join("noise");
+    std::fs::write(&noise, (0..8192u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<_>>()).unwrap();
+    refused("random bytes", import("noise", &noise, "s8"), "is not an image");
     // Control: the layout as written imports.
     let out = import("control", &layout, "s5");
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
@@ -375,6 +391,11 @@ fn images_in_one_store_keep_their_own_trees_and_names() {
     assert_ne!(ra, rb, "different layers, different trees");
     assert_eq!(ra, rc, "the same layers, one tree");
     assert_eq!(std::fs::read_to_string(Path::new(&ra).join("marker")).unwrap(), "a");
+    // Importing a present image again verifies its tree and keeps it (not extracted anew).
+    let ino = |p: &str| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(Path::new(p).join("marker")).unwrap());
+    let before = ino(&ra);
+    assert_eq!(import(&dir.join("layout-a"), "again"), a);
+    assert_eq!(ino(&ra), before, "a present tree was extracted again");
     assert_eq!(std::fs::read_to_string(Path::new(&rb).join("marker")).unwrap(), "b");
     // "mine" moved from a to b; a keeps its own reference.
     assert_eq!(inspect("mine")["image_id"], b.as_str());
@@ -390,4 +411,56 @@ fn images_in_one_store_keep_their_own_trees_and_names() {
     assert!(chio(&["image", "rm", &c, "--state-dir", s]).status.success());
     assert!(!Path::new(&rc).exists(), "an unused tree was left");
     assert!(Path::new(&rb).join("marker").exists());
+}
+
+/// A `docker save` archive of several images (the legacy layout, where a config's file name is
+/// its digest): without `--ref` it is refused as ambiguous, `--ref` picks by tag (whole, its tag
+/// part, or its repository part), a `--ref` no tag matches is refused, and a config whose
+/// content is not its name's digest is refused as tampered.
+#[test]
+fn a_docker_save_archive_of_several_images_is_chosen_by_ref() {
+    if !privileged("images_docker_save") {
+        return;
+    }
+    let dir = Scratch::new("images-save");
+    let roots: Vec<PathBuf> = ["a", "b"]
+        .iter()
+        .map(|m| {
+            let r = dir.join(&format!("rootfs-{m}"));
+            build_rootfs(&r, Path::new(PROBE));
+            std::fs::remove_file(r.join("probe-suid")).unwrap();
+            std::fs::write(r.join("marker"), m).unwrap();
+            r
+        })
+        .collect();
+    let two = dir.join("two.tar");
+    chio_tests::docker_save_with(&two, &[("app-a:1", &roots[0], "WHO=a"), ("app-b:2", &roots[1], "WHO=b")], false);
+    let state = dir.join("state");
+    let s = state.to_str().unwrap();
+    let import = |file: &Path, with: &[&str]| -> Output {
+        let mut args = vec!["image", "import", file.to_str().unwrap(), "--state-dir", s];
+        args.extend_from_slice(with);
+        chio(&args)
+    };
+    let err = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let out = import(&two, &[]);
+    assert!(
+        !out.status.success() && err(&out).contains("2 images in manifest.json; choose one with --ref"),
+        "{}",
+        err(&out)
+    );
+    let out = import(&two, &["--ref", "nothing:9"]);
+    assert!(!out.status.success() && err(&out).contains("no image in manifest.json matches"), "{}", err(&out));
+    for (reference, who) in [("app-a:1", "WHO=a"), ("2", "WHO=b"), ("app-a", "WHO=a")] {
+        let out = import(&two, &["--ref", reference]);
+        assert!(out.status.success(), "{reference}: {}", err(&out));
+        let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let inspect: serde_json::Value =
+            serde_json::from_slice(&chio(&["image", "inspect", &id, "--state-dir", s]).stdout).unwrap();
+        assert_eq!(inspect["config"]["Env"][0], who, "{reference}: {inspect}");
+    }
+    let tampered = dir.join("tampered.tar");
+    chio_tests::docker_save_with(&tampered, &[("app-a:1", &roots[0], "WHO=a")], true);
+    let out = import(&tampered, &[]);
+    assert!(!out.status.success() && err(&out).contains("does not match its name"), "{}", err(&out));
 }
