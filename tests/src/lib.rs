@@ -517,6 +517,41 @@ pub fn docker_save_with(out: &Path, images: &[(&str, &Path, &str)], tamper: bool
     archive.finish().unwrap();
 }
 
+/// A `docker save` archive at `out` of one image, tagged `img:1`, whose manifest names its
+/// layer as `shared/layer.tar`: a symlink member to `link` (as `docker save` shares one layer
+/// between images), the layer itself stored at `<layer digest>/layer.tar`.
+pub fn docker_save_linked(out: &Path, rootfs: &Path, link: &str) {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", rootfs).unwrap();
+    let layer = b.into_inner().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
+    }))
+    .unwrap();
+    let manifest = serde_json::json!([{"Config": format!("{}.json", hex(&config)), "RepoTags": ["img:1"],
+                                       "Layers": ["shared/layer.tar"]}]);
+    let mut archive = tar::Builder::new(std::fs::File::create(out).unwrap());
+    for (name, bytes) in [
+        (format!("{}.json", hex(&config)), config.clone()),
+        (format!("{}/layer.tar", hex(&layer)), layer.clone()),
+        ("manifest.json".to_string(), serde_json::to_vec(&manifest).unwrap()),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        archive.append_data(&mut h, name, &bytes[..]).unwrap();
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    archive.append_link(&mut h, "shared/layer.tar", link).unwrap();
+    archive.finish().unwrap();
+}
+
 /// An OCI image layout at `out` with one gzip layer holding `rootfs`, the given image config and
 /// reference `name`.
 pub fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Value, name: &str) {

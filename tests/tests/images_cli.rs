@@ -5,6 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
+
+use sha2::Digest;
 use std::process::{Command, Output, Stdio};
 
 use chio_tests::{build_rootfs, chio_bin, oci_layout_with, parse, privileged, programs_rootfs, Scratch};
@@ -458,6 +460,35 @@ fn a_docker_save_archive_of_several_images_is_chosen_by_ref() {
         let inspect: serde_json::Value =
             serde_json::from_slice(&chio(&["image", "inspect", &id, "--state-dir", s]).stdout).unwrap();
         assert_eq!(inspect["config"]["Env"][0], who, "{reference}: {inspect}");
+    }
+    // Cut short, the archive is refused as such.
+    let cut = dir.join("cut.tar");
+    let bytes = std::fs::read(&two).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 4]).unwrap();
+    let out = import(&cut, &["--ref", "app-a:1"]);
+    assert!(!out.status.success() && err(&out).contains("ends early"), "{}", err(&out));
+    // A layer member that is a symlink to another member (how `docker save` shares a layer)
+    // resolves inside the archive, relative or from its top; one that leaves the archive, or
+    // loops, is refused.
+    let layer_of = |r: &Path| {
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", r).unwrap();
+        let layer = b.into_inner().unwrap();
+        sha2::Sha256::digest(&layer).iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let sha = layer_of(&roots[0]);
+    for (link, ok, says) in [
+        (format!("../{sha}/layer.tar"), true, ""),
+        (format!("/{sha}/layer.tar"), true, ""),
+        ("../../../../etc/passwd".to_string(), false, "is not in the image"),
+        ("layer.tar".to_string(), false, "too many links"),
+    ] {
+        let linked = dir.join("linked.tar");
+        chio_tests::docker_save_linked(&linked, &roots[0], &link);
+        let out = import(&linked, &[]);
+        assert_eq!(out.status.success(), ok, "{link}: {}", err(&out));
+        assert!(err(&out).contains(says), "{link}: {}", err(&out));
     }
     let tampered = dir.join("tampered.tar");
     chio_tests::docker_save_with(&tampered, &[("app-a:1", &roots[0], "WHO=a")], true);
