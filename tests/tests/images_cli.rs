@@ -500,3 +500,38 @@ fn a_docker_save_archive_of_several_images_is_chosen_by_ref() {
     let out = import(&tampered, &[]);
     assert!(!out.status.success() && err(&out).contains("does not match its name"), "{}", err(&out));
 }
+
+/// `--ref` on an OCI layout picks the manifest by its reference name: whole, its tag, or its
+/// last path part; a reference that names it in none of these ways finds nothing.
+#[test]
+fn an_oci_layout_is_chosen_by_its_reference() {
+    if !privileged("images_oci_ref") {
+        return;
+    }
+    let dir = Scratch::new("images-oci-ref");
+    let rootfs = dir.join("rootfs");
+    build_rootfs(&rootfs, Path::new(PROBE));
+    std::fs::remove_file(rootfs.join("probe-suid")).unwrap();
+    let layout = dir.join("layout");
+    oci_layout_with(&rootfs, &layout, serde_json::json!({}), "example.org/team/img:7");
+    let state = dir.join("state");
+    for (reference, found) in [
+        ("example.org/team/img:7", true),
+        ("7", true),
+        ("img:7", true),
+        ("img:8", false),
+        ("team/img:7x", false),
+        ("example.org", false),
+    ] {
+        let out = chio(&[
+            "image",
+            "import",
+            layout.to_str().unwrap(),
+            "--ref",
+            reference,
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.success(), found, "{reference}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
