@@ -109,7 +109,9 @@ fn script_without_interpreter_is_126() {
     let Some(e) = env("no_interp") else { return };
     let run = e.run(&[], &[], &["/no-interp.sh"]);
     assert_failed(&run, "BootstrapFailed", "target", "target_not_executable", 126);
-    assert!(run.record["failure"]["detail"].as_str().unwrap().contains("/nonexistent/interpreter"));
+    // The detail names the script and its missing interpreter.
+    let detail = run.record["failure"]["detail"].as_str().unwrap();
+    assert!(detail.contains("/no-interp.sh: interpreter") && detail.contains("/nonexistent/interpreter"), "{detail}");
 }
 
 #[test]
