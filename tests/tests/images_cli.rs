@@ -367,8 +367,8 @@ fn images_in_one_store_keep_their_own_trees_and_names() {
     let layout = |tag: &str, marker: &str, env: &str| -> PathBuf {
         let rootfs = dir.join(&format!("rootfs-{marker}"));
         if !rootfs.exists() {
+            // (The probe's set-user-id copy stays: the record lists it.)
             build_rootfs(&rootfs, Path::new(PROBE));
-            std::fs::remove_file(rootfs.join("probe-suid")).unwrap();
             std::fs::write(rootfs.join("marker"), marker).unwrap();
         }
         let out = dir.join(&format!("layout-{tag}"));
@@ -397,8 +397,11 @@ fn images_in_one_store_keep_their_own_trees_and_names() {
     // Importing a present image again verifies its tree and keeps it (not extracted anew).
     let ino = |p: &str| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(Path::new(p).join("marker")).unwrap());
     let before = ino(&ra);
+    let setuid = inspect(&a)["setuid"].clone();
+    assert!(setuid.to_string().contains("probe-suid"), "the record lists the set-user-id file: {setuid}");
     assert_eq!(import(&dir.join("layout-a"), "again"), a);
     assert_eq!(ino(&ra), before, "a present tree was extracted again");
+    assert_eq!(inspect(&a)["setuid"], setuid, "what the extraction found is kept by a re-import");
     assert_eq!(std::fs::read_to_string(Path::new(&rb).join("marker")).unwrap(), "b");
     // A tree removed by hand behind the store's back is extracted again by a re-import.
     std::fs::remove_dir_all(&rb).unwrap();
