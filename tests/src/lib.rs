@@ -785,10 +785,23 @@ impl PrivateParent {
 
 impl Drop for PrivateParent {
     fn drop(&mut self) {
+        // A launch cgroup left inside (its test failed with the cage still running) is emptied
+        // first: a cgroup with a process in it cannot be removed, and the parent would leak.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
         for d in &self.dirs {
             for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = std::fs::remove_dir(e.path());
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let gone =
+                    |r: std::io::Result<()>| r.is_ok() || r.is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+                while !gone(std::fs::remove_dir(e.path())) && std::time::Instant::now() < until {
+                    let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+                    for pid in procs.lines().filter_map(|p| p.parse::<i32>().ok()) {
+                        // SAFETY: killing what is left in this test's own cgroup.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
                 }
             }
             let _ = std::fs::remove_dir(d);
