@@ -3,7 +3,9 @@
 # own: only this repository, /tmp, /var/tmp, /run, cargo's home and /etc/hosts (which a daemon
 # test edits and puts back) stay writable. Other mounts (/proc, /sys, /dev, cgroups) are as they
 # are. For runs that may hold broken code — a mutation run turns checks off one by one, and one
-# such mutant of a path walk, run unsealed as root, once deleted this machine's /etc.
+# such mutant of a path walk, run unsealed as root, once deleted this machine's /etc. The run
+# has a UTS namespace of its own too: a mutant that names the host where it should name a cage
+# (`sethostname` outside the cage's namespace) once renamed this machine "chio".
 #
 #   sudo tests/sealed.sh COMMAND ARGS...
 set -eu
@@ -13,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 export CHIO_SEALED=1
-exec unshare --mount --propagation private sh -eu -c '
+exec unshare --mount --uts --propagation private sh -eu -c '
     for w in "$PWD" /tmp /var/tmp /run "${CARGO_HOME:-$HOME/.cargo}" /etc/hosts; do
         mount --bind "$w" "$w"
     done
