@@ -645,25 +645,40 @@ fn write_result(status: libc::c_int, killed: i64) {
 }
 
 fn loopback_up() -> io::Result<()> {
-    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
-    let s = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
-    // SAFETY: an ifreq for "lo" on our own socket (nix has no interface-flags ioctl).
+    let (s, mut req) = loopback_flags()?;
+    // SAFETY: the flags member of an ifreq SIOCGIFFLAGS filled, set back on our own socket.
     let r = unsafe {
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        let mut r = libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req);
-        if r == 0 {
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            r = libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req);
-        }
-        r
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req)
     };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether `lo` is up in this network namespace, as the kernel says: what the record reports,
+/// rather than what the plan asked for.
+fn loopback_is_up() -> bool {
+    // SAFETY: reading the flags member SIOCGIFFLAGS filled.
+    loopback_flags().is_ok_and(|(_, req)| unsafe { req.ifr_ifru.ifru_flags } & libc::IFF_UP as libc::c_short != 0)
+}
+
+/// A datagram socket and `lo`'s flags read through it (SIOCGIFFLAGS).
+fn loopback_flags() -> io::Result<(OwnedFd, libc::ifreq)> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let s = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    // SAFETY: an ifreq for "lo" on our own socket (nix has no interface-flags ioctl).
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        if libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((s, req))
+    }
 }
 
 /// The target's pre-exec setup, in the child of the init.
@@ -742,7 +757,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     reset_signals();
     let mut reported = Reported {
         proc_verified: true,
-        loopback_up: plan.net == NetMode::Loopback,
+        loopback_up: loopback_is_up(),
         mounts: prepared.described.clone(),
         sources: prepared.sources.clone(),
         seccomp_filter_sha256: ctx.filters.sha256.clone(),

@@ -67,7 +67,11 @@ fn loopback_mode_brings_up_lo_only() {
     if !privileged("loopback") {
         return;
     }
+    // The devices, whether lo is up (its flags, as the kernel has them), and a TCP connect.
     let script = "cat /proc/net/dev | awk 'NR>2 {print $1}' | tr '\\n' ' '; \
+                  python3 -c \"import fcntl, socket, struct; \
+                  f = fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8913, struct.pack('256s', b'lo')); \
+                  print('up' if struct.unpack('H', f[16:18])[0] & 1 else 'down', end=' ')\"; \
                   python3 -c \"import socket; s=socket.socket(); s.settimeout(1); print(s.connect_ex(('127.0.0.1', 9)))\"";
     let none = cage(&chio(), &[], &["/bin/sh", "-c", script]);
     let lo = cage(&chio(), &["--net", "loopback"], &["/bin/sh", "-c", script]);
@@ -76,6 +80,9 @@ fn loopback_mode_brings_up_lo_only() {
     // Landlock denies TCP connect in both modes (EACCES = 13) before routing is consulted.
     assert!(none.stdout.trim_end().ends_with("13"), "{}", none.stdout);
     assert!(lo.stdout.trim_end().ends_with("13"), "{}", lo.stdout);
+    // lo is up only when asked for, and the record says what the kernel says.
+    assert!(none.stdout.contains(" down "), "{}", none.stdout);
+    assert!(lo.stdout.contains(" up "), "{}", lo.stdout);
     assert_eq!(lo.record["reported"]["loopback_up"], true);
     assert_eq!(none.record["reported"]["loopback_up"], false);
 }
