@@ -1189,6 +1189,26 @@ fn one_client_holds_at_most_its_share() {
     assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
 }
 
+/// Through the daemon (a spare's init made ahead), `--net loopback` brings `lo` up and the
+/// default leaves it down — and the record says what the kernel has, read in the cage.
+#[test]
+fn loopback_through_the_daemon_is_what_the_record_says() {
+    if !privileged("daemon_loopback") {
+        return;
+    }
+    let dir = Scratch::new("daemon-loopback");
+    let d = Daemon::start(&dir, config(json!({})));
+    let lo = "import fcntl, socket, struct; \
+              f = fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8913, struct.pack('256s', b'lo')); \
+              print('up' if struct.unpack('H', f[16:18])[0] & 1 else 'down')";
+    for (net, state, up) in [("loopback", "up\n", true), ("none", "down\n", false)] {
+        d.init_ahead();
+        let out = d.run(None, &["--json", "--net", net, "--", "/usr/bin/python3", "-c", lo], None);
+        assert_eq!((out.status.code(), text(&out.stdout).as_str()), (Some(0), state), "{net}: {}", text(&out.stderr));
+        assert_eq!(record(&out)["reported"]["loopback_up"], up, "{net}");
+    }
+}
+
 /// A client launching back to back at its `max_launches_per_client` is never refused: each
 /// launch answers its client itself, a moment before the daemon reads that it ended, and a
 /// client that sends its next request the instant its answer arrives (this one, on a raw
