@@ -319,13 +319,17 @@ def wait_for(condition, seconds=10):
 
 
 def live(marker):
+    """Processes whose command line holds `marker`, but for chio's janitor: a fork of the
+    supervisor with its command line, which may still be removing the launch's cgroup for a
+    moment after chio exited (it is no cage process)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        if marker in cmd and "pkill" not in cmd:
+        if marker in cmd and "pkill" not in cmd and comm != "chio-janitor":
             found.append(pid)
     return found
 
