@@ -498,10 +498,7 @@ pub fn docker_save_with(out: &Path, images: &[(&str, &Path, &str)], tamper: bool
         archive.append_data(&mut h, name, bytes).unwrap();
     };
     for (i, (tag, rootfs, env)) in images.iter().enumerate() {
-        let mut b = tar::Builder::new(Vec::new());
-        b.follow_symlinks(false);
-        b.append_dir_all(".", rootfs).unwrap();
-        let layer = b.into_inner().unwrap();
+        let layer = layer_tar(rootfs);
         let config = serde_json::to_vec(&serde_json::json!({
             "architecture": "amd64", "os": "linux", "config": {"Env": [env]},
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
@@ -521,10 +518,7 @@ pub fn docker_save_with(out: &Path, images: &[(&str, &Path, &str)], tamper: bool
 /// layer as `shared/layer.tar`: a symlink member to `link` (as `docker save` shares one layer
 /// between images), the layer itself stored at `<layer digest>/layer.tar`.
 pub fn docker_save_linked(out: &Path, rootfs: &Path, link: &str) {
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    b.append_dir_all(".", rootfs).unwrap();
-    let layer = b.into_inner().unwrap();
+    let layer = layer_tar(rootfs);
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64", "os": "linux", "config": {},
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", hex(&layer))]}
@@ -555,10 +549,7 @@ pub fn docker_save_linked(out: &Path, rootfs: &Path, link: &str) {
 /// An OCI image layout at `out` with one gzip layer holding `rootfs`, the given image config and
 /// reference `name`.
 pub fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Value, name: &str) {
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    b.append_dir_all(".", rootfs).unwrap();
-    let layer = b.into_inner().unwrap();
+    let layer = layer_tar(rootfs);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, &layer).unwrap();
     let blob = gz.finish().unwrap();
@@ -590,7 +581,16 @@ pub fn oci_layout_with(rootfs: &Path, out: &Path, image_config: serde_json::Valu
     std::fs::write(out.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
 }
 
-fn hex(d: &[u8]) -> String {
+/// `rootfs` as an uncompressed layer tar (links kept as links): the same bytes for the same tree.
+pub fn layer_tar(rootfs: &Path) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", rootfs).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// Lowercase hex SHA-256 of `d`.
+pub fn hex(d: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(d).iter().map(|b| format!("{b:02x}")).collect()
 }

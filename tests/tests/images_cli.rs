@@ -5,8 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-
-use sha2::Digest;
 use std::process::{Command, Output, Stdio};
 
 use chio_tests::{build_rootfs, chio_bin, oci_layout_with, parse, privileged, programs_rootfs, Scratch};
@@ -478,14 +476,7 @@ fn a_docker_save_archive_of_several_images_is_chosen_by_ref() {
     // A layer member that is a symlink to another member (how `docker save` shares a layer)
     // resolves inside the archive, relative or from its top; one that leaves the archive, or
     // loops, is refused.
-    let layer_of = |r: &Path| {
-        let mut b = tar::Builder::new(Vec::new());
-        b.follow_symlinks(false);
-        b.append_dir_all(".", r).unwrap();
-        let layer = b.into_inner().unwrap();
-        sha2::Sha256::digest(&layer).iter().map(|b| format!("{b:02x}")).collect::<String>()
-    };
-    let sha = layer_of(&roots[0]);
+    let sha = chio_tests::hex(&chio_tests::layer_tar(&roots[0]));
     for (link, ok, says) in [
         (format!("../{sha}/layer.tar"), true, ""),
         (format!("/{sha}/layer.tar"), true, ""),
