@@ -41,15 +41,16 @@ if [ "${1:-}" = "--e2e" ]; then
     # CHIO_MUTANTS_TIMEOUT (seconds, default 240) bounds one mutant's tests: a mutant that makes
     # launches hang (the init never reports) costs that much each.
     # CHIO_MUTANTS_TESTS="escape exec_stop ..." runs only those test targets of chio-tests, the
-    # unit tests and the CLI's cli_args (whose presence makes cargo build the `chio` binary the
-    # suites drive).
+    # unit tests (the libraries' and the `chio` binary's own, `--bins`: the daemon's configuration
+    # is tested there) and the CLI's cli_args (whose presence makes cargo build the `chio` binary
+    # the suites drive).
     targets=""
     if [ -n "${CHIO_MUTANTS_TESTS:-}" ]; then
         # cargo-mutants' baseline tests the mutated package alone, where these targets do not
         # exist: it is skipped, and the named suites run here on the unmutated tree instead (a
         # suite failing already would count every mutant caught).
         set -- --baseline=skip "$@"
-        targets="--lib --test cli_args"
+        targets="--lib --bins --test cli_args"
         for t in $CHIO_MUTANTS_TESTS; do
             targets="$targets --test $t"
         done

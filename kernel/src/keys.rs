@@ -1,5 +1,5 @@
 //! Ed25519 keys. Keys and signatures travel as lowercase hex. A secret seed file is written 0600
-//! and refused when group or others can read it; weak (small-order) public keys are refused;
+//! and refused when group or others can read it or when neither its reader nor root owns it; weak (small-order) public keys are refused;
 //! verification is `verify_strict`.
 
 use std::fs;
@@ -92,9 +92,19 @@ pub fn write_seed(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
     f.sync_all().map_err(|e| KeyError::Io(format!("syncing {}: {e}", path.display())))
 }
 
-/// Read a seed file; refused when group or others may read it.
+/// Read a seed file; refused when group or others may read it, or when it belongs to neither
+/// this process's user nor root (that user could replace the key this process signs with: a
+/// root supervisor must not sign receipts with a key an unprivileged user chose). The checks
+/// are made on the open file that is then read, not on the path again.
 pub fn read_seed(path: &Path) -> Result<SigningKey, KeyError> {
-    let meta = fs::metadata(path).map_err(|e| KeyError::Io(format!("{}: {e}", path.display())))?;
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let io = |e: std::io::Error| KeyError::Io(format!("{}: {e}", path.display()));
+    let mut file = fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(KeyError::Io(format!("{}: not a regular file", path.display())));
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(KeyError::Permissions(format!(
@@ -102,7 +112,17 @@ pub fn read_seed(path: &Path) -> Result<SigningKey, KeyError> {
             path.display()
         )));
     }
-    let text = fs::read_to_string(path).map_err(|e| KeyError::Io(format!("{}: {e}", path.display())))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(KeyError::Permissions(format!(
+            "{} belongs to uid {}, not to uid {me} who signs with it (nor root): its owner could replace the key \
+             (chown it to uid {me})",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(io)?;
     // Seeds from before the header are the bare hex line.
     let body = text.strip_prefix(SEED_HEADER).unwrap_or(&text);
     let seed = unhex::<32>(body.trim(), &format!("the seed in {}", path.display()))?;
@@ -159,6 +179,19 @@ mod tests {
         assert!(matches!(write_seed(&path, &k), Err(KeyError::Io(_))), "never overwrites");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
         assert!(matches!(read_seed(&path), Err(KeyError::Permissions(_))));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let others = if me == 0 {
+            // A seed another user owns: that user could swap the key root signs with.
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            Some(read_seed(&path))
+        } else {
+            None
+        };
+        assert!(matches!(read_seed(&dir), Err(KeyError::Io(_))), "a directory is no seed");
         fs::remove_dir_all(&dir).unwrap();
+        if let Some(r) = others {
+            assert!(matches!(&r, Err(KeyError::Permissions(e)) if e.contains("belongs to uid 65534")), "{r:?}");
+        }
     }
 }

@@ -1006,7 +1006,8 @@ fn the_repository_leg_through_the_daemon() {
         .success());
     let conf = json!({"clients": [{"uid": 65533, "role": "launch"}, {"uid": 65532, "role": "repository"}],
                       "kernel_key": dir.join("key/signing.seed"),
-                      "workspaces": [{"uid": 65532, "state": granted}, {"uid": 65532, "state": own, "sources": [calc]}]});
+                      "workspaces": [{"uid": 65532, "state": granted}, {"uid": 65532, "state": own, "sources": [calc]},
+                                     {"uid": 65531, "state": dir.join("ws2"), "sources": [calc]}]});
     let d = Daemon::start(&dir, config(conf));
     let leg = |args: &[&str], uid: Option<u32>| {
         let mut c = Command::new(chio());
@@ -1069,7 +1070,8 @@ fn the_repository_leg_through_the_daemon() {
     let out = leg(&["status", "--state", "ws"], Some(65533));
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("need the admin or repository role"), "{}", text(&out.stderr));
-    // The repository role runs execute and status on its granted workspace, nothing else.
+    // The repository role runs execute and status on its granted workspace, nothing else (ws2,
+    // below, is another uid's grant).
     let ws = s(&granted);
     let out = leg(
         &[

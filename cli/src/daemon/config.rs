@@ -2,6 +2,7 @@
 //! the keys policies must be signed by, the kernel key, the bounds. Nothing a client sends can
 //! change any of it.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -150,26 +151,28 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Read and check `path`: it must be a regular file that only root can write.
+    /// Read and check `path`: it must be a regular file that only root can write, in directories
+    /// only root can change (a sticky one aside: there no one else can replace root's entry). The
+    /// file is checked as opened (not followed if a link), and the open file is what is read.
     pub fn load(path: &Path) -> Result<Config> {
-        use std::os::unix::fs::MetadataExt;
-        let meta =
-            std::fs::symlink_metadata(path).with_context(|| format!("supervisor configuration {}", path.display()))?;
+        use std::io::Read;
+        let shown = path.display();
+        let (mut file, meta) = open_root_owned(path).with_context(|| format!("supervisor configuration {shown}"))?;
         if !meta.is_file() {
-            bail!("supervisor configuration {}: not a regular file", path.display());
+            bail!("supervisor configuration {shown}: not a regular file");
         }
         if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
             bail!(
-                "supervisor configuration {}: owned by uid {} with mode {:o}; it decides who may launch as root, \
+                "supervisor configuration {shown}: owned by uid {} with mode {:o}; it decides who may launch as root, \
                  so it must be owned by root and writable by nobody else (chown root: and chmod go-w)",
-                path.display(),
                 meta.uid(),
                 meta.mode() & 0o7777
             );
         }
-        let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let c: Config = serde_json::from_slice(&text).with_context(|| format!("{}", path.display()))?;
-        c.check().with_context(|| format!("{}", path.display()))?;
+        let mut text = Vec::new();
+        file.read_to_end(&mut text).with_context(|| format!("reading {shown}"))?;
+        let c: Config = serde_json::from_slice(&text).with_context(|| format!("{shown}"))?;
+        c.check().with_context(|| format!("{shown}"))?;
         Ok(c)
     }
 
@@ -209,6 +212,38 @@ impl Config {
         let by_uid = self.clients.iter().find(|c| c.uid == Some(uid));
         by_uid.or_else(|| self.clients.iter().find(|c| c.gid == Some(gid))).map(|c| c.role)
     }
+}
+
+/// Open `path` for reading without following a link in its last component (a directory or a
+/// FIFO opens too: the caller checks the type), once every directory above it has been found to
+/// be root's and writable by no one else, or sticky.
+fn open_root_owned(path: &Path) -> Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path.file_name().context("names no file")?;
+    let parent = std::fs::canonicalize(path.parent().unwrap_or(Path::new("."))).context("its directory")?;
+    for dir in parent.ancestors() {
+        let m = std::fs::symlink_metadata(dir).with_context(|| format!("directory {}", dir.display()))?;
+        let sticky = m.mode() & 0o1000 != 0;
+        if m.uid() != 0 || (m.mode() & 0o022 != 0 && !sticky) {
+            bail!(
+                "directory {} is owned by uid {} with mode {:o}: whoever can write it can replace the \
+                 configuration (it must be root's and writable by nobody else, or sticky)",
+                dir.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            );
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(parent.join(name))
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => anyhow::anyhow!("a symbolic link (name the file it points to)"),
+            _ => e.into(),
+        })?;
+    let meta = file.metadata()?;
+    Ok((file, meta))
 }
 
 #[cfg(test)]
@@ -259,7 +294,23 @@ mod tests {
         };
         let link = dir.join("link.json");
         std::os::unix::fs::symlink(&path, &link).unwrap();
-        let through_link = Config::load(&link).map(|_| ()).map_err(|e| e.to_string());
+        let through_link = Config::load(&link).map(|_| ()).map_err(|e| format!("{e:#}"));
+        // The directories above: one others may write (not sticky), or another user's, lets them
+        // swap the file; a sticky one does not.
+        let sub = dir.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::copy(&path, sub.join("supervisor.json")).unwrap();
+        let in_sub = |m: u32| {
+            std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(m)).unwrap();
+            Config::load(&sub.join("supervisor.json")).map(|_| ()).map_err(|e| format!("{e:#}"))
+        };
+        let (open_dir, sticky_dir) = (in_sub(0o777), in_sub(0o1777));
+        let foreign_dir = if root {
+            std::os::unix::fs::chown(&sub, Some(65534), None).unwrap();
+            Some(in_sub(0o755))
+        } else {
+            None
+        };
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(loaded.is_ok(), root, "a root-owned 0644 file loads (when the test owns it as root)");
         for r in [group_writable, other_writable].into_iter().chain(foreign) {
@@ -268,7 +319,12 @@ mod tests {
                 "{r:?}"
             );
         }
-        assert!(through_link.is_err_and(|e| e.contains("not a regular file")));
+        assert!(through_link.as_ref().is_err_and(|e| e.contains("a symbolic link")), "{through_link:?}");
+        assert!(open_dir.as_ref().is_err_and(|e| e.contains("mode 777: whoever can write it")), "{open_dir:?}");
+        assert_eq!(sticky_dir.is_ok(), root, "{sticky_dir:?}");
+        if let Some(r) = foreign_dir {
+            assert!(r.as_ref().is_err_and(|e| e.contains("owned by uid 65534 with mode 755")), "{r:?}");
+        }
     }
 
     #[test]
