@@ -15,6 +15,27 @@ fn chio(args: &[&str]) -> Output {
     Command::new(chio_bin(&PathBuf::from(PROBE))).args(args).stdin(Stdio::null()).output().unwrap()
 }
 
+/// `chio args`, which must end within `secs` seconds (else it is killed and the test fails).
+fn chio_within(args: &[&str], secs: u64) -> Output {
+    let mut child = Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chio {args:?} did not end within {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// An OCI layout with one gzip layer holding `rootfs`.
 fn oci_layout(rootfs: &Path, out: &Path) {
     oci_layout_with(rootfs, out, serde_json::json!({"Env": ["GREETING=from-image"], "WorkingDir": "/etc"}), "probe:1");
@@ -172,6 +193,12 @@ fn import_refusals_name_the_problem() {
     let out = chio(&["image", "list", "--state-dir", file.to_str().unwrap()]);
     let says = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && says.contains("is not a directory"), "a file as the store: {says}");
+    // A FIFO as the archive is refused at once, not waited on for a writer.
+    let fifo = dir.join("fifo.tar");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let out = chio_within(&["image", "import", fifo.to_str().unwrap(), "--state-dir", state.to_str().unwrap()], 20);
+    let says = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && says.contains("is not an image"), "a FIFO: {says}");
 }
 
 /// A compressed archive is decompressed into the store's `tmp/` before it is read, at most
@@ -473,6 +500,14 @@ fn a_docker_save_archive_of_several_images_is_chosen_by_ref() {
     std::fs::write(&cut, &bytes[..bytes.len() / 4]).unwrap();
     let out = import(&cut, &["--ref", "app-a:1"]);
     assert!(!out.status.success() && err(&out).contains("ends early"), "{}", err(&out));
+    // Cut where a member ends (the tar reader takes that for the archive's end): the end
+    // marker, two zero blocks, is missing; with one of its blocks left it is whole.
+    for (cut_at, whole) in [(bytes.len() - 1024, false), (bytes.len() - 512, true)] {
+        std::fs::write(&cut, &bytes[..cut_at]).unwrap();
+        let out = import(&cut, &["--ref", "app-a:1"]);
+        assert_eq!(out.status.success(), whole, "cut at {cut_at} of {}: {}", bytes.len(), err(&out));
+        assert_eq!(err(&out).contains("ends early"), !whole, "{}", err(&out));
+    }
     // A layer member that is a symlink to another member (how `docker save` shares a layer)
     // resolves inside the archive, relative or from its top; one that leaves the archive, or
     // loops, is refused.

@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
 
 /// Largest JSON document (index, manifest, config) read into memory.
 pub const MAX_JSON: u64 = 8 << 20;
@@ -20,14 +21,38 @@ pub struct Member {
     link: Option<String>,
 }
 
+/// A member's bytes, read at their offsets in the archive (positional reads: readers of several
+/// members share the one open archive).
+struct MemberReader<'a> {
+    file: &'a File,
+    at: u64,
+    end: u64,
+}
+
+impl Read for MemberReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = buf.len().min(usize::try_from(self.end - self.at).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.at)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
 /// Files of an image, by relative path.
 pub enum Source {
     /// An OCI image layout directory (an `O_PATH` fd of it; its files are opened beneath it).
     Dir(OwnedFd),
     /// A tar archive and its member index.
     Tar {
-        /// The archive.
-        file: PathBuf,
+        /// The archive, opened once: what was indexed is what is read (its path is never
+        /// opened again, so a file put in its place meanwhile is not read).
+        file: File,
         /// Member name (normalized) to location.
         members: HashMap<String, Member>,
     },
@@ -53,8 +78,13 @@ pub fn compression(path: &Path) -> io::Result<Option<&'static str>> {
     if path.is_dir() {
         return Ok(None);
     }
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        // A FIFO or a device: Source::open refuses it, without reading a byte.
+        return Ok(None);
+    }
     let mut head = [0u8; 4];
-    let n = File::open(path)?.read(&mut head)?;
+    let n = (&file).read(&mut head)?;
     Ok(match &head[..n] {
         [0x1f, 0x8b, ..] => Some("gzip"),
         [0x28, 0xb5, 0x2f, 0xfd] => Some("zstd"),
@@ -70,6 +100,16 @@ fn is_tar_header(block: &[u8; 512]) -> bool {
     let sum: u32 =
         block.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
     sum == want
+}
+
+/// Whether `file` holds a block of zeros (a tar archive's end marker) at `offset`.
+fn zero_block_at(file: &File, offset: u64) -> io::Result<bool> {
+    let mut block = [0u8; 512];
+    match file.read_exact_at(&mut block, offset) {
+        Ok(()) => Ok(block.iter().all(|b| *b == 0)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// A message about an archive that never carries raw bytes of it to the terminal.
@@ -93,11 +133,14 @@ impl Source {
                 ),
             )
         };
+        // Not a FIFO's writer waited for: opened without blocking, then only a regular file goes on.
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+        let len = file.metadata()?.len();
         let mut first = [0u8; 512];
-        if File::open(path)?.read_exact(&mut first).is_err() || !is_tar_header(&first) {
+        if !file.metadata()?.is_file() || file.read_exact_at(&mut first, 0).is_err() || !is_tar_header(&first) {
             return Err(not_an_image());
         }
-        let mut archive = tar::Archive::new(File::open(path)?);
+        let mut archive = tar::Archive::new(&file);
         let mut members = HashMap::new();
         let broken = |e: io::Error| {
             let why = if e.kind() == io::ErrorKind::UnexpectedEof || e.to_string().contains("entire block") {
@@ -107,8 +150,13 @@ impl Source {
             };
             io::Error::new(io::ErrorKind::InvalidData, format!("{} is a damaged tar archive: {why}", path.display()))
         };
+        // Where the last member's data (padded to a block) ends: the end-of-archive block must
+        // follow, else the archive was cut at a member boundary, which the tar reader takes for
+        // its end.
+        let mut end = 0;
         for entry in archive.entries_with_seek().map_err(broken)? {
             let entry = entry.map_err(broken)?;
+            end = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
             let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
             let Some(name) = normalize(&name) else { continue };
             let kind = entry.header().entry_type();
@@ -124,11 +172,10 @@ impl Source {
         }
         // Indexing seeks over member data: a member that would end past the file's end means
         // the archive was cut short.
-        let len = std::fs::metadata(path)?.len();
-        if members.values().any(|m| m.offset + m.size > len) {
+        if members.values().any(|m| m.offset + m.size > len) || !zero_block_at(&file, end)? {
             return Err(broken(io::ErrorKind::UnexpectedEof.into()));
         }
-        Ok(Source::Tar { file: path.to_path_buf(), members })
+        Ok(Source::Tar { file, members })
     }
 
     /// Whether `name` exists: false only when it is absent; a file there that may not be read
@@ -183,9 +230,7 @@ impl Source {
             }
             Source::Tar { file, .. } => {
                 let (offset, size) = self.resolve(name)?;
-                let mut f = File::open(file)?;
-                f.seek(SeekFrom::Start(offset))?;
-                Ok(Box::new(f.take(size)))
+                Ok(Box::new(MemberReader { file, at: offset, end: offset + size }))
             }
         }
     }
