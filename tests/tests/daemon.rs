@@ -386,6 +386,31 @@ fn peers_get_the_role_their_credentials_map_to() {
     assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
 }
 
+/// The repository role drives its granted workspaces' leg, and launches nothing of its own: not
+/// a plain command, not one with a host directory bound in as root.
+#[test]
+fn the_repository_role_launches_nothing_of_its_own() {
+    if !privileged("daemon_repository_role_launch") {
+        return;
+    }
+    let dir = Scratch::new("daemon-repo-launch");
+    let host = dir.join("host");
+    std::fs::create_dir(&host).unwrap();
+    let d = Daemon::start(&dir, config(json!({"clients": [{"uid": 65532, "role": "repository"}]})));
+    let write =
+        ["--workspace", s(&host), "--uid", "0", "--gid", "0", "--", "/bin/sh", "-c", "echo x > /workspace/planted"];
+    for args in [&["--", "/bin/true"][..], &write[..]] {
+        let out = d.run(Some(65532), args, None);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.contains("uid 65532 has the repository role: it may not launch"), "{args:?}: {err}");
+    }
+    assert!(!host.join("planted").exists(), "the repository role wrote into a host directory as root");
+    // Control: root, mapped to admin, runs the same launch.
+    assert_eq!(d.run(None, &write, None).status.code(), Some(0));
+    assert!(host.join("planted").exists());
+}
+
 #[test]
 fn the_launch_role_runs_signed_policies_under_the_pinned_signers_and_every_launch_is_receipted() {
     if !privileged("daemon_policy") {
@@ -1092,6 +1117,8 @@ fn the_repository_leg_through_the_daemon() {
     let other = dir.join("ws2");
     let copy = dir.join("calc2");
     assert!(Command::new("cp").args(["-a", s(&calc), s(&copy)]).status().unwrap().success());
+    // Refused operations name this path; nothing may ever be made there.
+    let never = dir.join("never");
     let init_own = |state: &Path, repo: &Path, extra: &[&str]| {
         let mut args = vec!["init", "--state", s(state), "--repository", s(repo), "--revision", "HEAD"];
         args.extend_from_slice(&["--source-path", "package"]);
@@ -1103,8 +1130,8 @@ fn the_repository_leg_through_the_daemon() {
             leg(&["execute", "--state", s(&other), "--operation-key", "k4", "--", "true"], Some(65532)),
             "is not granted to uid 65532",
         ),
-        (leg(&["export", "--state", s(&other), "--out", "/tmp/never"], Some(65532)), "is not granted to uid 65532"),
-        (init_own(Path::new("/tmp/never"), &calc, &[]), "is not granted to uid 65532"),
+        (leg(&["export", "--state", s(&other), "--out", s(&never)], Some(65532)), "is not granted to uid 65532"),
+        (init_own(&never, &calc, &[]), "is not granted to uid 65532"),
         (init_own(&own, &copy, &[]), "is not a source granted to uid 65532"),
         (init_own(&own, &calc, &["--kernel-key", "k"]), "give neither"),
         (init_own(&own, &calc, &["--image-store", "/tmp"]), "give neither"),
@@ -1150,7 +1177,7 @@ fn the_repository_leg_through_the_daemon() {
         .file_name()
         .to_string_lossy()
         .starts_with("export-for")));
-    assert!(!Path::new("/tmp/never").exists());
+    assert!(!never.exists());
     // A link to the grant is the grant; the operation runs on the grant's own path.
     std::os::unix::fs::symlink(&granted, dir.join("link")).unwrap();
     let out = leg(&["status", "--state", s(&dir.join("link")), "--json"], Some(65532));

@@ -290,7 +290,16 @@ fn is_chio_setting(k: &std::ffi::OsStr) -> bool {
 }
 
 /// What this role may launch, and the daemon's receipts and keys in place of any the client named.
+/// An allow-list: the admin anything, the launch role signed policies only, any other role
+/// (the repository role, whose commands run through its granted workspaces) nothing.
 fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
+    if job.role != Role::Admin.name() && job.role != Role::Launch.name() {
+        return Err(format!(
+            "uid {} has the {} role: it may not launch (its commands run through `chio repository execute` on \
+             the workspaces granted to it)",
+            job.uid, job.role
+        ));
+    }
     if a.receipt_db.is_some() || a.kernel_key.is_some() {
         return Err("--receipt-db and --kernel-key: the supervisor records every launch in its own store".into());
     }
