@@ -83,9 +83,10 @@ pub fn read_credentials(dir: &Path, wanted: &[(String, String)]) -> Result<Vec<(
         if !meta.is_file() {
             return Err(refused(format!("credential {} is not a regular file", path.display())));
         }
-        if meta.mode() & 0o044 != 0 {
+        // Writable by others too: whoever can write it chooses the identity the command takes.
+        if meta.mode() & 0o066 != 0 {
             return Err(refused(format!(
-                "credential {} is readable by group or others (mode {:o}): chmod 0600 it",
+                "credential {} is readable or writable by group or others (mode {:o}): chmod 0600 it",
                 path.display(),
                 meta.mode() & 0o777
             )));

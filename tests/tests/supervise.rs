@@ -59,13 +59,15 @@ fn credentials_become_variables_only_from_strict_files() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "tok-1");
 
     credential(&dir.0, "group-readable", b"x\n", 0o640);
+    credential(&dir.0, "others-writable", b"x\n", 0o602);
     credential(&dir.0, "padded", b" x\n", 0o600);
     credential(&dir.0, "two-newlines", b"x\n\n", 0o600);
     credential(&dir.0, "control", b"x\x1by\n", 0o600);
     std::os::unix::fs::symlink(dir.join("api"), dir.join("link")).unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.join("device-link")).unwrap();
     for (name, why) in [
-        ("group-readable", "readable by group or others"),
+        ("group-readable", "readable or writable by group or others"),
+        ("others-writable", "readable or writable by group or others (mode 602)"),
         ("padded", "padded"),
         ("two-newlines", "padded"),
         ("control", "control character"),
