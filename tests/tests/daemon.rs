@@ -1132,6 +1132,9 @@ fn the_repository_leg_through_the_daemon() {
         ),
         (leg(&["export", "--state", s(&other), "--out", s(&never)], Some(65532)), "is not granted to uid 65532"),
         (init_own(&never, &calc, &[]), "is not granted to uid 65532"),
+        // Whether a path exists is not told (the daemon looks as root).
+        (leg(&["status", "--state", s(&dir.join("absent/ws"))], Some(65532)), "is not granted to uid 65532"),
+        (leg(&["status", "--state", "/root"], Some(65532)), "is not granted to uid 65532"),
         (init_own(&own, &copy, &[]), "is not a source granted to uid 65532"),
         (init_own(&own, &calc, &["--kernel-key", "k"]), "give neither"),
         (init_own(&own, &calc, &["--image-store", "/tmp"]), "give neither"),

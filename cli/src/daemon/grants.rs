@@ -73,7 +73,9 @@ fn not_granted(job: &Job, state: &Path) -> String {
 
 /// The grant naming the existing workspace `state`.
 fn existing_grant<'j>(job: &'j Job, state: &Path) -> Result<&'j WorkspaceGrant, String> {
-    let resolved = std::fs::canonicalize(state).map_err(|e| format!("workspace {}: {e}", state.display()))?;
+    // A path that does not resolve is "not granted" too: the daemon resolves as root, and its
+    // error would tell the client whether a path it cannot see exists.
+    let resolved = std::fs::canonicalize(state).map_err(|_| not_granted(job, state))?;
     let same = |w: &&WorkspaceGrant| std::fs::canonicalize(&w.state).is_ok_and(|w| w == resolved);
     job.daemon.workspaces.iter().find(same).ok_or_else(|| not_granted(job, state))
 }
