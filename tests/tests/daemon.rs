@@ -738,6 +738,18 @@ fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
     assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
     assert_eq!(said, "", "a refused request wrote to the client's descriptors");
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
+    // The same for the repository leg's operations: another operation under a used id is refused
+    // before anything of it runs (here `status`, which would complain on the client's stderr).
+    let repo = |state: &str| {
+        let line = json!({"id": "once-2", "op": "repository", "args": ["status", "--state", state],
+                          "fds": {"cwd": false, "stdin": false}});
+        format!("{line}\n").into_bytes()
+    };
+    let (first, said) = send(&repo(s(&dir.join("absent-1"))), 4);
+    assert!(first["exit_status"].as_i64().is_some_and(|c| c != 0) && said.contains("absent-1"), "{first} {said}");
+    let (other, said) = send(&repo(s(&dir.join("absent-2"))), 5);
+    assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
+    assert_eq!(said, "", "a refused repository operation wrote to the client's descriptors");
 }
 
 /// A launch without a policy builds its cage while its journal entry is written and waits at
