@@ -226,6 +226,30 @@ fn tampered_or_foreign_bundles_are_refused() {
     t["transitions"].as_array_mut().unwrap().reverse();
     std::fs::write(b.join("transitions.json"), serde_json::to_vec(&t).unwrap()).unwrap();
     expect(&b, "HEAD", &["package"], "transitions.json");
+    // A member whose stated size (1 TiB) is far beyond its bytes: refused, nothing allocated
+    // for the claim (it aborted the verifier before).
+    let b = copy("huge-member");
+    let mut h = tar::Header::new_gnu();
+    h.set_path("package/huge").unwrap();
+    h.set_size(1 << 40);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    let mut tar_bytes = h.as_bytes().to_vec();
+    tar_bytes.extend([b'x'; 512]);
+    tar_bytes.extend([0u8; 1024]);
+    std::fs::write(b.join("final.tar"), tar_bytes).unwrap();
+    expect(&b, "HEAD", &["package"], "ends inside this member");
+    // The bundle is the sender's: a link in it is not followed (here to /dev/zero, which would
+    // be read without end), and a FIFO is not waited on.
+    let b = copy("linked-receipts");
+    std::fs::remove_file(b.join("receipts.ndjson")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", b.join("receipts.ndjson")).unwrap();
+    expect(&b, "HEAD", &["package"], "symbolic link");
+    let b = copy("fifo-transitions");
+    std::fs::remove_file(b.join("transitions.json")).unwrap();
+    assert!(Command::new("mkfifo").arg(b.join("transitions.json")).status().unwrap().success());
+    expect(&b, "HEAD", &["package"], "not a regular file");
     // Another commit, another scope.
     std::fs::write(recipient.join("package/more.py"), "x = 1\n").unwrap();
     git(&recipient, &["add", "-A"]);

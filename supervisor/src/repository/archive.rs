@@ -44,8 +44,10 @@ fn text(bytes: &[u8], what: &str) -> Result<String, SnapshotError> {
 
 /// Read an archive into an index, storing contents in `objects`. Anything but directories,
 /// regular files and symlinks, a duplicate, or a name the leg refuses, refuses the archive.
-pub fn read(path: &Path, objects: &Objects, c: &Ceilings) -> Result<Index, SnapshotError> {
-    let mut a = tar::Archive::new(File::open(path)?);
+/// A member's stated size is a claim: memory is taken as its bytes arrive, and a member whose
+/// bytes end before its size refuses the archive.
+pub fn read(file: File, objects: &Objects, c: &Ceilings) -> Result<Index, SnapshotError> {
+    let mut a = tar::Archive::new(file);
     let mut index = Index::new();
     let mut total = 0u64;
     for e in a.entries()? {
@@ -61,8 +63,11 @@ pub fn read(path: &Path, objects: &Objects, c: &Ceilings) -> Result<Index, Snaps
                 if size > c.max_file_bytes || total > c.max_total_bytes {
                     return Err(SnapshotError::Refused(format!("{name:?}: the archive exceeds the size ceilings")));
                 }
-                let mut bytes = Vec::with_capacity(size as usize);
+                let mut bytes = Vec::with_capacity(size.min(1 << 20) as usize);
                 (&mut e).take(size).read_to_end(&mut bytes)?;
+                if bytes.len() as u64 != size {
+                    return Err(SnapshotError::Refused(format!("{name:?}: the archive ends inside this member")));
+                }
                 Node::File { sha256: objects.put(&bytes)?, size, executable: e.header().mode()? & 0o100 != 0 }
             }
             tar::EntryType::Symlink => {

@@ -271,8 +271,37 @@ pub fn verify_export(r: &VerifyRequest) -> VerifyReport {
     report
 }
 
+/// Most bytes of a bundle's JSON or NDJSON file read into memory (64 MiB: some ten thousand
+/// receipts).
+const MAX_BUNDLE_TEXT: u64 = 64 << 20;
+
+/// A file of the bundle, opened beneath its directory through no link and only if it is a
+/// regular file (a FIFO is not waited on). The bundle is the sender's: a link in it (to
+/// `/dev/zero`, to a file of the recipient's) would have the recipient read what the sender
+/// chose, on the recipient's machine.
+fn bundle_file(r: &VerifyRequest, name: &str) -> Result<fs::File, RepoError> {
+    use std::os::fd::AsFd;
+    let at = |e: std::io::Error| mismatch(format!("the bundle's {name}: {e}"));
+    let dir = fs::File::open(&r.bundle).map_err(|e| mismatch(format!("the bundle {}: {e}", r.bundle.display())))?;
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK;
+    let file = fs::File::from(chio_cage::path::open_beneath(dir.as_fd(), Path::new(name), flags).map_err(at)?);
+    if !file.metadata().map_err(at)?.is_file() {
+        return Err(mismatch(format!("the bundle's {name} is not a regular file")));
+    }
+    Ok(file)
+}
+
 fn read_bundle(r: &VerifyRequest, name: &str) -> Result<Vec<u8>, RepoError> {
-    fs::read(r.bundle.join(name)).map_err(|e| mismatch(format!("the bundle's {name}: {e}")))
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    bundle_file(r, name)?
+        .take(MAX_BUNDLE_TEXT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| mismatch(format!("the bundle's {name}: {e}")))?;
+    if bytes.len() as u64 > MAX_BUNDLE_TEXT {
+        return Err(mismatch(format!("the bundle's {name} is over {MAX_BUNDLE_TEXT} bytes")));
+    }
+    Ok(bytes)
 }
 
 fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoError> {
@@ -309,7 +338,8 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
             config.source_commit, r.revision
         )));
     }
-    let bundled_baseline = archive::read(&r.bundle.join("baseline.tar"), &objects, &ceilings)?;
+    let bundled_baseline = archive::read(bundle_file(r, "baseline.tar")?, &objects, &ceilings)
+        .map_err(|e| mismatch(format!("baseline.tar: {e}")))?;
     report.baseline_matches =
         snapshot::digest(&own) == config.baseline && snapshot::digest(&bundled_baseline) == config.baseline;
     if !report.baseline_matches {
@@ -330,7 +360,8 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
         ));
     }
     report.verified_transitions = derived.transitions.len();
-    let last = archive::read(&r.bundle.join("final.tar"), &objects, &ceilings)?;
+    let last = archive::read(bundle_file(r, "final.tar")?, &objects, &ceilings)
+        .map_err(|e| mismatch(format!("final.tar: {e}")))?;
     report.final_matches = snapshot::digest(&last) == derived.final_snapshot;
     if !report.final_matches {
         return Err(mismatch("final.tar is not the snapshot the last transition committed"));
