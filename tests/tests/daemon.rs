@@ -676,6 +676,41 @@ fn a_launch_passes_its_clients_variables_never_the_daemons() {
     }
 }
 
+/// A raw request's environment is the client's to fill: chio's own settings in it (where a
+/// cage's cgroups and root go, a test switch that fails a stage) stay the daemon's, and a name
+/// or value no environment can hold (empty, `=`, NUL) is dropped, not the launch's end.
+#[test]
+fn a_clients_variables_never_set_chios_own_settings() {
+    if !privileged("daemon_env_settings") {
+        return;
+    }
+    let dir = Scratch::new("daemon-env-settings");
+    let d = Daemon::start(&dir, config(json!({})));
+    let fake_v2 = dir.join("fake-v2");
+    std::fs::create_dir(&fake_v2).unwrap();
+    let env = json!([
+        ["CHIO_STAGING_DIR", s(&dir.join("no-staging"))],
+        ["CHIO_CGROUP_V2_ROOT", s(&fake_v2)],
+        ["CHIO_TEST_FAIL_STAGE", "landlock"],
+        ["", "empty"],
+        ["A=B", "eq"],
+        ["N\0UL", "nul"],
+        ["VALUE_NUL", "v\0"],
+        ["KEPT", "yes"]
+    ]);
+    let line = json!({"id": "env-settings", "op": "launch", "env": env,
+                      "args": ["--env", "KEPT", "--", "/bin/sh", "-c", "echo ${KEPT-unset}"],
+                      "fds": {"cwd": false, "stdin": false}});
+    let (out, err) = (dir.join("out"), dir.join("err"));
+    let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
+    let answer = raw_with_fds(&d.socket, format!("{line}\n").as_bytes(), &[&files[0], &files[1]]);
+    let said = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(answer["exit_status"], 0, "{answer} {said}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "yes\n");
+    assert_eq!(answer["record"]["state"], "FullyEnforced", "{answer}");
+    assert_eq!(std::fs::read_dir(&fake_v2).unwrap().count(), 0, "the launch put its cgroup where the client said");
+}
+
 /// A request's arguments are JSON strings, which may hold a NUL byte that no command line can:
 /// exec would drop such an argument (or variable) while the record showed it whole. Refused
 /// before anything runs; control: the same request without the NUL runs whole.
