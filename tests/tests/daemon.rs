@@ -458,11 +458,39 @@ fn the_launch_role_runs_signed_policies_under_the_pinned_signers_and_every_launc
     let out = run(strs(&policy(&other_key, &[], &argv)));
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("is not one this supervisor pins"), "{}", text(&out.stderr));
-    // Host paths are the admin's to give.
-    let out = run(strs(&policy(&operator, &["--workspace", "/root"], &argv)));
-    assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out.stderr).contains("only the admin role may give them"), "{}", text(&out.stderr));
+    // Host paths, and a wider policy, are the admin's to give: each alone is refused.
+    for extra in [&["--workspace", "/root"][..], &["--state-dir", "/root"], &["--allow-root-policy"]] {
+        let out = run(strs(&policy(&operator, extra, &argv)));
+        assert_eq!(out.status.code(), Some(125), "{extra:?}");
+        assert!(text(&out.stderr).contains("only the admin role may give them"), "{extra:?}: {}", text(&out.stderr));
+    }
     assert_eq!(store.count().unwrap(), 3, "refusals before admission write no receipt");
+}
+
+/// `--record` and `--json` are the client's to handle (`chio cage run --supervisor` strips them):
+/// in a raw request, from anyone, each alone is refused — a record path would be written by the
+/// launch process, as root, wherever the client named.
+#[test]
+fn a_raw_request_may_not_name_a_record_file() {
+    if !privileged("daemon_raw_record") {
+        return;
+    }
+    let dir = Scratch::new("daemon-raw-record");
+    let d = Daemon::start(&dir, config(json!({})));
+    let rec = dir.join("record.json");
+    for (i, args) in
+        [json!(["--record", s(&rec), "--", "/bin/true"]), json!(["--json", "--", "/bin/true"])].into_iter().enumerate()
+    {
+        let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
+        let answer =
+            raw_with_fds(&d.socket, launch_line(&format!("rec-{i}"), args.clone()).as_bytes(), &[&files[0], &files[1]]);
+        assert_eq!(answer["exit_code"], 125, "{args}: {answer}");
+        assert!(
+            answer["error"].as_str().is_some_and(|e| e.contains("--record and --json are the client's")),
+            "{answer}"
+        );
+    }
+    assert!(!rec.exists(), "the launch wrote a record where the request said");
 }
 
 /// One raw request line on a fresh connection; the answer line (read even when sending failed).
