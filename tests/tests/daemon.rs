@@ -901,11 +901,16 @@ fn hostile_requests_are_answered_and_stall_no_one() {
             "descriptors do not match",
         ),
         (br#"{"id":"../x","op":"ping"}"#.iter().chain(b"\n").copied().collect(), "request id"),
+        (br#"{"id":"","op":"ping"}"#.iter().chain(b"\n").copied().collect(), "request id"),
+        (format!("{{\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(129)).into_bytes(), "request id"),
         (vec![b'x'; (1 << 20) + (64 << 10) * 2], "longer than"),
     ] {
         let answer = raw(&d.socket, &bytes);
         assert!(answer["error"].as_str().unwrap().contains(says), "{answer}");
     }
+    // The longest id there may be is one.
+    let longest = format!("{{\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(128));
+    assert_eq!(raw(&d.socket, longest.as_bytes())["role"], "admin");
     // Descriptors a request did not announce, or more than four: refused, and none kept.
     let null = std::fs::File::open("/dev/null").unwrap();
     let answer = raw_with_fds(&d.socket, b"{\"id\":\"p2\",\"op\":\"ping\"}\n", &[&null, &null]);
