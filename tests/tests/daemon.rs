@@ -125,6 +125,11 @@ shift 2; exec "$@""#;
 
     /// The launcher's spare (the next launch's process), waited for (5 s at most).
     fn spare(&self) -> u32 {
+        self.launcher_child("chio-spare")
+    }
+
+    /// A process of the launcher's named `name` (a spare, a launch), waited for (5 s at most).
+    fn launcher_child(&self, name: &str) -> u32 {
         let children = |pid: u32| -> Vec<u32> {
             let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
             list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
@@ -132,11 +137,11 @@ shift 2; exec "$@""#;
         let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let until = Instant::now() + Duration::from_secs(5);
         loop {
-            let found = children(self.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == "chio-spare");
+            let found = children(self.pid()).into_iter().flat_map(children).find(|p| comm(*p).trim() == name);
             if let Some(p) = found {
                 return p;
             }
-            assert!(Instant::now() < until, "no spare under the launcher: {}", self.log());
+            assert!(Instant::now() < until, "no {name} under the launcher: {}", self.log());
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -653,7 +658,10 @@ fn a_repeat_of_a_running_request_gets_its_answer_once_it_lands() {
     let first = UnixStream::connect(&d.socket).unwrap();
     send_with_fds(&first, line.as_bytes(), &[&null, &null]);
     d.wait_for_shell(&tag);
+    let asked = Instant::now();
     let again = raw_with_fds(&d.socket, line.as_bytes(), &[&null, &null]);
+    // Once the first answer lands (its command sleeps 0.5 s), not at the end of the wait's bound.
+    assert!(asked.elapsed() < Duration::from_millis(1500), "the repeat took {:?}", asked.elapsed());
     let mut answer = String::new();
     BufReader::new(&first).read_line(&mut answer).unwrap();
     let answer: Value = serde_json::from_str(&answer).unwrap();
@@ -993,6 +1001,37 @@ fn a_killed_daemon_leaves_nothing_behind_and_its_launch_is_outcome_unknown() {
 
 fn is_sh(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| matches!(c.trim_end(), "sleep" | "sh" | "dash"))
+}
+
+/// A launch whose launch process dies before it answers (here SIGKILLed while its command
+/// runs) is outcome_unknown at once: its client is told so, its cage dies with it, and a repeat of
+/// its id is refused as unknown, never run again.
+#[test]
+fn a_launch_process_killed_mid_launch_leaves_its_request_outcome_unknown() {
+    if !privileged("daemon_launch_killed") {
+        return;
+    }
+    let dir = Scratch::new("daemon-launch-killed");
+    let d = Daemon::start(&dir, config(json!({})));
+    let tag = format!("lost-tag-{}", std::process::id());
+    let line = launch_line("lost-1", json!(["--", "/bin/sh", "-c", format!("sleep 30; : {tag}")]));
+    let null = std::fs::File::options().write(true).open("/dev/null").unwrap();
+    let first = UnixStream::connect(&d.socket).unwrap();
+    send_with_fds(&first, line.as_bytes(), &[&null, &null]);
+    d.wait_for_shell(&tag);
+    let launch = d.launcher_child("chio-launch");
+    assert_eq!(unsafe { libc::kill(launch as i32, libc::SIGKILL) }, 0);
+    let mut answer = String::new();
+    BufReader::new(&first).read_line(&mut answer).unwrap();
+    assert!(answer.contains("its outcome is unknown"), "{answer}");
+    assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new(), "the cage outlived its launch process");
+    let asked = Instant::now();
+    let again = raw_with_fds(&d.socket, line.as_bytes(), &[&null, &null]);
+    assert!(
+        again["error"].as_str().unwrap_or_default().contains("its outcome is unknown; it is not run again"),
+        "{again}"
+    );
+    assert!(asked.elapsed() < Duration::from_millis(1500), "the repeat waited {:?}", asked.elapsed());
 }
 
 #[test]
