@@ -916,6 +916,14 @@ fn hostile_requests_are_answered_and_stall_no_one() {
         let answer = raw(&d.socket, &bytes);
         assert!(answer["error"].as_str().unwrap().contains(says), "{answer}");
     }
+    // A request cut off by the client's end of sending is answered as such, not taken for a
+    // clean goodbye.
+    let mut c = UnixStream::connect(&d.socket).unwrap();
+    c.write_all(br#"{"id":"cut","op":"ping""#).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut said = String::new();
+    c.read_to_string(&mut said).unwrap();
+    assert!(said.contains("the request ended mid-line"), "{said:?}");
     // The longest id there may be is one.
     let longest = format!("{{\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(128));
     assert_eq!(raw(&d.socket, longest.as_bytes())["role"], "admin");
