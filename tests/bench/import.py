@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Image import benchmark (not part of the test run).
 
-  sudo tests/bench/import.py [--runs N] [--synthetic [--mib 200] [--files 6000]] [--disk] [--compare OLD_CHIO]
+  sudo tests/bench/import.py [--runs N] [--synthetic [--mib 200] [--files 6000]] [--disk] [--archive] [--compare OLD_CHIO]
 
 The image (by default) is a real Debian root: `debootstrap --variant=minbase bookworm` (cached in
 /var/tmp/chio-bench-minbase; debootstrap is installed with apt-get if missing), cut into three
@@ -124,6 +124,8 @@ def main():
     ap.add_argument("--mib", type=int, default=200); ap.add_argument("--files", type=int, default=6000)
     ap.add_argument("--disk", action="store_true", help="extract under /var/tmp instead of a tmpfs")
     ap.add_argument("--compare", help="an earlier chio build, timed interleaved as chio-old")
+    ap.add_argument("--archive", action="store_true",
+                    help="chio imports the layout packed in one tar (an oci-archive: its members read in place)")
     a = ap.parse_args()
     # The installable artifact: the static release build.
     chio = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True,
@@ -134,23 +136,27 @@ def main():
         layout = os.path.join(tmp, "layout"); os.makedirs(layout)
         blobs, plain, packed, files, what = synthetic_layout(layout, a.mib, a.files) if a.synthetic else minbase_layout(layout)
         print(f"image: {what}: {plain / 2**20:.0f} MiB in {files} files and directories, 3 gzip layers ({packed / 2**20:.0f} MiB)")
+        if a.archive:
+            packed_layout = os.path.join(tmp, "layout.tar")
+            sh("tar", "-cf", packed_layout, "-C", layout, ".")
+            print("  chio imports it as one archive (oci-archive); tar and umoci read the layout")
         out = os.path.join(tmp, "out"); os.makedirs(out)
         if not a.disk:
             sh("mount", "-t", "tmpfs", "-o", "size=8g,mode=0700", "chio-bench", out)
         try:
-            bench(a, chio, layout, blobs, out)
+            bench(a, chio, packed_layout if a.archive else layout, layout, blobs, out)
         finally:
             if not a.disk:
                 sh("umount", out)
 
 
-def bench(a, chio, layout, blobs, out):
+def bench(a, chio, source, layout, blobs, out):
     print(f"  targets on {'disk (/var/tmp)' if a.disk else 'tmpfs'}, {a.runs} runs each, interleaved")
     # Each tool's previous tree is removed (and the disk synced) before its clock starts.
     def fresh(name):
         d = os.path.join(out, name); shutil.rmtree(d, ignore_errors=True); sh("sync"); return d
     def run_chio(d, binary=chio):
-        sh(binary, "image", "import", layout, "--state-dir", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sh(binary, "image", "import", source, "--state-dir", d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     def run_tar(d):
         os.makedirs(d)
         for b in blobs:
