@@ -307,6 +307,15 @@ fn dev_nodes_are_the_cages_own() {
         let id = identity(dev);
         e.pair(&format!("{dev} inode"), &[], &["same-inode", dev, &id], None, &["same-inode", dev, &id]);
     }
+    // They work as what they are: /dev/null and /dev/zero open for writing (a shell's
+    // `2>/dev/null`), and /dev/full's write fails as that device's writes do, with ENOSPC, not
+    // refused by landlock (EACCES) — the cage's landlock rules grant /dev its file writes.
+    for dev in ["/dev/null", "/dev/zero"] {
+        let run = e.caged(&[], &["write", dev]);
+        assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+        assert!(run.stdout.starts_with(&format!("ESCAPED: wrote {dev}")), "writing {dev}: {}", run.stdout);
+    }
+    assert_eq!(e.caged(&[], &["write", "/dev/full"]).assert_refused("writing /dev/full"), libc::ENOSPC);
     // Their mode and times cannot be changed, even by uid 0 (the host's would change everywhere).
     let s = Scratch::new("devnode");
     let node = s.join("full");
