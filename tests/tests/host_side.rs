@@ -316,6 +316,9 @@ fn dev_nodes_are_the_cages_own() {
         assert!(run.stdout.starts_with(&format!("ESCAPED: wrote {dev}")), "writing {dev}: {}", run.stdout);
     }
     assert_eq!(e.caged(&[], &["write", "/dev/full"]).assert_refused("writing /dev/full"), libc::ENOSPC);
+    // Device ioctls reach the device (landlock grants /dev IOCTL_DEV): TCGETS on /dev/null is
+    // the device's ENOTTY, not landlock's EACCES.
+    assert_eq!(e.caged(&[], &["ioctl-tty", "/dev/null"]).assert_refused("TCGETS on /dev/null"), libc::ENOTTY);
     // Their mode and times cannot be changed, even by uid 0 (the host's would change everywhere).
     let s = Scratch::new("devnode");
     let node = s.join("full");

@@ -97,6 +97,7 @@ fn main() {
         "write-sysctl" => write_sysctl(rest.first().map(String::as_str) == Some("--own-ns")),
         "open-by-handle" => open_by_handle(arg(rest, 0)),
         "stat" => stat(arg(rest, 0)),
+        "ioctl-tty" => ioctl_tty(arg(rest, 0)),
         "raw-socket" => raw_socket(),
         "setuid0" => verdict("setuid(0)", unsafe { libc::setuid(0) } as libc::c_long),
         "dump-status" => dump_status(),
@@ -274,6 +275,17 @@ fn fd_walk() -> ! {
         }
     }
     refused("no directory fd to fchdir into", libc::EBADF)
+}
+
+/// A terminal ioctl (TCGETS, what isatty() asks) on the device at `path`: a device that is not
+/// a terminal answers ENOTTY; landlock refusing device ioctls answers EACCES.
+fn ioctl_tty(path: &str) -> ! {
+    let fd = unsafe { libc::open(c(path).as_ptr(), libc::O_RDONLY) };
+    if fd < 0 {
+        error(&format!("open {path}: {}", std::io::Error::last_os_error()));
+    }
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    verdict(&format!("TCGETS on {path}"), unsafe { libc::ioctl(fd, libc::TCGETS, &mut t) } as libc::c_long)
 }
 
 fn open_write(path: &str) -> ! {
