@@ -1,6 +1,6 @@
 //! Ed25519 keys. Keys and signatures travel as lowercase hex. A secret seed file is written 0600
-//! and refused when group or others can read it or when neither its reader nor root owns it; weak (small-order) public keys are refused;
-//! verification is `verify_strict`.
+//! and refused when group or others can read it or when neither its reader nor root owns it;
+//! weak (small-order) public keys are refused; verification is `verify_strict`.
 
 use std::fs;
 use std::io::Write;

@@ -380,6 +380,21 @@ pub fn wait_gone(tag: &str, within: std::time::Duration) -> Vec<u32> {
     }
 }
 
+/// The output of `child` (its stdout and stderr piped), which must end within `within`: else it
+/// is killed and the test fails, naming `what`.
+pub fn output_within(mut child: std::process::Child, within: std::time::Duration, what: &str) -> Output {
+    let deadline = std::time::Instant::now() + within;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within {within:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// Live cage processes (in a pid namespace other than this test's) whose environment holds
 /// `var` (`KEY=VALUE`): a cage's init, and its target until the exec, are copies of the
 /// supervisor and carry its environment. Waits until none is left or `within` has passed; those

@@ -236,21 +236,13 @@ fn a_target_killed_at_its_exec_stop_ends_the_launch() {
     let Some(e) = Suite::new("killed_at_exec_stop", PROBE) else { return };
     let ws = Scratch::new("exec-stop-killed");
     ws.give_to_nobody();
-    let mut child = launch_command(&e, &[], "/probe", &ws, Some("kill_at_exec_stop"), &[])
+    let child = launch_command(&e, &[], "/probe", &ws, Some("kill_at_exec_stop"), &[])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the launch did not end within 20 s of its target's death");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let run = parse(child.wait_with_output().unwrap());
+    let within = std::time::Duration::from_secs(20);
+    let run = parse(chio_tests::output_within(child, within, "the launch whose target died at its exec stop"));
     assert_eq!(run.record["outcome"]["signal"], 9, "{}", run.record);
     assert_eq!(run.code, 137, "{}", run.stderr);
     assert!(!ws.join("ran").exists(), "the target ran");

@@ -17,23 +17,14 @@ fn chio(args: &[&str]) -> Output {
 
 /// `chio args`, which must end within `secs` seconds (else it is killed and the test fails).
 fn chio_within(args: &[&str], secs: u64) -> Output {
-    let mut child = Command::new(chio_bin(&PathBuf::from(PROBE)))
+    let child = Command::new(chio_bin(&PathBuf::from(PROBE)))
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("chio {args:?} did not end within {secs} s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    chio_tests::output_within(child, std::time::Duration::from_secs(secs), &format!("chio {args:?}"))
 }
 
 /// An OCI layout with one gzip layer holding `rootfs`.

@@ -78,8 +78,8 @@ pub fn compression(path: &Path) -> io::Result<Option<&'static str>> {
     if path.is_dir() {
         return Ok(None);
     }
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    if !file.metadata()?.is_file() {
+    let (file, meta) = open_nonblocking(path)?;
+    if !meta.is_file() {
         // A FIFO or a device: Source::open refuses it, without reading a byte.
         return Ok(None);
     }
@@ -100,6 +100,14 @@ fn is_tar_header(block: &[u8; 512]) -> bool {
     let sum: u32 =
         block.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
     sum == want
+}
+
+/// Open `path` for reading without waiting for a FIFO's writer, and what it is (only a regular
+/// file is read further).
+fn open_nonblocking(path: &Path) -> io::Result<(File, std::fs::Metadata)> {
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    Ok((file, meta))
 }
 
 /// Whether `file` holds a block of zeros (a tar archive's end marker) at `offset`.
@@ -133,11 +141,10 @@ impl Source {
                 ),
             )
         };
-        // Not a FIFO's writer waited for: opened without blocking, then only a regular file goes on.
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-        let len = file.metadata()?.len();
+        let (file, meta) = open_nonblocking(path)?;
+        let len = meta.len();
         let mut first = [0u8; 512];
-        if !file.metadata()?.is_file() || file.read_exact_at(&mut first, 0).is_err() || !is_tar_header(&first) {
+        if !meta.is_file() || file.read_exact_at(&mut first, 0).is_err() || !is_tar_header(&first) {
             return Err(not_an_image());
         }
         let mut archive = tar::Archive::new(&file);
