@@ -250,6 +250,16 @@ fn tampered_or_foreign_bundles_are_refused() {
     std::fs::remove_file(b.join("transitions.json")).unwrap();
     assert!(Command::new("mkfifo").arg(b.join("transitions.json")).status().unwrap().success());
     expect(&b, "HEAD", &["package"], "not a regular file");
+    // The patch too: git is handed the open file, never the path (it read /dev/zero through the
+    // link into memory without end, and waited on the FIFO).
+    let b = copy("linked-patch");
+    std::fs::remove_file(b.join("changes.patch")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", b.join("changes.patch")).unwrap();
+    expect(&b, "HEAD", &["package"], "changes.patch is or passes through a symbolic link");
+    let b = copy("fifo-patch");
+    std::fs::remove_file(b.join("changes.patch")).unwrap();
+    assert!(Command::new("mkfifo").arg(b.join("changes.patch")).status().unwrap().success());
+    expect(&b, "HEAD", &["package"], "changes.patch is not a regular file");
     // Another commit, another scope.
     std::fs::write(recipient.join("package/more.py"), "x = 1\n").unwrap();
     git(&recipient, &["add", "-A"]);

@@ -373,7 +373,7 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
     let base = trees.import(&own, |sha| objects.get(sha))?;
     let fin = trees.import(&last, |sha| objects.get(sha))?;
     let applied =
-        trees.apply(&base, &r.bundle.join("changes.patch")).map_err(|e| mismatch(format!("changes.patch: {e}")))?;
+        trees.apply(&base, bundle_file(r, "changes.patch")?).map_err(|e| mismatch(format!("changes.patch: {e}")))?;
     report.patch_matches = applied == fin;
     if !report.patch_matches {
         return Err(mismatch("changes.patch does not turn the baseline into the final snapshot"));

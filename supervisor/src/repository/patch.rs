@@ -149,8 +149,9 @@ impl Trees {
         run(c, "making the patch")
     }
 
-    /// Apply `patch` to tree `base` in a scratch index; returns the resulting tree id.
-    pub fn apply(&self, base: &str, patch: &Path) -> Result<String, SourceError> {
+    /// Apply `patch` (an open file, git's standard input: git never opens a path the patch's
+    /// sender chose) to tree `base` in a scratch index; returns the resulting tree id.
+    pub fn apply(&self, base: &str, patch: std::fs::File) -> Result<String, SourceError> {
         let index = self.dir.join("apply.index");
         let with_index = |args: &[&str]| {
             let mut c = git(&self.dir);
@@ -158,11 +159,9 @@ impl Trees {
             c
         };
         run(with_index(&["read-tree", base]), "reading the baseline tree")?;
-        let patch = patch.to_str().ok_or_else(|| SourceError::Refused("the patch path is not UTF-8".into()))?;
-        run(
-            with_index(&["apply", "--cached", "--whitespace=nowarn", "--", patch]),
-            "the patch does not apply to the baseline",
-        )?;
+        let mut apply = with_index(&["apply", "--cached", "--whitespace=nowarn"]);
+        apply.stdin(patch);
+        run(apply, "the patch does not apply to the baseline")?;
         Ok(String::from_utf8_lossy(&run(with_index(&["write-tree"]), "writing the patched tree")?).trim().to_string())
     }
 }
