@@ -113,6 +113,80 @@ pub fn read_dir_names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
     Ok(out)
 }
 
+/// Remove the directory `name` in `parent` and everything below it, following no link, with at
+/// most three descriptors open and no recursion. A tree a command wrote can be deeper than any
+/// descriptor limit or stack allows (`while mkdir a && cd a; do :; done`), and the host must
+/// still be able to remove it: `std::fs::remove_dir_all` holds a descriptor and a stack frame a
+/// level. Each way back up is through `..`, checked against the device and inode seen on the
+/// way down, so a tree moved meanwhile stops the removal instead of taking it elsewhere.
+pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let open = |at: BorrowedFd<'_>, n: &std::ffi::CStr| {
+        sys::openat(at, n, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+    };
+    let top = cstring(name)?;
+    // The names walked down through, each with the identity of the directory that holds it.
+    let mut down: Vec<(CString, (u64, u64))> = Vec::new();
+    let mut cur = open(parent, &top)?;
+    loop {
+        if let Some(child) = clear(cur.as_fd())? {
+            let next = open(cur.as_fd(), &child)?;
+            down.push((child, identity(cur.as_fd())?));
+            cur = next;
+            continue;
+        }
+        let Some((child, id)) = down.pop() else { break };
+        let up = open(cur.as_fd(), c"..")?;
+        if identity(up.as_fd())? != id {
+            return Err(io::Error::other(format!(
+                "{}: a directory moved while its tree was removed",
+                Path::new(name).display()
+            )));
+        }
+        nix::unistd::unlinkat(&up, child.as_c_str(), nix::unistd::UnlinkatFlags::RemoveDir)?;
+        cur = up;
+    }
+    drop(cur);
+    Ok(nix::unistd::unlinkat(parent, top.as_c_str(), nix::unistd::UnlinkatFlags::RemoveDir)?)
+}
+
+/// Remove every entry of the directory `dir` but the directories that are not empty, stopping
+/// at the first of those and returning its name (`None`: `dir` is empty now).
+fn clear(dir: BorrowedFd<'_>) -> io::Result<Option<CString>> {
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    let mut stream = nix::dir::Dir::from_fd(sys::openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?)?;
+    for ent in stream.iter() {
+        let ent = ent?;
+        let name = ent.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let is_dir = match ent.file_type() {
+            Some(t) => t == nix::dir::Type::Directory,
+            None => {
+                nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?.st_mode & libc::S_IFMT
+                    == libc::S_IFDIR
+            }
+        };
+        if !is_dir {
+            unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
+            continue;
+        }
+        match unlinkat(dir, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::ENOTEMPTY | nix::errno::Errno::EEXIST) => return Ok(Some(name.to_owned())),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// A directory's device and inode.
+fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(fd)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
 /// The normal components of `path`, refusing `..` (a walk never goes up).
 pub fn components(path: &Path) -> io::Result<Vec<&OsStr>> {
     let mut out = Vec::new();
@@ -256,6 +330,86 @@ mod tests {
         let fl = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap();
         assert_eq!(fl & libc::O_PATH, libc::O_PATH);
         assert_eq!(nix::unistd::read(&fd, &mut [0u8; 1]), Err(nix::errno::Errno::EBADF));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A tree far deeper than the descriptor limit (a loop of `mkdir a && cd a` in a cage) is
+    /// removed whole, links in it removed and never followed. Run in a child whose limit is 64
+    /// descriptors; there `std::fs::remove_dir_all`, the control, fails on the same tree.
+    #[test]
+    fn a_tree_deeper_than_the_descriptor_limit_is_removed() {
+        const ME: &str = "path::tests::a_tree_deeper_than_the_descriptor_limit_is_removed";
+        if std::env::var_os("CHIO_REMOVE_TREE_CHILD").is_none() {
+            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+            c.args(["--exact", ME, "--test-threads=1"]).env("CHIO_REMOVE_TREE_CHILD", "1");
+            // SAFETY: setrlimit only, between fork and exec.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 64, 64)
+                        .map_err(io::Error::from)
+                });
+            }
+            let out = c.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        let d = tempdir("deep");
+        std::fs::write(d.join("inner/kept"), "host").unwrap();
+        std::fs::create_dir(d.join("tree")).unwrap();
+        // 300 levels, each with a file, a link to a host file and a link to a host directory;
+        // one level 100 directories wide. Made with one descriptor at a time.
+        let mut at = std::fs::File::open(d.join("tree")).unwrap();
+        for level in 0..300 {
+            let fd = at.as_fd();
+            nix::fcntl::openat(
+                fd,
+                "f",
+                nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+            )
+            .unwrap();
+            nix::unistd::symlinkat(&d.join("inner/kept"), fd, "file-link").unwrap();
+            nix::unistd::symlinkat(&d.join("inner"), fd, "dir-link").unwrap();
+            if level == 150 {
+                for w in 0..100 {
+                    nix::sys::stat::mkdirat(
+                        fd,
+                        format!("w{w}").as_str(),
+                        nix::sys::stat::Mode::from_bits_truncate(0o755),
+                    )
+                    .unwrap();
+                    nix::fcntl::openat(
+                        fd,
+                        format!("w{w}/f").as_str(),
+                        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+                        nix::sys::stat::Mode::from_bits_truncate(0o600),
+                    )
+                    .unwrap();
+                }
+            }
+            nix::sys::stat::mkdirat(fd, "a", nix::sys::stat::Mode::from_bits_truncate(0o755)).unwrap();
+            at = std::fs::File::from(
+                nix::fcntl::openat(
+                    fd,
+                    "a",
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .unwrap(),
+            );
+        }
+        drop(at);
+        let err = std::fs::remove_dir_all(d.join("tree")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EMFILE), "{err}");
+        let parent = std::fs::File::open(&d).unwrap();
+        remove_tree(parent.as_fd(), OsStr::new("tree")).unwrap();
+        assert!(!d.join("tree").exists());
+        assert_eq!(std::fs::read_to_string(d.join("inner/kept")).unwrap(), "host");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -354,6 +354,57 @@ fn every_refused_workspace_shape_is_refused() {
     assert!(std::fs::metadata(ws.state.join("workspace/package/big")).unwrap().len() <= 16 << 20);
 }
 
+/// `chio repository execute --json` with the descriptor limit systemd gives a service (1,024).
+fn exec_as_a_service(ws: &Ws, key: &str, command: &str) -> (i32, Value) {
+    let mut c = Command::new(chio_bin(&PathBuf::from(PROBE)));
+    c.args(["repository", "execute", "--state", s(&ws.state), "--operation-key", key, "--deadline", "60", "--json"])
+        .args(["--", command])
+        .stdin(Stdio::null());
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            let lim = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = c.output().unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&out.stderr).into()));
+    (out.status.code().unwrap(), v)
+}
+
+/// A command's tree wider or deeper than the host's descriptor limit is committed, refused or
+/// put back, never left without an outcome: 1,200 directories are committed and later
+/// restored whole; 1,500 levels (`mkdir d; cd d` in a loop) are refused as too deep and removed.
+/// Before, the host held a descriptor a directory level on the walk and on the removal, and one
+/// a directory of the tree on the restore: each ran out (EMFILE) and left the operation
+/// dispatched, its outcome unknown.
+#[test]
+fn trees_past_the_descriptor_limit_get_an_outcome() {
+    if !privileged("descriptor_limit") {
+        return;
+    }
+    let dir = Scratch::new("repo-fds");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let wide = "python3 -c \"import os\nfor i in range(1200): os.mkdir(f'package/d{i}'); open(f'package/d{i}/f', 'w').close()\"";
+    let (code, r) = exec_as_a_service(&ws, "wide", wide);
+    assert_eq!((code, &r["transition"]), (0, &Value::from("committed")), "{r}");
+    let deep = "python3 -c \"import os\nos.chdir('package')\nfor _ in range(1500): os.mkdir('d'); os.chdir('d')\"";
+    let (code, r) = exec_as_a_service(&ws, "deep", deep);
+    assert_eq!(code, 3, "{r}");
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("nested more than 256 directories deep"), "{reason}");
+    assert_eq!(status(&ws)["state"], "stopped");
+    let live = ws.state.join("workspace/package");
+    assert!(!live.join("d").exists(), "the deep tree was not removed");
+    assert_eq!(std::fs::read_dir(&live).unwrap().count(), 1202, "the wide tree was not put back");
+    assert_eq!(std::fs::read_dir(ws.state.join("tmp")).unwrap().count(), 0, "a tree was left in tmp/");
+}
+
 #[test]
 fn no_process_of_a_command_outlives_it() {
     if !privileged("background") {

@@ -118,7 +118,8 @@ fn remove_temporaries(ws: &Workspace) -> Result<usize, RepoError> {
     for e in fs::read_dir(ws.dir.join("tmp"))?.flatten() {
         let p = e.path();
         if e.file_type()?.is_dir() {
-            fs::remove_dir_all(&p)?
+            // A restore's old tree, the command's, may be here: removed however deep it nests.
+            super::workspace::remove_tree(&p)?
         } else {
             fs::remove_file(&p)?
         }

@@ -181,12 +181,22 @@ pub fn hex_sha256(bytes: &[u8]) -> String {
     chio_kernel::keys::hex(&Sha256::digest(bytes))
 }
 
+/// Most components of a path the leg accepts. A walk holds a descriptor a level and a tree is
+/// materialized holding one a level: a command's tree nested deeper (a loop of `mkdir a && cd a`)
+/// would exhaust a daemon's descriptors (1,024 under systemd) and leave its operation without an
+/// outcome, where it must be refused.
+pub const MAX_DEPTH: usize = 256;
+
 /// A relative path the leg accepts: non-empty UTF-8 components, no `.`/`..`, no `.git` (any
-/// case), no control characters (a newline would forge lines of a patch), at most 4096 bytes.
+/// case), no control characters (a newline would forge lines of a patch), at most 4096 bytes
+/// and [`MAX_DEPTH`] components.
 pub fn check_path(path: &str) -> Result<(), SnapshotError> {
     let bad = |why: &str| Err(refused(format!("{path:?}: {why}")));
     if path.is_empty() || path.len() > 4096 {
         return bad("empty or longer than 4096 bytes");
+    }
+    if path.split('/').count() > MAX_DEPTH {
+        return bad("nested more than 256 directories deep");
     }
     if path.chars().any(char::is_control) {
         return bad("a name with a control character (newline, tab, ...)");
@@ -612,17 +622,24 @@ pub fn materialize(
     root: &Path,
     owner: Option<(u32, u32)>,
 ) -> Result<(), SnapshotError> {
-    let mut dirs: BTreeMap<String, OwnedFd> = BTreeMap::new();
-    dirs.insert(String::new(), open_dir(root)?);
+    // Depth first (by components, where the index's order puts `a-b` between `a` and `a/x`), so
+    // only the directories above the entry made are open: one descriptor a level, not one a
+    // directory of the tree.
+    let mut order: Vec<(&String, &Node)> = index.iter().collect();
+    order.sort_by(|a, b| a.0.split('/').cmp(b.0.split('/')));
+    let mut open: Vec<(&str, OwnedFd)> = vec![("", open_dir(root)?)];
     let chown = |dfd: BorrowedFd<'_>, name: &str| -> Result<(), SnapshotError> {
         if let Some((u, g)) = owner {
             fchownat(dfd, name, Some(Uid::from_raw(u)), Some(Gid::from_raw(g)), AtFlags::AT_SYMLINK_NOFOLLOW)?;
         }
         Ok(())
     };
-    for (path, node) in index {
+    for (path, node) in order {
         let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-        let dfd = dirs.get(parent).ok_or_else(|| refused(format!("{path:?}: parent missing")))?.as_fd();
+        while open.last().is_some_and(|(p, _)| *p != parent) {
+            open.pop();
+        }
+        let dfd = open.last().ok_or_else(|| refused(format!("{path:?}: parent missing")))?.1.as_fd();
         match node {
             Node::Dir => {
                 mkdirat(dfd, name, Mode::from_bits_truncate(0o755))?;
@@ -633,7 +650,7 @@ pub fn materialize(
                     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
                     Mode::empty(),
                 )?;
-                dirs.insert(path.clone(), sub);
+                open.push((path, sub));
             }
             Node::File { sha256, executable, .. } => {
                 let bytes = objects.get(sha256)?;
@@ -674,6 +691,9 @@ mod tests {
         for good in ["a", "a/b.txt", ".gitignore", "a/.github/x", "..a", "a.."] {
             check_path(good).unwrap();
         }
+        let deepest = vec!["d"; MAX_DEPTH].join("/");
+        check_path(&deepest).unwrap();
+        assert!(check_path(&format!("{deepest}/d")).is_err(), "{} components accepted", MAX_DEPTH + 1);
     }
 
     #[test]
@@ -728,13 +748,16 @@ mod tests {
         let (src, dst, obj) = (s.0.join("src"), s.0.join("dst"), Objects::open(&s.0.join("objects")).unwrap());
         std::fs::create_dir_all(src.join("a/b")).unwrap();
         std::fs::write(src.join("a/b/f.txt"), b"hello").unwrap();
+        // Sorted by name, `a-z` comes between `a` and `a/b`: materialized depth first all the same.
+        std::fs::create_dir_all(src.join("a-z/y")).unwrap();
+        std::fs::write(src.join("a-z/y/g"), b"g").unwrap();
         std::fs::write(src.join("run.sh"), b"#!/bin/sh\n").unwrap();
         std::fs::set_permissions(src.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink("b/f.txt", src.join("a/link")).unwrap();
         std::fs::create_dir(src.join(".git")).unwrap();
         let (ix, _) = walk(&src, &obj, &Ceilings::default(), &[".git"], None).unwrap();
         let names: Vec<&str> = ix.keys().map(String::as_str).collect();
-        assert_eq!(names, ["a", "a/b", "a/b/f.txt", "a/link", "run.sh"]);
+        assert_eq!(names, ["a", "a-z", "a-z/y", "a-z/y/g", "a/b", "a/b/f.txt", "a/link", "run.sh"]);
         assert!(matches!(ix["run.sh"], Node::File { executable: true, .. }));
         std::fs::create_dir(&dst).unwrap();
         materialize(&ix, &obj, &dst, None).unwrap();

@@ -232,6 +232,16 @@ pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Remove the directory `path` and its tree, a tree a command may have written: no link
+/// followed, however deep it nests ([`chio_cage::path::remove_tree`]).
+pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{}: no parent", path.display())));
+    };
+    let parent = chio_cage::path::open_host(parent, libc::O_DIRECTORY)?;
+    chio_cage::path::remove_tree(std::os::fd::AsFd::as_fd(&parent), name)
+}
+
 pub(crate) fn random_hex(n: usize) -> io::Result<String> {
     let mut b = vec![0u8; n];
     io::Read::read_exact(&mut File::open("/dev/urandom")?, &mut b)?;
@@ -492,8 +502,8 @@ impl Workspace {
             nix::fcntl::RenameFlags::RENAME_EXCHANGE,
         )
         .map_err(io::Error::from)?;
-        // `fresh` now names the old tree; remove_dir_all never follows links.
-        fs::remove_dir_all(&fresh)?;
+        // `fresh` now names the old tree, the command's: however deep it nests, it goes.
+        remove_tree(&fresh)?;
         Ok(())
     }
 }
