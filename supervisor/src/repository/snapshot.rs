@@ -528,6 +528,12 @@ impl Walker<'_> {
             if name != b"." && name != b".." {
                 names.push(name);
             }
+            // A command can leave millions of names in one directory: refused as they are read,
+            // not after all of them are held.
+            if (self.seen.index.len() + names.len()) as u64 > self.c.max_entries.saturating_add(self.skip.len() as u64)
+            {
+                return Err(refused(format!("more than {} entries", self.c.max_entries)));
+            }
         }
         let dfd = dir.as_fd();
         for name in names {
@@ -740,6 +746,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir(&d).unwrap();
         Scratch(d)
+    }
+
+    /// The entry ceiling holds as a directory's names are read, and what the walk skips does not
+    /// count: exactly the ceiling passes beside a skipped `.git`, one more is refused.
+    #[test]
+    fn the_entry_ceiling_counts_names_as_they_are_read() {
+        let s = scratch("entries");
+        let (src, obj) = (s.0.join("src"), Objects::open(&s.0.join("objects")).unwrap());
+        std::fs::create_dir_all(src.join(".git")).unwrap();
+        for n in ["a", "b", "c"] {
+            std::fs::write(src.join(n), n).unwrap();
+        }
+        let c = Ceilings { max_entries: 3, ..Ceilings::default() };
+        assert_eq!(walk(&src, &obj, &c, &[".git"], None).unwrap().0.len(), 3);
+        std::fs::write(src.join("d"), "d").unwrap();
+        let r = walk(&src, &obj, &c, &[".git"], None);
+        assert!(matches!(&r, Err(SnapshotError::Refused(m)) if m == "more than 3 entries"), "{r:?}");
     }
 
     #[test]
