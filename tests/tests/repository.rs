@@ -226,12 +226,12 @@ fn tampered_or_foreign_bundles_are_refused() {
     t["transitions"].as_array_mut().unwrap().reverse();
     std::fs::write(b.join("transitions.json"), serde_json::to_vec(&t).unwrap()).unwrap();
     expect(&b, "HEAD", &["package"], "transitions.json");
-    // A member whose stated size (1 TiB) is far beyond its bytes: refused, nothing allocated
-    // for the claim (it aborted the verifier before).
+    // A member whose stated size (8 MiB, within the ceilings) is far beyond its bytes: refused.
+    // (A claim of 1 TiB aborted the verifier once; the ceilings refuse it now, below.)
     let b = copy("huge-member");
     let mut h = tar::Header::new_gnu();
     h.set_path("package/huge").unwrap();
-    h.set_size(1 << 40);
+    h.set_size(8 << 20);
     h.set_mode(0o644);
     h.set_entry_type(tar::EntryType::Regular);
     h.set_cksum();
@@ -240,6 +240,41 @@ fn tampered_or_foreign_bundles_are_refused() {
     tar_bytes.extend([0u8; 1024]);
     std::fs::write(b.join("final.tar"), tar_bytes).unwrap();
     expect(&b, "HEAD", &["package"], "ends inside this member");
+    // The workspace's ceilings (the configuration the receipts bind: 8,192 entries, 16 MiB a
+    // file, 64 MiB in all) bound what an archive may make the verifier hold, member by member.
+    let member = |b: &mut tar::Builder<std::fs::File>, name: &str, size: u64, bytes: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(name).unwrap();
+        h.set_size(size);
+        h.set_mode(if name == "package" { 0o755 } else { 0o644 });
+        h.set_entry_type(if name == "package" { tar::EntryType::Directory } else { tar::EntryType::Regular });
+        h.set_cksum();
+        b.append(&h, std::io::Read::take(std::io::repeat(b'x'), bytes)).unwrap();
+    };
+    let archive = |name: &str, members: &mut dyn FnMut(&mut tar::Builder<std::fs::File>)| -> PathBuf {
+        let b = copy(name);
+        let mut t = tar::Builder::new(std::fs::File::create(b.join("final.tar")).unwrap());
+        member(&mut t, "package", 0, 0);
+        members(&mut t);
+        t.finish().unwrap();
+        b
+    };
+    // A file's claim past 16 MiB is refused before a byte of it is read.
+    let b = archive("file-ceiling", &mut |t| member(t, "package/big", (16 << 20) + 1, 0));
+    expect(&b, "HEAD", &["package"], "\"package/big\": the archive exceeds the size ceilings");
+    // 64 MiB in all is held to; the byte past it is refused, in the member that brings it.
+    let b = archive("total-ceiling", &mut |t| {
+        for i in 0..4 {
+            member(t, &format!("package/b{i}"), 16 << 20, 16 << 20);
+        }
+        member(t, "package/b4", 1, 1);
+    });
+    expect(&b, "HEAD", &["package"], "\"package/b4\": the archive exceeds the size ceilings");
+    // 8,192 members are read (and are not the committed snapshot); one more is refused.
+    let b = archive("entries-at-ceiling", &mut |t| (1..8192).for_each(|i| member(t, &format!("package/f{i}"), 0, 0)));
+    expect(&b, "HEAD", &["package"], "final.tar is not the snapshot the last transition committed");
+    let b = archive("entries-past-ceiling", &mut |t| (1..8193).for_each(|i| member(t, &format!("package/f{i}"), 0, 0)));
+    expect(&b, "HEAD", &["package"], "more than 8192 archive members");
     // The bundle is the sender's: a link in it is not followed (here to /dev/zero, which would
     // be read without end), and a FIFO is not waited on.
     let b = copy("linked-receipts");

@@ -59,7 +59,7 @@ pub fn read(file: File, objects: &Objects, c: &Ceilings) -> Result<Index, Snapsh
             tar::EntryType::Directory => Node::Dir,
             tar::EntryType::Regular => {
                 let size = e.header().size()?;
-                total += size;
+                total = total.saturating_add(size);
                 if size > c.max_file_bytes || total > c.max_total_bytes {
                     return Err(SnapshotError::Refused(format!("{name:?}: the archive exceeds the size ceilings")));
                 }

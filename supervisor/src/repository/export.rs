@@ -18,7 +18,7 @@ use super::archive;
 use super::execute::check_scope;
 use super::git_source;
 use super::patch::Trees;
-use super::snapshot::{self, Ceilings, Index, Objects};
+use super::snapshot::{self, Index, Objects};
 use super::workspace::{Config, RepoError, Workspace};
 
 /// One committed transition of the workspace.
@@ -323,7 +323,10 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
         return Err(mismatch(format!("the bundle is for server {:?}, not {:?}", config.server_id, r.server_id)));
     }
     let config_digest = config.digest()?;
-    let ceilings = Ceilings { max_entries: u64::MAX, max_file_bytes: u64::MAX, max_total_bytes: u64::MAX };
+    // Every snapshot the workspace took held to its ceilings, so an archive past them is refused
+    // as it is read: the verifier's memory and disk are bounded by the ceilings the receipts bind
+    // (the configuration's digest), not by the size of a file the sender chose.
+    let ceilings = config.ceilings;
     let tmp = scratch(&std::env::temp_dir(), "verify")?;
     let objects = Objects::open(&tmp.0.join("objects"))?;
     // The recipient's own baseline, from its own checkout.
