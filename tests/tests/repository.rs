@@ -86,7 +86,18 @@ fn verify(bundle: &Path, checkout: &Path, rev: &str, paths: &[&str], key: &Path)
         args.extend(["--source-path", p]);
     }
     args.extend(["--kernel-key", s(key)]);
-    let out = chio(&args);
+    // Its scratch directory (the recipient's baseline, objects, a git repository) goes, whatever
+    // the verdict.
+    let tmp = checkout.with_extension("verify-tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(&args)
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "verify-export left {left:?} in its TMPDIR");
     let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (out.status.code().unwrap(), v, String::from_utf8_lossy(&out.stderr).into())
 }
