@@ -187,6 +187,38 @@ fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// Resolve the directory `dir` (an operator's path; links in it are resolved here, once) and
+/// check that no one but root, or this process's own user, can replace it or anything named
+/// through it: it and every directory above it must belong to one of them, `dir` writable by no
+/// one else, and each directory above it either writable by no one else or sticky (where others
+/// may add names but not move ours). A root process that keeps its state in a directory by path
+/// — a workspace, a session — acts on whatever is there: a state directory in a user's home
+/// could be renamed away by that user and replaced with one of their own making. The path
+/// returned is the one checked; the caller uses it and nothing else.
+pub fn private_dir(dir: &Path) -> io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(dir)?;
+    let me = nix::unistd::geteuid().as_raw();
+    for (i, d) in real.ancestors().enumerate() {
+        let m = std::fs::symlink_metadata(d)?;
+        let others_write = m.mode() & 0o022 != 0 && (i == 0 || m.mode() & 0o1000 == 0);
+        if (m.uid() != 0 && m.uid() != me) || others_write {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is owned by uid {} with mode {:o}: whoever can write it can replace {} (it and every \
+                     directory above it must be root's and writable by no one else; above it, sticky will do)",
+                    d.display(),
+                    m.uid(),
+                    m.mode() & 0o7777,
+                    real.display()
+                ),
+            ));
+        }
+    }
+    Ok(real)
+}
+
 /// The normal components of `path`, refusing `..` (a walk never goes up).
 pub fn components(path: &Path) -> io::Result<Vec<&OsStr>> {
     let mut out = Vec::new();
@@ -330,86 +362,6 @@ mod tests {
         let fl = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap();
         assert_eq!(fl & libc::O_PATH, libc::O_PATH);
         assert_eq!(nix::unistd::read(&fd, &mut [0u8; 1]), Err(nix::errno::Errno::EBADF));
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    /// A tree far deeper than the descriptor limit (a loop of `mkdir a && cd a` in a cage) is
-    /// removed whole, links in it removed and never followed. Run in a child whose limit is 64
-    /// descriptors; there `std::fs::remove_dir_all`, the control, fails on the same tree.
-    #[test]
-    fn a_tree_deeper_than_the_descriptor_limit_is_removed() {
-        const ME: &str = "path::tests::a_tree_deeper_than_the_descriptor_limit_is_removed";
-        if std::env::var_os("CHIO_REMOVE_TREE_CHILD").is_none() {
-            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
-            c.args(["--exact", ME, "--test-threads=1"]).env("CHIO_REMOVE_TREE_CHILD", "1");
-            // SAFETY: setrlimit only, between fork and exec.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut c, || {
-                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 64, 64)
-                        .map_err(io::Error::from)
-                });
-            }
-            let out = c.output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success() && text.contains("1 passed"),
-                "{text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return;
-        }
-        let d = tempdir("deep");
-        std::fs::write(d.join("inner/kept"), "host").unwrap();
-        std::fs::create_dir(d.join("tree")).unwrap();
-        // 300 levels, each with a file, a link to a host file and a link to a host directory;
-        // one level 100 directories wide. Made with one descriptor at a time.
-        let mut at = std::fs::File::open(d.join("tree")).unwrap();
-        for level in 0..300 {
-            let fd = at.as_fd();
-            nix::fcntl::openat(
-                fd,
-                "f",
-                nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
-                nix::sys::stat::Mode::from_bits_truncate(0o600),
-            )
-            .unwrap();
-            nix::unistd::symlinkat(&d.join("inner/kept"), fd, "file-link").unwrap();
-            nix::unistd::symlinkat(&d.join("inner"), fd, "dir-link").unwrap();
-            if level == 150 {
-                for w in 0..100 {
-                    nix::sys::stat::mkdirat(
-                        fd,
-                        format!("w{w}").as_str(),
-                        nix::sys::stat::Mode::from_bits_truncate(0o755),
-                    )
-                    .unwrap();
-                    nix::fcntl::openat(
-                        fd,
-                        format!("w{w}/f").as_str(),
-                        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
-                        nix::sys::stat::Mode::from_bits_truncate(0o600),
-                    )
-                    .unwrap();
-                }
-            }
-            nix::sys::stat::mkdirat(fd, "a", nix::sys::stat::Mode::from_bits_truncate(0o755)).unwrap();
-            at = std::fs::File::from(
-                nix::fcntl::openat(
-                    fd,
-                    "a",
-                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
-                    nix::sys::stat::Mode::empty(),
-                )
-                .unwrap(),
-            );
-        }
-        drop(at);
-        let err = std::fs::remove_dir_all(d.join("tree")).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EMFILE), "{err}");
-        let parent = std::fs::File::open(&d).unwrap();
-        remove_tree(parent.as_fd(), OsStr::new("tree")).unwrap();
-        assert!(!d.join("tree").exists());
-        assert_eq!(std::fs::read_to_string(d.join("inner/kept")).unwrap(), "host");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

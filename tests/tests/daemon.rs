@@ -1159,7 +1159,8 @@ fn the_repository_leg_through_the_daemon() {
     let conf = json!({"clients": [{"uid": 65533, "role": "launch"}, {"uid": 65532, "role": "repository"}],
                       "kernel_key": dir.join("key/signing.seed"),
                       "workspaces": [{"uid": 65532, "state": granted}, {"uid": 65532, "state": own, "sources": [calc]},
-                                     {"uid": 65531, "state": dir.join("ws2"), "sources": [calc]}]});
+                                     {"uid": 65531, "state": dir.join("ws2"), "sources": [calc]},
+                                     {"uid": 65532, "state": dir.join("home/ws"), "sources": [calc]}]});
     let d = Daemon::start(&dir, config(conf));
     let leg = |args: &[&str], uid: Option<u32>| {
         let mut c = Command::new(chio());
@@ -1271,6 +1272,15 @@ fn the_repository_leg_through_the_daemon() {
         assert!(text(&out.stderr).contains(says), "{says}: {}", text(&out.stderr));
     }
     assert!(!own.exists());
+    // A grant in a directory the client owns is refused: the client could rename the workspace
+    // away and put its own in its place (a configuration naming uid 0 for its commands).
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(65532), Some(65532)).unwrap();
+    let out = init_own(&home.join("ws"), &calc, &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is owned by uid 65532"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_dir(&home).unwrap().count(), 0);
     // The repository role creates its granted workspace from a granted source, signed with the
     // supervisor's key, and drives it to an export.
     let out = init_own(&own, &calc, &[]);

@@ -451,6 +451,77 @@ fn trees_past_the_descriptor_limit_get_an_outcome() {
     assert_eq!(std::fs::read_dir(ws.state.join("tmp")).unwrap().count(), 0, "a tree was left in tmp/");
 }
 
+/// A workspace's state directory is only used where no one but root can replace it: a user who
+/// can write a directory above it could rename it away and put their own in its place, naming
+/// the uid commands run as (0, to leave a set-uid-root file in the live tree) and the key root
+/// signs with. Refused before anything is read or written; above it, sticky will do.
+#[test]
+fn a_workspace_others_could_replace_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    if !privileged("private_state") {
+        return;
+    }
+    let dir = Scratch::new("repo-private");
+    let repo = calculator(&dir.0);
+    let chown = |p: &Path, uid: u32| std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+    let chmod = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    let refused = |out: &Output, words: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert!(err.contains(words), "expected {words:?} in {err}");
+    };
+    // A home of uid 65534: no workspace is made in it, nor in an empty directory of its own.
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    chown(&home, 65534);
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let init_at = |state: &Path| {
+        chio(&[
+            "repository",
+            "init",
+            "--state",
+            s(state),
+            "--repository",
+            s(&repo),
+            "--revision",
+            "HEAD",
+            "--source-path",
+            "package",
+            "--kernel-key",
+            s(&keydir.join("signing.seed")),
+        ])
+    };
+    refused(&init_at(&home.join("ws")), &format!("{} is owned by uid 65534", home.display()));
+    assert!(!home.join("ws").exists());
+    let theirs = dir.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    chown(&theirs, 65534);
+    refused(&init_at(&theirs), &format!("{} is owned by uid 65534", theirs.display()));
+    assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
+    // A workspace made where only root writes; then its parent given away, or opened to all.
+    let parent = dir.join("root");
+    std::fs::create_dir(&parent).unwrap();
+    let ws = Ws { state: parent.join("ws"), public: keydir.join("public.key") };
+    assert!(init_at(&ws.state).status.success());
+    assert_eq!(exec(&ws, "k1", "30", "true").0, 0);
+    let st = || chio(&["repository", "status", "--state", s(&ws.state)]);
+    chown(&parent, 65534);
+    refused(&st(), &format!("{} is owned by uid 65534", parent.display()));
+    assert_eq!(exec(&ws, "k2", "30", "true").0, 3);
+    chown(&parent, 0);
+    chmod(&parent, 0o777);
+    refused(&st(), "with mode 777");
+    chmod(&parent, 0o1777);
+    assert!(st().status.success(), "a sticky directory above the state is enough");
+    chmod(&parent, 0o755);
+    // The state directory itself: writable by root alone, sticky or not.
+    chmod(&ws.state, 0o1770);
+    refused(&st(), "with mode 1770");
+    chmod(&ws.state, 0o700);
+    assert!(st().status.success());
+}
+
 #[test]
 fn no_process_of_a_command_outlives_it() {
     if !privileged("background") {

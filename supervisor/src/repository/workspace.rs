@@ -242,6 +242,46 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
     chio_cage::path::remove_tree(std::os::fd::AsFd::as_fd(&parent), name)
 }
 
+/// The state directory `dir` of a workspace or session, resolved, and only if no one but root
+/// can replace it or a directory above it ([`chio_cage::path::private_dir`]): whoever could
+/// would choose the configuration — the command's uid among it — and the key path a root
+/// process acts on.
+pub(crate) fn state_dir(dir: &Path, kind: &str) -> Result<PathBuf, RepoError> {
+    if !dir.exists() {
+        return Err(RepoError::Usage(format!(
+            "{} is not a {kind} (it does not exist); create it with `chio {kind} init`",
+            dir.display()
+        )));
+    }
+    private(dir)
+}
+
+fn private(dir: &Path) -> Result<PathBuf, RepoError> {
+    chio_cage::path::private_dir(dir).map_err(|e| match e.kind() {
+        io::ErrorKind::PermissionDenied => RepoError::Refused(format!("state directory {}: {e}", dir.display())),
+        _ => RepoError::Usage(format!("state directory {}: {e}", dir.display())),
+    })
+}
+
+/// A new state directory at `dir`: made (0700) in a private directory, or one already there,
+/// empty and private itself. Returns it resolved, and whether it was made here.
+pub(crate) fn new_state_dir(dir: &Path) -> Result<(PathBuf, bool), RepoError> {
+    let dir = std::path::absolute(dir)?;
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return Err(RepoError::Usage(format!("state directory {}: not a directory's name", dir.display())));
+    };
+    let dir = private(parent)?.join(name);
+    match fs::read_dir(&dir).map(|mut d| d.next().is_some()) {
+        Ok(true) => Err(RepoError::Usage(format!("state directory {} is not empty", dir.display()))),
+        Ok(false) => Ok((private(&dir)?, false)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::DirBuilder::new().mode(0o700).create(&dir)?;
+            Ok((dir, true))
+        }
+        Err(e) => Err(RepoError::Usage(format!("state directory {}: {e}", dir.display()))),
+    }
+}
+
 pub(crate) fn random_hex(n: usize) -> io::Result<String> {
     let mut b = vec![0u8; n];
     io::Read::read_exact(&mut File::open("/dev/urandom")?, &mut b)?;
@@ -254,17 +294,8 @@ pub fn init(r: &InitRequest) -> Result<Workspace, RepoError> {
     let key = keys::read_seed(&r.kernel_key).map_err(|e| RepoError::Usage(format!("--kernel-key: {e}")))?;
     git_source::check_source_paths(&r.source_paths)?;
     let mut r = r.clone();
-    r.state = std::path::absolute(&r.state)?;
-    let mut created = false;
-    match fs::read_dir(&r.state).map(|mut d| d.next().is_some()) {
-        Ok(true) => return Err(RepoError::Usage(format!("state directory {} is not empty", r.state.display()))),
-        Ok(false) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            fs::DirBuilder::new().mode(0o700).create(&r.state)?;
-            created = true;
-        }
-        Err(e) => return Err(RepoError::Usage(format!("state directory {}: {e}", r.state.display()))),
-    }
+    let created;
+    (r.state, created) = new_state_dir(&r.state)?;
     let result = init_in(&r, &key);
     if result.is_err() && created {
         let _ = fs::remove_dir_all(&r.state);
@@ -393,7 +424,7 @@ fn snapshot_path(dir: &Path, digest: &str) -> PathBuf {
 
 /// Open an existing workspace and take its lock (waiting for a running operation to end).
 pub fn open(dir: &Path) -> Result<Workspace, RepoError> {
-    let dir = &std::path::absolute(dir)?;
+    let dir = &state_dir(dir, "workspace")?;
     let bytes = fs::read(dir.join("workspace.json")).map_err(|e| {
         RepoError::Usage(format!(
             "{} is not a workspace (no workspace.json: {e}); create it with `chio repository init`",

@@ -125,13 +125,7 @@ pub fn init(r: &InitRequest) -> Result<Session, RepoError> {
     let config = SessionConfig::parse(&read_bounded(&r.config, MAX_TASK_BYTES, "configuration")?)?;
     let task = String::from_utf8(read_bounded(&r.task, MAX_TASK_BYTES, "task file")?)
         .map_err(|_| usage("the task file is not UTF-8"))?;
-    let state = std::path::absolute(&r.state)?;
-    match fs::read_dir(&state).map(|mut d| d.next().is_some()) {
-        Ok(true) => return Err(usage(format!("state directory {} is not empty", state.display()))),
-        Ok(false) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new().mode(0o700).create(&state)?,
-        Err(e) => return Err(usage(format!("state directory {}: {e}", state.display()))),
-    }
+    let (state, _) = crate::repository::workspace::new_state_dir(&r.state)?;
     let made = init_in(&state, r, config, task);
     if made.is_err() {
         // Only what init made: the directory was missing or empty.
@@ -213,7 +207,7 @@ fn image_id(store_dir: &Path, reference: &str) -> Result<String, RepoError> {
 
 /// Open a session's files.
 pub fn open(dir: &Path) -> Result<Session, RepoError> {
-    let dir = std::path::absolute(dir)?;
+    let dir = crate::repository::workspace::state_dir(dir, "session")?;
     let read = |name: &str| {
         fs::read(dir.join(name)).map_err(|e| {
             usage(format!("{} is not a session ({name}: {e}); create it with `chio session init`", dir.display()))
