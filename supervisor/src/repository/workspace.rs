@@ -158,6 +158,14 @@ impl Config {
         if c.schema != CONFIG_SCHEMA {
             return Err(RepoError::Mismatch(format!("configuration schema {:?} is not {CONFIG_SCHEMA}", c.schema)));
         }
+        // `init` never writes one: a command run as root could leave a set-uid-root file in
+        // the live tree, a host directory.
+        if c.uid == 0 || c.gid == 0 {
+            return Err(RepoError::Mismatch(format!(
+                "the configuration runs commands as uid {} gid {}: a workspace's commands never run as root",
+                c.uid, c.gid
+            )));
+        }
         Ok(c)
     }
 }
@@ -551,5 +559,11 @@ mod tests {
         let example: serde_json::Value = serde_json::from_slice(&fs::read(p).unwrap()).unwrap();
         let config = Config::parse(example.to_string().as_bytes()).unwrap();
         assert_eq!(serde_json::to_value(&config).unwrap(), example);
+        for (k, v) in [("uid", 0), ("gid", 0)] {
+            let mut root = example.clone();
+            root[k] = v.into();
+            let err = Config::parse(root.to_string().as_bytes()).unwrap_err().to_string();
+            assert!(err.contains("never run as root"), "{k}: {err}");
+        }
     }
 }
