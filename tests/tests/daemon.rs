@@ -370,6 +370,39 @@ fn nothing_a_command_started_outlives_its_answer() {
     assert_eq!(record(&out)["outcome"]["killed_at_end"], 0);
 }
 
+/// The daemon keeps its journal, receipts and image trees in its state directory and gives its
+/// socket a group and mode by path: it does not start where anyone but root could replace
+/// either directory (or one above them), naming the directory, its owner and mode.
+#[test]
+fn the_daemon_starts_only_in_directories_no_one_else_can_replace() {
+    if !privileged("daemon_private_dirs") {
+        return;
+    }
+    let dir = Scratch::new("daemon-private");
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let theirs = dir.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    for (socket, state, says) in [
+        (open.join("s.sock"), dir.join("state"), format!("{} is owned by uid 0 with mode 777", open.display())),
+        (dir.join("s.sock"), theirs.join("state"), format!("{} is owned by uid 65534", theirs.display())),
+    ] {
+        let child = Command::new(chio())
+            .args(["supervisor", "serve", "--socket", s(&socket), "--state-dir", s(&state)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = chio_tests::output_within(child, Duration::from_secs(20), "a daemon in a directory others can write");
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains(&says), "expected {says:?} in {}", text(&out.stderr));
+        assert!(!socket.exists(), "{} was bound", socket.display());
+    }
+}
+
 #[test]
 fn peers_get_the_role_their_credentials_map_to() {
     if !privileged("daemon_roles") {

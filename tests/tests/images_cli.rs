@@ -184,6 +184,19 @@ fn import_refusals_name_the_problem() {
     let out = chio(&["image", "list", "--state-dir", file.to_str().unwrap()]);
     let says = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && says.contains("is not a directory"), "a file as the store: {says}");
+    // A store in a directory another user owns is refused (its owner could replace the trees
+    // cages run on), for an import and for a listing alike.
+    let theirs = dir.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let store = theirs.join("store");
+    for args in [&["image", "import", "/etc/hostname"][..], &["image", "list"][..]] {
+        std::fs::create_dir_all(&store).unwrap();
+        let out = chio(&[args, &["--state-dir", store.to_str().unwrap()]].concat());
+        let says = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && says.contains("is owned by uid 65534"), "{args:?}: {says}");
+        assert_eq!(std::fs::read_dir(&store).unwrap().count(), 0, "{args:?}");
+    }
     // A FIFO as the archive is refused at once, not waited on for a writer.
     let fifo = dir.join("fifo.tar");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());

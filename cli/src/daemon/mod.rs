@@ -77,6 +77,9 @@ fn serve(a: &ServeArgs) -> Result<i32> {
     // Absolute: each launch runs in the client's directory (an admin's) or in /.
     let state_dir = std::path::absolute(crate::image_cmd::state_dir(&a.state_dir))?;
     std::fs::create_dir_all(&state_dir).with_context(|| format!("state directory {}", state_dir.display()))?;
+    // Its journal, receipts and image trees: no one but root may be able to replace them.
+    let state_dir =
+        chio_cage::path::private_dir(&state_dir).with_context(|| format!("state directory {}", state_dir.display()))?;
     let daemon = DaemonSide {
         receipt_db: state_dir.join("receipts.db"),
         state_dir,
@@ -133,6 +136,9 @@ fn listen(path: &Path) -> Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+        // The socket is given its group and mode by path below: no one else may be able to
+        // swap what that path names.
+        chio_cage::path::private_dir(dir).with_context(|| format!("the socket's directory {}", dir.display()))?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {

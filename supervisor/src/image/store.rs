@@ -85,18 +85,21 @@ impl ImageStore {
                 format!("the state directory {} is not a directory", dir.display()),
             ));
         }
-        for sub in ["", "images", "rootfs", "tmp"] {
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        // The images' trees are what cages run on: no one but root may be able to replace them.
+        let dir = chio_cage::path::private_dir(dir)?;
+        for sub in ["images", "rootfs", "tmp"] {
             fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.join(sub))?;
         }
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
-        Ok(ImageStore { dir: dir.to_path_buf() })
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        Ok(ImageStore { dir })
     }
 
     /// Open an existing store without creating or changing anything (for the read-only
     /// commands); a missing directory is a store with no image.
     pub fn open_existing(dir: &Path) -> io::Result<ImageStore> {
         match fs::metadata(dir) {
-            Ok(m) if m.is_dir() => Ok(ImageStore { dir: dir.to_path_buf() }),
+            Ok(m) if m.is_dir() => Ok(ImageStore { dir: chio_cage::path::private_dir(dir)? }),
             Ok(_) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a directory", dir.display()))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ImageStore { dir: dir.to_path_buf() }),
             Err(e) => Err(e),
