@@ -163,6 +163,7 @@ fn python_calculator_from_init_to_an_applied_verified_patch() {
     assert_eq!(code, 0, "{report} {err}");
     assert_eq!(report["verified_transitions"], 3, "{report}");
     assert_eq!(report["verified_receipts"].as_u64(), Some(receipts), "{report}");
+    assert_eq!(report["source_paths"], serde_json::json!(["package"]), "{report}");
     for k in ["baseline_matches", "final_matches", "patch_matches"] {
         assert_eq!(report[k], true, "{k}: {report}");
     }
@@ -237,6 +238,18 @@ fn tampered_or_foreign_bundles_are_refused() {
     t["transitions"].as_array_mut().unwrap().reverse();
     std::fs::write(b.join("transitions.json"), serde_json::to_vec(&t).unwrap()).unwrap();
     expect(&b, "HEAD", &["package"], "transitions.json");
+    // A baseline archive that is not the baseline (the recipient's own baseline matches; the
+    // bundle's must too).
+    let b = copy("other-baseline");
+    std::fs::copy(b.join("final.tar"), b.join("baseline.tar")).unwrap();
+    expect(&b, "HEAD", &["package"], "the bundle's baseline is not the recipient's baseline");
+    // A JSON file over 64 MiB is refused unread past the limit (sparse: no disk is written);
+    // exactly 64 MiB is read, and refused as what it is.
+    for (len, says) in [((64 << 20) + 1, "is over 67108864 bytes"), (64 << 20, "does not verify")] {
+        let b = copy(&format!("receipts-of-{len}"));
+        std::fs::File::create(b.join("receipts.ndjson")).unwrap().set_len(len).unwrap();
+        expect(&b, "HEAD", &["package"], says);
+    }
     // A member whose stated size (8 MiB, within the ceilings) is far beyond its bytes: refused.
     // (A claim of 1 TiB aborted the verifier once; the ceilings refuse it now, below.)
     let b = copy("huge-member");
