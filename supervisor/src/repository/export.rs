@@ -71,7 +71,8 @@ fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
     let mut rnd = [0u8; 8];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut rnd)?;
     let dir = parent.join(format!("chio-{what}-{}", chio_kernel::keys::hex(&rnd)));
-    fs::create_dir(&dir)?;
+    // Private: it holds the recipient's own baseline (its source, perhaps not public) in /tmp.
+    std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(&dir)?;
     Ok(Scratch(dir))
 }
 
