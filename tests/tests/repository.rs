@@ -188,7 +188,9 @@ fn tampered_or_foreign_bundles_are_refused() {
     let dir = Scratch::new("repo-tamper");
     let repo = calculator(&dir.0);
     git(&repo, &["checkout", "-q", "--", "package/calc.py"]);
-    let ws = init(&dir, &repo, &["package"]);
+    // A server id the recipient need not pin (it verifies without one below) but may.
+    let (ws, out) = try_init(&dir, &repo, &["package"], &["--server-id", "calc-server"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(exec(&ws, "a", "30", "echo one > package/one.txt").0, 0);
     assert_eq!(exec(&ws, "b", "30", "echo two > package/two.txt").0, 0);
     let bundle = dir.join("bundle");
@@ -325,23 +327,30 @@ fn tampered_or_foreign_bundles_are_refused() {
     git(&recipient, &["commit", "-qm", "more"]);
     expect(&bundle, "HEAD", &["package"], "commit");
     expect(&bundle, "HEAD~1", &["package", "README"], "scope");
-    // A server id the workspace does not name.
-    let out = chio(&[
-        "repository",
-        "verify-export",
-        "--bundle",
-        s(&bundle),
-        "--repository",
-        s(&recipient),
-        "--revision",
-        "HEAD~1",
-        "--source-path",
-        "package",
-        "--kernel-key",
-        s(&ws.public),
-        "--server-id",
-        "another-server",
-    ]);
+    // The server id the workspace names, pinned: verified; another: refused. (A revision is a
+    // ref or a commit id: refs are read as files, `HEAD~1` is no name.)
+    let first = git(&recipient, &["rev-parse", "HEAD~1"]);
+    let with_server = |id: &str| {
+        chio(&[
+            "repository",
+            "verify-export",
+            "--bundle",
+            s(&bundle),
+            "--repository",
+            s(&recipient),
+            "--revision",
+            &first,
+            "--source-path",
+            "package",
+            "--kernel-key",
+            s(&ws.public),
+            "--server-id",
+            id,
+        ])
+    };
+    let out = with_server("calc-server");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = with_server("another-server");
     assert_eq!(out.status.code(), Some(5));
     assert!(String::from_utf8_lossy(&out.stdout).contains("server"), "{}", String::from_utf8_lossy(&out.stdout));
 }

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use chio_kernel::receipt::{self, Kind, Verified, GENESIS};
 use chio_kernel::store::{Filter, Store};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::archive;
 use super::execute::check_scope;
@@ -383,9 +382,4 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
         return Err(mismatch("changes.patch does not turn the baseline into the final snapshot"));
     }
     Ok(())
-}
-
-/// The parsed `detail` of a `tool_call` receipt, for callers that list transitions.
-pub fn detail(r: &Verified) -> Option<&Value> {
-    r.body.detail.as_ref()
 }
