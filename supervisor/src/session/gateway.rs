@@ -219,12 +219,16 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     if n >= j.limit {
         return Ok((403, error_body(&format!("the session's step limit of {} model calls is reached", j.limit))));
     }
+    // What was checked is what is sent: the parsed request written again, never the worker's
+    // bytes. A body naming `model` twice passed the check with its last value while a provider
+    // that keeps the first would have run the other model.
+    let checked = serde_json::to_vec(&value).map_err(|e| RepoError::Failed(e.to_string()))?;
     let answer = provider
         .agent
         .post(&provider.url)
         .header("Authorization", &provider.bearer)
         .header("Content-Type", "application/json")
-        .send(body);
+        .send(&checked[..]);
     let mut answer = match answer {
         Ok(a) => a,
         Err(e) => return Ok((502, error_body(&format!("the provider could not be reached: {e}")))),
@@ -271,6 +275,55 @@ mod tests {
         // The session's own model goes on to the provider (unreachable here: 502, not journaled).
         let (status, _) = call(&mut j, &provider, br#"{"model":"m","messages":[]}"#).unwrap();
         assert_eq!((status, j.next), (502, 0));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The provider gets the request as checked: a body naming `model` twice (the check reads
+    /// the last) reaches it with that model alone, not with the first a provider might keep.
+    #[test]
+    fn the_provider_gets_the_request_as_checked() {
+        use std::net::TcpListener;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-checked");
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let provider_side = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            r.read_exact(&mut body).unwrap();
+            let answer = br#"{"choices":[]}"#;
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", answer.len());
+            let mut w = conn;
+            w.write_all(head.as_bytes()).unwrap();
+            w.write_all(answer).unwrap();
+            body
+        });
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let provider = Provider {
+            url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+            bearer: "Bearer k".into(),
+            model: "m".into(),
+            agent,
+        };
+        let (status, _) = call(&mut j, &provider, br#"{"model":"expensive","messages":[],"model":"m"}"#).unwrap();
+        assert_eq!(status, 200);
+        let sent = String::from_utf8(provider_side.join().unwrap()).unwrap();
+        assert_eq!(sent.matches("\"model\"").count(), 1, "{sent}");
+        assert!(!sent.contains("expensive"), "{sent}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }
