@@ -521,6 +521,13 @@ fn a_workspace_others_could_replace_is_refused() {
     chown(&theirs, 65534);
     refused(&init_at(&theirs), &format!("{} is owned by uid 65534", theirs.display()));
     assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
+    // An empty one of root's, open to all for reading, is made 0700 like a new one: the live
+    // tree below holds what commands made, set-id bits among it.
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    chmod(&empty, 0o755);
+    assert!(init_at(&empty).status.success());
+    assert_eq!(std::fs::metadata(&empty).unwrap().permissions().mode() & 0o7777, 0o700);
     // A workspace made where only root writes; then its parent given away, or opened to all.
     let parent = dir.join("root");
     std::fs::create_dir(&parent).unwrap();

@@ -15,7 +15,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use chio_cage::Limits;
@@ -281,7 +281,13 @@ pub(crate) fn new_state_dir(dir: &Path) -> Result<(PathBuf, bool), RepoError> {
     let dir = private(parent)?.join(name);
     match fs::read_dir(&dir).map(|mut d| d.next().is_some()) {
         Ok(true) => Err(RepoError::Usage(format!("state directory {} is not empty", dir.display()))),
-        Ok(false) => Ok((private(&dir)?, false)),
+        Ok(false) => {
+            let dir = private(&dir)?;
+            // As a new one would be: the live tree below holds what commands made (set-id bits
+            // among it), for no one else to reach.
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+            Ok((dir, false))
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             fs::DirBuilder::new().mode(0o700).create(&dir)?;
             Ok((dir, true))
