@@ -474,9 +474,10 @@ fn trees_past_the_descriptor_limit_get_an_outcome() {
 }
 
 /// A workspace's state directory is only used where no one but root can replace it: a user who
-/// can write a directory above it could rename it away and put their own in its place, naming
-/// the uid commands run as (0, to leave a set-uid-root file in the live tree) and the key root
-/// signs with. Refused before anything is read or written; above it, sticky will do.
+/// can write a directory above it could rename it away and put their own in its place: the
+/// configuration (the uid commands run as, their ceilings), the key file root reads, and links
+/// among the files root then writes by path. Refused before anything is read or written; above
+/// it, sticky will do.
 #[test]
 fn a_workspace_others_could_replace_is_refused() {
     use std::os::unix::fs::PermissionsExt;
@@ -522,7 +523,7 @@ fn a_workspace_others_could_replace_is_refused() {
     refused(&init_at(&theirs), &format!("{} is owned by uid 65534", theirs.display()));
     assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
     // An empty one of root's, open to all for reading, is made 0700 like a new one: the live
-    // tree below holds what commands made, set-id bits among it.
+    // tree below holds whatever commands made, for no one else to reach.
     let empty = dir.join("empty");
     std::fs::create_dir(&empty).unwrap();
     chmod(&empty, 0o755);

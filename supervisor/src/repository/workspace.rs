@@ -158,8 +158,8 @@ impl Config {
         if c.schema != CONFIG_SCHEMA {
             return Err(RepoError::Mismatch(format!("configuration schema {:?} is not {CONFIG_SCHEMA}", c.schema)));
         }
-        // `init` never writes one: a command run as root could leave a set-uid-root file in
-        // the live tree, a host directory.
+        // `init` never writes one: a command run as uid 0 would read and write as root whatever
+        // its cage shows it, the live tree (a host directory) among it.
         if c.uid == 0 || c.gid == 0 {
             return Err(RepoError::Mismatch(format!(
                 "the configuration runs commands as uid {} gid {}: a workspace's commands never run as root",
@@ -283,8 +283,8 @@ pub(crate) fn new_state_dir(dir: &Path) -> Result<(PathBuf, bool), RepoError> {
         Ok(true) => Err(RepoError::Usage(format!("state directory {} is not empty", dir.display()))),
         Ok(false) => {
             let dir = private(&dir)?;
-            // As a new one would be: the live tree below holds what commands made (set-id bits
-            // among it), for no one else to reach.
+            // As a new one would be: the live tree below holds whatever commands made, for no
+            // one else to reach.
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
             Ok((dir, false))
         }
