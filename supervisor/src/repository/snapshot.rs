@@ -697,6 +697,10 @@ mod tests {
         for good in ["a", "a/b.txt", ".gitignore", "a/.github/x", "..a", "a.."] {
             check_path(good).unwrap();
         }
+        // 4096 bytes at most.
+        let longest = format!("{}/{}", "n".repeat(255), "m".repeat(3840));
+        check_path(&longest).unwrap();
+        assert!(check_path(&format!("{longest}m")).is_err(), "4097 bytes accepted");
         let deepest = vec!["d"; MAX_DEPTH].join("/");
         check_path(&deepest).unwrap();
         assert!(check_path(&format!("{deepest}/d")).is_err(), "{} components accepted", MAX_DEPTH + 1);
@@ -732,6 +736,12 @@ mod tests {
         assert!(check_index(&ix, &c).is_err());
         ix.insert("a/b".into(), Node::File { sha256: "a".repeat(64), size: (16 << 20) + 1, executable: false });
         assert!(check_index(&ix, &Ceilings::default()).is_err());
+        // An object's name is 64 lowercase hex digits, no fewer (a short one would be sliced
+        // into the store's fan-out), no other character.
+        for bad in ["ab".to_string(), "g".repeat(64), "A".repeat(64), "a".repeat(65)] {
+            ix.insert("a/b".into(), Node::File { sha256: bad.clone(), size: 1, executable: false });
+            assert!(check_index(&ix, &Ceilings::default()).is_err(), "{bad:?} accepted");
+        }
     }
 
     /// A scratch directory under the system temp dir, removed when dropped.
