@@ -717,7 +717,8 @@ mod tests {
         ix.insert("d/out".into(), Node::Symlink { target: "up/..".into() });
         assert!(check_index(&ix, &Ceilings::default()).is_err());
         ix.remove("d/out");
-        for t in ["/etc/passwd", "../..", "../../x", ""] {
+        // `.` and empty components are no directory to climb out of: `./../..` from `d/` leaves.
+        for t in ["/etc/passwd", "../..", "../../x", "", "./../..", "..//..", ".././.."] {
             ix.insert("d/l".into(), Node::Symlink { target: t.into() });
             assert!(check_index(&ix, &Ceilings::default()).is_err(), "{t:?} accepted");
         }
@@ -736,6 +737,16 @@ mod tests {
         assert!(check_index(&ix, &c).is_err());
         ix.insert("a/b".into(), Node::File { sha256: "a".repeat(64), size: (16 << 20) + 1, executable: false });
         assert!(check_index(&ix, &Ceilings::default()).is_err());
+        // 64 MiB in all (by the sizes the index states) at most.
+        ix.insert("a/b".into(), file("a"));
+        let mut all = ix.clone();
+        for i in 0..4 {
+            all.insert(format!("a/{i}"), Node::File { sha256: "b".repeat(64), size: 16 << 20, executable: false });
+        }
+        all.remove("a/b");
+        check_index(&all, &Ceilings::default()).unwrap();
+        all.insert("a/b".into(), file("a"));
+        assert!(check_index(&all, &Ceilings::default()).is_err(), "64 MiB and a byte accepted");
         // An object's name is 64 lowercase hex digits, no fewer (a short one would be sliced
         // into the store's fan-out), no other character.
         for bad in ["ab".to_string(), "g".repeat(64), "A".repeat(64), "a".repeat(65)] {
