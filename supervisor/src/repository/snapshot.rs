@@ -532,7 +532,8 @@ impl Walker<'_> {
             // not after all of them are held.
             if (self.seen.index.len() + names.len()) as u64 > self.c.max_entries.saturating_add(self.skip.len() as u64)
             {
-                return Err(refused(format!("more than {} entries", self.c.max_entries)));
+                let dir = if prefix.is_empty() { "the top directory".to_string() } else { format!("{prefix:?}") };
+                return Err(refused(format!("more than {} entries (counted as {dir} was read)", self.c.max_entries)));
             }
         }
         let dfd = dir.as_fd();
@@ -795,7 +796,29 @@ mod tests {
         assert_eq!(walk(&src, &obj, &c, &[".git"], None).unwrap().0.len(), 3);
         std::fs::write(src.join("d"), "d").unwrap();
         let r = walk(&src, &obj, &c, &[".git"], None);
-        assert!(matches!(&r, Err(SnapshotError::Refused(m)) if m == "more than 3 entries"), "{r:?}");
+        let early = "more than 3 entries (counted as the top directory was read)";
+        assert!(matches!(&r, Err(SnapshotError::Refused(m)) if m == early), "{r:?}");
+    }
+
+    /// The byte ceiling stops the walk's reading: no file past it is read into the store.
+    /// Exactly the ceiling passes.
+    #[test]
+    fn the_byte_ceiling_stops_the_reading() {
+        let s = scratch("bytes");
+        let (src, objects) = (s.0.join("src"), s.0.join("objects"));
+        std::fs::create_dir(&src).unwrap();
+        for n in ["a", "b"] {
+            std::fs::write(src.join(n), n.repeat(8)).unwrap();
+        }
+        let c = Ceilings { max_total_bytes: 16, ..Ceilings::default() };
+        walk(&src, &Objects::open(&objects).unwrap(), &c, &[], None).unwrap();
+        std::fs::remove_dir_all(&objects).unwrap();
+        std::fs::write(src.join("c"), "c".repeat(8)).unwrap();
+        let r = walk(&src, &Objects::open(&objects).unwrap(), &c, &[], None);
+        assert!(matches!(&r, Err(SnapshotError::Refused(m)) if m.contains("bytes of content")), "{r:?}");
+        let stored: usize =
+            std::fs::read_dir(&objects).unwrap().map(|f| std::fs::read_dir(f.unwrap().path()).unwrap().count()).sum();
+        assert_eq!(stored, 2, "a file past the ceiling was read");
     }
 
     #[test]
