@@ -205,7 +205,13 @@ fn crash_at(point: &str, calc_after: &str) {
     let f = fixture(&format!("crash-{point}"));
     let out = execute(&f, "crash", "echo changed > package/calc.py", Some(point));
     assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{point}: the crash point was not reached");
-    recover_and_check(&f, calc_after, None);
+    let report = recover_and_check(&f, calc_after, None);
+    // The report says what recovery found: a head that had moved past the receipts, and the
+    // half-written object it removed.
+    assert_eq!(report["head_was"].is_string(), point == "committed", "{point}: {report}");
+    if point == "snapshot" {
+        assert!(report["temporary_removed"].as_u64() >= Some(1), "{report}");
+    }
 }
 
 #[test]
