@@ -535,6 +535,20 @@ fn a_workspace_others_could_replace_is_refused() {
     let ws = Ws { state: parent.join("ws"), public: keydir.join("public.key") };
     assert!(init_at(&ws.state).status.success());
     assert_eq!(exec(&ws, "k1", "30", "true").0, 0);
+    // What every receipt binds is the digest of the configuration as written (its canonical
+    // JSON).
+    let digest = format!("sha256:{}", chio_tests::hex(&std::fs::read(ws.state.join("workspace.json")).unwrap()));
+    assert_eq!(status(&ws)["config_digest"], Value::from(digest));
+    // A state path that is a file is bad input, not a directory made over it.
+    let file = dir.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out = init_at(&file);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Not a directory"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let st = || chio(&["repository", "status", "--state", s(&ws.state)]);
     chown(&parent, 65534);
     refused(&st(), &format!("{} is owned by uid 65534", parent.display()));
