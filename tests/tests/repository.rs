@@ -981,9 +981,22 @@ fn scratch_paths_are_kept_but_never_evidence() {
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains(why), "{bad}: {err}");
     }
-    let (_, out) =
-        try_init(&dir, &repo, &["package"], &["--scratch-path", "package/b", "--scratch-path", "package/b/c"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("overlap"));
+    // Overlap in any order, and a path given twice.
+    for pair in [["package/b", "package/b/c"], ["package/b/c", "package/b"], ["package/b", "package/b"]] {
+        let (_, out) = try_init(&dir, &repo, &["package"], &["--scratch-path", pair[0], "--scratch-path", pair[1]]);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("overlap"), "{pair:?}");
+    }
+    // At most 16.
+    let many: Vec<String> = (0..17).map(|i| format!("package/s{i}")).collect();
+    let args = |n: usize| many[..n].iter().flat_map(|p| ["--scratch-path", p.as_str()]).collect::<Vec<_>>();
+    let (_, out) = try_init(&dir, &repo, &["package"], &args(17));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("give at most 16"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, out) = try_init(&dir, &repo, &["package"], &args(16));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let scratch = ["--scratch-path", "package/build", "--scratch-path", "package/__pycache__"];
     let (ws, out) = try_init(&dir, &repo, &["package"], &scratch);
