@@ -36,20 +36,25 @@ fn init(dir: &Scratch, repo: &Path, paths: &[&str]) -> Ws {
 
 /// `init` with extra arguments; the caller checks the outcome.
 fn try_init(dir: &Scratch, repo: &Path, paths: &[&str], extra: &[&str]) -> (Ws, Output) {
+    let state = dir.join(&format!("ws-{}", std::fs::read_dir(&dir.0).unwrap().count()));
+    let out = init_at(dir, repo, &state, paths, extra);
+    (Ws { state, public: dir.join("key/public.key") }, out)
+}
+
+/// `init` of `state`, signed with the scratch directory's key (made on first use).
+fn init_at(dir: &Scratch, repo: &Path, state: &Path, paths: &[&str], extra: &[&str]) -> Output {
     let keydir = dir.join("key");
     if !keydir.exists() {
         assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
     }
-    let state = dir.join(&format!("ws-{}", std::fs::read_dir(&dir.0).unwrap().count()));
-    let mut args = vec!["repository", "init", "--state", s(&state), "--repository", s(repo), "--revision", "HEAD"];
+    let mut args = vec!["repository", "init", "--state", s(state), "--repository", s(repo), "--revision", "HEAD"];
     for p in paths {
         args.extend(["--source-path", p]);
     }
     let seed = keydir.join("signing.seed");
     args.extend(["--kernel-key", s(&seed)]);
     args.extend(extra);
-    let out = chio(&args);
-    (Ws { state, public: keydir.join("public.key") }, out)
+    chio(&args)
 }
 
 /// `chio repository execute --json`: (exit code, result).
@@ -303,23 +308,23 @@ fn tampered_or_foreign_bundles_are_refused() {
     expect(&b, "HEAD", &["package"], "more than 8192 archive members");
     // The bundle is the sender's: a link in it is not followed (here to /dev/zero, which would
     // be read without end), and a FIFO is not waited on.
-    let b = copy("linked-receipts");
-    std::fs::remove_file(b.join("receipts.ndjson")).unwrap();
-    std::os::unix::fs::symlink("/dev/zero", b.join("receipts.ndjson")).unwrap();
-    expect(&b, "HEAD", &["package"], "symbolic link");
-    let b = copy("fifo-transitions");
-    std::fs::remove_file(b.join("transitions.json")).unwrap();
-    assert!(Command::new("mkfifo").arg(b.join("transitions.json")).status().unwrap().success());
-    expect(&b, "HEAD", &["package"], "not a regular file");
+    let planted = |name: &str, file: &str, fifo: bool| -> PathBuf {
+        let b = copy(name);
+        std::fs::remove_file(b.join(file)).unwrap();
+        if fifo {
+            assert!(Command::new("mkfifo").arg(b.join(file)).status().unwrap().success());
+        } else {
+            std::os::unix::fs::symlink("/dev/zero", b.join(file)).unwrap();
+        }
+        b
+    };
+    expect(&planted("linked-receipts", "receipts.ndjson", false), "HEAD", &["package"], "symbolic link");
+    expect(&planted("fifo-transitions", "transitions.json", true), "HEAD", &["package"], "not a regular file");
     // The patch too: git is handed the open file, never the path (it read /dev/zero through the
     // link into memory without end, and waited on the FIFO).
-    let b = copy("linked-patch");
-    std::fs::remove_file(b.join("changes.patch")).unwrap();
-    std::os::unix::fs::symlink("/dev/zero", b.join("changes.patch")).unwrap();
+    let b = planted("linked-patch", "changes.patch", false);
     expect(&b, "HEAD", &["package"], "changes.patch is or passes through a symbolic link");
-    let b = copy("fifo-patch");
-    std::fs::remove_file(b.join("changes.patch")).unwrap();
-    assert!(Command::new("mkfifo").arg(b.join("changes.patch")).status().unwrap().success());
+    let b = planted("fifo-patch", "changes.patch", true);
     expect(&b, "HEAD", &["package"], "changes.patch is not a regular file");
     // Another commit, another scope.
     std::fs::write(recipient.join("package/more.py"), "x = 1\n").unwrap();
@@ -497,24 +502,7 @@ fn a_workspace_others_could_replace_is_refused() {
     let home = dir.join("home");
     std::fs::create_dir(&home).unwrap();
     chown(&home, 65534);
-    let keydir = dir.join("key");
-    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
-    let init_at = |state: &Path| {
-        chio(&[
-            "repository",
-            "init",
-            "--state",
-            s(state),
-            "--repository",
-            s(&repo),
-            "--revision",
-            "HEAD",
-            "--source-path",
-            "package",
-            "--kernel-key",
-            s(&keydir.join("signing.seed")),
-        ])
-    };
+    let init_at = |state: &Path| init_at(&dir, &repo, state, &["package"], &[]);
     refused(&init_at(&home.join("ws")), &format!("{} is owned by uid 65534", home.display()));
     assert!(!home.join("ws").exists());
     let theirs = dir.join("theirs");
@@ -532,7 +520,7 @@ fn a_workspace_others_could_replace_is_refused() {
     // A workspace made where only root writes; then its parent given away, or opened to all.
     let parent = dir.join("root");
     std::fs::create_dir(&parent).unwrap();
-    let ws = Ws { state: parent.join("ws"), public: keydir.join("public.key") };
+    let ws = Ws { state: parent.join("ws"), public: dir.join("key/public.key") };
     assert!(init_at(&ws.state).status.success());
     assert_eq!(exec(&ws, "k1", "30", "true").0, 0);
     // What every receipt binds is the digest of the configuration as written (its canonical
