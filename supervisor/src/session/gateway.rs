@@ -253,6 +253,17 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
 mod tests {
     use super::*;
 
+    /// A provider at `port` on loopback for the session's model `m`.
+    fn provider(port: u16) -> Provider {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        Provider {
+            url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+            bearer: "Bearer k".into(),
+            model: "m".into(),
+            agent,
+        }
+    }
+
     /// A request for another model than the session's is refused before anything reaches the
     /// provider or the journal (the provider here is unreachable: a call would fail otherwise).
     #[test]
@@ -261,13 +272,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let provider = Provider {
-            url: "http://127.0.0.1:9/v1/chat/completions".into(),
-            bearer: "Bearer k".into(),
-            model: "m".into(),
-            agent,
-        };
+        let provider = provider(9);
         let (status, body) = call(&mut j, &provider, br#"{"model":"expensive","messages":[]}"#).unwrap();
         assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
         assert!(String::from_utf8_lossy(&body).contains("the session calls model"));
@@ -312,13 +317,7 @@ mod tests {
             body
         });
         let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let provider = Provider {
-            url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-            bearer: "Bearer k".into(),
-            model: "m".into(),
-            agent,
-        };
+        let provider = provider(port);
         let (status, _) = call(&mut j, &provider, br#"{"model":"expensive","messages":[],"model":"m"}"#).unwrap();
         assert_eq!(status, 200);
         let sent = String::from_utf8(provider_side.join().unwrap()).unwrap();
