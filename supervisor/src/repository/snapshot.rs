@@ -196,7 +196,7 @@ pub fn check_path(path: &str) -> Result<(), SnapshotError> {
         return bad("empty or longer than 4096 bytes");
     }
     if path.split('/').count() > MAX_DEPTH {
-        return bad("nested more than 256 directories deep");
+        return bad(&format!("nested more than {MAX_DEPTH} directories deep"));
     }
     if path.chars().any(char::is_control) {
         return bad("a name with a control character (newline, tab, ...)");
