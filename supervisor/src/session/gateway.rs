@@ -33,6 +33,31 @@ const MAX_ANSWER_BYTES: u64 = 16 << 20;
 const MAX_CONNECTIONS: usize = 4;
 /// How long one provider call may take.
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(300);
+/// The request members forwarded: those that shape one answer of the session's model. Any other
+/// is refused by name — `n` above 1 (several answers billed as one call of the step limit),
+/// `service_tier` (a dearer tier), `store` and `metadata` (the conversation kept at the
+/// provider), built-in tools such as `web_search_options` (billed apart): the worker, not the
+/// operator, would be choosing them. The session's own worker sends `model`, `messages` and
+/// `tools`.
+const FORWARDED: [&str; 17] = [
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+];
 
 /// One journaled call.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -201,6 +226,9 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     if value["model"].as_str() != Some(provider.model.as_str()) {
         return Ok((403, error_body(&format!("the session calls model {:?} only", provider.model))));
     }
+    if let Err(refusal) = check_members(&value) {
+        return Ok((403, error_body(&refusal)));
+    }
     let digest = crate::repository::workspace::json_digest(&value)?;
     let n = j.next;
     if let Some(done) = j.load(n)? {
@@ -249,6 +277,26 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     Ok((status, text.into_bytes()))
 }
 
+/// Refuse a request with a member the gateway does not forward (`FORWARDED`); `n` and `stream`
+/// pass only at their defaults (one answer, not streamed).
+fn check_members(request: &Value) -> Result<(), String> {
+    // A body that is no object named no model: refused before this.
+    for (name, value) in request.as_object().into_iter().flatten() {
+        let default = match name.as_str() {
+            "n" => value.as_u64() == Some(1),
+            "stream" => value.as_bool() == Some(false),
+            other => FORWARDED.contains(&other),
+        };
+        if !default {
+            return Err(format!(
+                "the gateway does not forward {name:?} = {value}: one answer of the session's model a call, \
+                 with the sampling, token and tool members only"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +328,38 @@ mod tests {
         // The session's own model goes on to the provider (unreachable here: 502, not journaled).
         let (status, _) = call(&mut j, &provider, br#"{"model":"m","messages":[]}"#).unwrap();
         assert_eq!((status, j.next), (502, 0));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A request asking for more than one answer of the session's model, or naming a member the
+    /// gateway does not forward, is refused by name before anything reaches the provider or the
+    /// journal; the same members at their defaults, and the sampling ones, go on.
+    #[test]
+    fn only_one_answer_of_the_model_is_asked_for() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-members");
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let provider = provider(9);
+        for (extra, named) in [
+            (r#""n":8"#, "\"n\""),
+            (r#""n":"1""#, "\"n\""),
+            (r#""stream":true"#, "\"stream\""),
+            (r#""service_tier":"priority""#, "\"service_tier\""),
+            (r#""store":true"#, "\"store\""),
+            (r#""web_search_options":{}"#, "\"web_search_options\""),
+        ] {
+            let body = format!(r#"{{"model":"m","messages":[],{extra}}}"#);
+            let (status, answer) = call(&mut j, &provider, body.as_bytes()).unwrap();
+            let answer = String::from_utf8_lossy(&answer);
+            assert_eq!(status, 403, "{extra}: {answer}");
+            assert!(answer.contains(&format!("does not forward {}", named.replace('"', "\\\""))), "{extra}: {answer}");
+        }
+        assert_eq!((j.next, fs::read_dir(&dir).unwrap().count()), (0, 0), "nothing journaled");
+        // Defaults and sampling members go on to the (unreachable) provider: 502.
+        let body = br#"{"model":"m","messages":[],"tools":[],"n":1,"stream":false,"temperature":0,"max_tokens":9}"#;
+        let (status, _) = call(&mut j, &provider, body).unwrap();
+        assert_eq!(status, 502);
         fs::remove_dir_all(&dir).unwrap();
     }
 
