@@ -2,6 +2,7 @@
 //! `docker save` archives and OCI layouts in place, verifying them, extracting layers safely, and
 //! the content-addressed image store behind `chio image` and `chio cage run --image`.
 
+mod file_access;
 pub mod image;
 pub mod launch_plan;
 pub mod preflight;

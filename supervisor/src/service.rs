@@ -61,7 +61,9 @@ fn failed(m: impl Into<String>) -> ServiceError {
 const MAX_CREDENTIAL_BYTES: u64 = 64 << 10;
 
 /// Read the credentials: `(VAR, file name)` pairs from `dir`. Each file is opened without
-/// following a link and must be a regular file nobody but its owner can read; one trailing
+/// following a link and must be a regular file of root's or this process's user, which nobody
+/// but its owner and this process's user can read or write — by its mode or, where it has one,
+/// its ACL (systemd grants a service's user a credential by an ACL entry); one trailing
 /// newline is stripped, and any other padding or control character refuses it. A variable
 /// already set in this environment refuses too (a credential never overrides silently).
 pub fn read_credentials(dir: &Path, wanted: &[(String, String)]) -> Result<Vec<(String, String)>, ServiceError> {
@@ -83,12 +85,23 @@ pub fn read_credentials(dir: &Path, wanted: &[(String, String)]) -> Result<Vec<(
         if !meta.is_file() {
             return Err(refused(format!("credential {} is not a regular file", path.display())));
         }
-        // Writable by others too: whoever can write it chooses the identity the command takes.
-        if meta.mode() & 0o066 != 0 {
+        // Whoever owns or can write it chooses the identity the command takes; whoever can read
+        // it holds that identity too.
+        let euid = nix::unistd::geteuid().as_raw();
+        if meta.uid() != 0 && meta.uid() != euid {
             return Err(refused(format!(
-                "credential {} is readable or writable by group or others (mode {:o}): chmod 0600 it",
+                "credential {} belongs to uid {}, neither root nor this process's user ({euid}): chown it",
                 path.display(),
-                meta.mode() & 0o777
+                meta.uid()
+            )));
+        }
+        let shared = crate::file_access::shared_beyond(&f, &meta, euid)
+            .map_err(|e| refused(format!("credential {}: reading its ACL: {e}", path.display())))?;
+        if let Some(who) = shared {
+            return Err(refused(format!(
+                "credential {} is readable or writable by {who}: only its owner and this process's user may \
+                 reach it (chmod 0600, setfacl -b)",
+                path.display()
             )));
         }
         let mut bytes = Vec::new();

@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -90,6 +90,77 @@ fn credentials_become_variables_only_from_strict_files() {
     // Without a directory, credentials cannot be found: refused, nothing runs.
     let out = run(&["--credential-env", "TOKEN=api", "--", "/bin/true"], &[]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// `setfacl ARGS FILE`.
+fn setfacl(file: &Path, args: &[&str]) {
+    let out =
+        Command::new("setfacl").args(args).arg(file).output().expect("setfacl (apt-get install acl; .ci/run does)");
+    assert!(out.status.success(), "setfacl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// systemd grants a service's user a credential it wrote as root with an ACL entry for that
+/// user (`user:UID:r--`: `ls` then shows 0440) wherever the file system has ACLs — its tmpfs
+/// since systemd 254. That user is let in, as systemd means; any other reach an ACL gives — to a
+/// user that is not the reader, a group, the owning group — is refused naming who, and so is a
+/// file of neither root's nor the reader's.
+#[test]
+fn credentials_shared_by_an_acl_only_with_the_reader() {
+    let dir = Scratch::new("supervise-acl");
+    let token = dir.join("token");
+    credential(&dir.0, "token", b"tok-acl\n", 0o400);
+    setfacl(&token, &["-m", "u:65534:r"]);
+    let as_nobody = |name: &str| {
+        let spec = format!("TOKEN={name}");
+        let args = ["--exec", "--credentials-dir", s(&dir.0), "--credential-env", &spec, "--", "/bin/sh", "-c"];
+        supervise(&args, &[]).arg("printf '%s' \"$TOKEN\"").uid(65534).gid(65534).output().unwrap()
+    };
+    // systemd's layout, read by the user it names.
+    let out = as_nobody("token");
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()),
+        (Some(0), "tok-acl"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = |name: &str, reader: Option<u32>, why: &str| {
+        let spec = format!("TOKEN={name}");
+        let out = match reader {
+            Some(_) => as_nobody(name),
+            None => run(&["--exec", "--credentials-dir", s(&dir.0), "--credential-env", &spec, "--", "/bin/true"], &[]),
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(why), "{name}: {err}");
+    };
+    // The same file read by root: uid 65534 can read it too.
+    refused("token", None, "readable or writable by user 65534 (by its ACL)");
+    // A group, or the owning group, given reach by the ACL (the mode's group bits are its mask).
+    credential(&dir.0, "group", b"x\n", 0o400);
+    setfacl(&dir.join("group"), &["-m", "u:65534:r,g:65533:r"]);
+    refused("group", Some(65534), "readable or writable by group 65533 (by its ACL)");
+    credential(&dir.0, "own-group", b"x\n", 0o400);
+    setfacl(&dir.join("own-group"), &["-m", "u:65534:r,g::r"]);
+    refused("own-group", Some(65534), "readable or writable by its group (by its ACL)");
+    // Another user than the reader (and others) named.
+    credential(&dir.0, "stranger", b"x\n", 0o400);
+    setfacl(&dir.join("stranger"), &["-m", "u:65534:r,u:65533:rw,o::r"]);
+    refused("stranger", Some(65534), "readable or writable by user 65533, others (by its ACL)");
+    // An entry the ACL's mask takes everything from gives nothing: read by root, accepted.
+    credential(&dir.0, "masked", b"tok-masked\n", 0o400);
+    setfacl(&dir.join("masked"), &["-n", "-m", "u:65533:rw,g:65533:r,m::-"]);
+    let out = supervise(
+        &["--exec", "--credentials-dir", s(&dir.0), "--credential-env", "TOKEN=masked", "--", "/bin/sh", "-c"],
+        &[],
+    )
+    .arg("printf '%s' \"$TOKEN\"")
+    .output()
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "tok-masked", "{}", String::from_utf8_lossy(&out.stderr));
+    // A file of another user's, private to it: that user chose the identity.
+    credential(&dir.0, "theirs", b"x\n", 0o600);
+    std::os::unix::fs::chown(dir.join("theirs"), Some(65533), None).unwrap();
+    refused("theirs", None, "belongs to uid 65533, neither root nor this process's user (0)");
 }
 
 /// A NOTIFY_SOCKET for the test, and what arrives on it.
