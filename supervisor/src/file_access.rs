@@ -28,7 +28,13 @@ const READ_WRITE: u16 = 0o6;
 /// Who other than the owner and `reader` (a uid: this process's) can read or write the open
 /// file `f`, in words (`None`: no one). An ACL chio cannot read counts as shared.
 pub fn shared_beyond(f: &File, meta: &Metadata, reader: u32) -> io::Result<Option<String>> {
-    let Some(acl) = f.get_xattr(ACCESS_ACL)? else {
+    // A file system without extended attributes (ramfs, where systemd 252 puts credentials)
+    // has no ACLs: its mode says it all.
+    let acl = match f.get_xattr(ACCESS_ACL) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => None,
+        other => other?,
+    };
+    let Some(acl) = acl else {
         let bits = meta.mode() & 0o066;
         return Ok((bits != 0).then(|| format!("group or others (mode {:o})", meta.mode() & 0o777)));
     };

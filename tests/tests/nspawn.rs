@@ -25,10 +25,11 @@ const RUNNER: &str = "[Unit]\nDescription=chio test script\nConditionPathExists=
 [Service]\nType=oneshot\nExecStart=/bin/sh /results/run.sh\nStandardOutput=file:/results/out.txt\n\
 StandardError=inherit\n[Install]\nWantedBy=multi-user.target\n";
 
-/// A Debian root with systemd, built once into `target/test-images` (about a minute; needs
-/// debootstrap and the Debian mirror) and reused; each boot runs on a volatile overlay of it.
-fn systemd_image() -> Option<PathBuf> {
-    let dir = repo().join("target/test-images/systemd-bookworm");
+/// A Debian root (`suite`) with systemd, built once into `target/test-images` (a minute or
+/// two; needs debootstrap and the Debian mirror) and reused; each boot runs on a volatile
+/// overlay of it.
+fn systemd_image(suite: &str) -> Option<PathBuf> {
+    let dir = repo().join(format!("target/test-images/systemd-{suite}"));
     if dir.join(".complete").exists() {
         return Some(dir);
     }
@@ -38,7 +39,7 @@ fn systemd_image() -> Option<PathBuf> {
     // The root's own mode is the container's `/`: others must be able to enter it.
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new("debootstrap")
-        .args(["--variant=minbase", "--include=systemd,systemd-sysv,dbus,util-linux,passwd", "bookworm"])
+        .args(["--variant=minbase", "--include=systemd,systemd-sysv,dbus,util-linux,passwd", suite])
         .arg(&tmp)
         .arg("http://deb.debian.org/debian")
         .output()
@@ -111,22 +112,28 @@ echo "done=1"
 systemctl start --no-block poweroff.target
 "#;
 
-#[test]
-fn the_package_under_a_booted_systemd() {
-    if !privileged("nspawn") {
-        return;
+/// Whether this host can boot a container here (privileged, with nspawn and debootstrap); the
+/// `suite` image, built if need be.
+fn bootable(test: &str, suite: &str) -> Option<PathBuf> {
+    if !privileged(test) {
+        return None;
     }
     for tool in ["systemd-nspawn", "debootstrap"] {
         if Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| !o.status.success()) {
-            skip("nspawn", &format!("{tool} is missing (apt-get install systemd-container debootstrap; .ci/run does)"));
-            return;
+            skip(test, &format!("{tool} is missing (apt-get install systemd-container debootstrap; .ci/run does)"));
+            return None;
         }
     }
-    let Some(image) = systemd_image() else {
-        skip("nspawn", "the systemd image could not be built (debootstrap needs the Debian mirror)");
-        return;
-    };
-    let results = Scratch::new("nspawn");
+    let image = systemd_image(suite);
+    if image.is_none() {
+        skip(test, "the systemd image could not be built (debootstrap needs the Debian mirror)");
+    }
+    image
+}
+
+/// The `.deb` as `packaging/deb/build-deb.sh` builds it, at `results/chio.deb`, with `script` at
+/// `results/run.sh` for the runner unit.
+fn stage(results: &Scratch, script: &str) {
     let built = Command::new(repo().join("packaging/deb/build-deb.sh"))
         .args(["--out", results.0.to_str().unwrap()])
         .output()
@@ -134,18 +141,26 @@ fn the_package_under_a_booted_systemd() {
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
     let deb = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
     std::fs::rename(&deb, results.join("chio.deb")).unwrap();
-    std::fs::write(results.join("run.sh"), SCRIPT).unwrap();
-    let mut boot = Command::new("systemd-nspawn");
-    boot.args(["-b", "--register=no", "--keep-unit", "--volatile=overlay", "--capability=all", "--quiet"])
+    std::fs::write(results.join("run.sh"), script).unwrap();
+}
+
+/// One boot at a time: with `--keep-unit` each container's systemd runs in the test's own
+/// cgroup, and two would manage one tree (the first to power off kills the other's services).
+static ONE_BOOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Boot `image` with `results` at /results until it powers off (at most 300 s); what the script
+/// printed.
+fn boot(mut nspawn: Command, image: &Path, results: &Scratch) -> String {
+    let _one = ONE_BOOT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    nspawn
+        .args(["-b", "--register=no", "--keep-unit", "--volatile=overlay", "--quiet"])
         .arg("-D")
-        .arg(&image)
-        .arg(format!("--bind={}:/results", results.0.display()));
-    for c in ["memory", "cpu", "cpuacct", "pids"] {
-        boot.arg(format!("--bind=/sys/fs/cgroup/{c}:/mnt/hostcg/{c}"));
-    }
-    // nspawn's own syscall filter hides landlock from the container ("ABI 0").
-    boot.env("SYSTEMD_SECCOMP", "0").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = boot.spawn().unwrap();
+        .arg(image)
+        .arg(format!("--bind={}:/results", results.0.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = nspawn.spawn().unwrap();
     let until = Instant::now() + Duration::from_secs(300);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > until {
@@ -154,7 +169,22 @@ fn the_package_under_a_booted_systemd() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let out = std::fs::read_to_string(results.join("out.txt")).unwrap_or_default();
+    std::fs::read_to_string(results.join("out.txt")).unwrap_or_default()
+}
+
+#[test]
+fn the_package_under_a_booted_systemd() {
+    let Some(image) = bootable("nspawn", "bookworm") else { return };
+    let results = Scratch::new("nspawn");
+    stage(&results, SCRIPT);
+    let mut nspawn = Command::new("systemd-nspawn");
+    nspawn.arg("--capability=all");
+    for c in ["memory", "cpu", "cpuacct", "pids"] {
+        nspawn.arg(format!("--bind=/sys/fs/cgroup/{c}:/mnt/hostcg/{c}"));
+    }
+    // nspawn's own syscall filter hides landlock from the container ("ABI 0").
+    nspawn.env("SYSTEMD_SECCOMP", "0");
+    let out = boot(nspawn, &image, &results);
     let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_string();
     let show = |f: &str| std::fs::read_to_string(results.join(f)).unwrap_or_default();
     assert_eq!(get("done"), "1", "the script did not finish:\n{out}");
@@ -173,4 +203,44 @@ fn the_package_under_a_booted_systemd() {
     assert!((2000..7000).contains(&stop_ms), "the stop took {stop_ms} ms with a 2 s grace: {out}");
     assert_eq!((get("stopped"), get("left"), get("cgroups")), ("inactive".into(), "0".into(), "0".into()), "{out}");
     assert!(get("receipts").parse::<u32>().unwrap() >= 2, "the launch's receipts in the daemon's store: {out}");
+}
+
+/// What the current Debian's systemd runs: the credential as it hands one to a `User=` service,
+/// then the wrapped launch as that user and as root.
+const CREDENTIAL_SCRIPT: &str = r#"set -u
+dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
+echo "systemd=$(systemctl --version | head -1 | cut -d' ' -f2)"
+printf 'session-s3cret\n' > /etc/chio/credentials/session-token
+chmod 600 /etc/chio/credentials/session-token
+L=LoadCredential=session-token:/etc/chio/credentials/session-token
+echo "credential=$(systemd-run --wait --pipe --collect -p $L -p User=nobody /bin/sh -c 'stat -c "%a %U" "$CREDENTIALS_DIRECTORY/session-token"' 2>/dev/null)"
+for user in nobody root; do
+  echo "$user=$(systemd-run --wait --pipe --collect -p $L -p User=$user /usr/bin/chio security supervise --exec \
+    --credential-env CHIO_AUTH_TOKEN=session-token -- /bin/sh -c 'printf %s "$CHIO_AUTH_TOKEN"' 2>/results/$user.err)"
+done
+echo "done=1"
+systemctl start --no-block poweroff.target
+"#;
+
+/// systemd 254 and later put credentials on a tmpfs (with `noswap`) and grant a `User=` service
+/// its credential by an ACL entry on a root-owned file (mode 0440), where bookworm's 252 used
+/// ramfs and ownership. The documented wrapped launch under Debian trixie's systemd, as a
+/// `User=` service and as root, gets its token.
+#[test]
+fn credentials_under_a_current_systemd() {
+    let Some(image) = bootable("nspawn_trixie", "trixie") else { return };
+    let results = Scratch::new("nspawn-trixie");
+    stage(&results, CREDENTIAL_SCRIPT);
+    // systemd 256 and later refuse cgroup v1; this host's is a v1 hybrid, so the container gets a
+    // unified hierarchy of its own (nothing here builds a cage).
+    let mut nspawn = Command::new("systemd-nspawn");
+    nspawn.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1");
+    let out = boot(nspawn, &image, &results);
+    let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_string();
+    let err = |u: &str| std::fs::read_to_string(results.join(&format!("{u}.err"))).unwrap_or_default();
+    assert_eq!((get("done"), get("installed")), ("1".into(), "0".into()), "{out}");
+    assert!(get("systemd").parse::<u32>().is_ok_and(|v| v >= 254), "{out}");
+    assert_eq!(get("credential"), "440 root", "the credential as systemd gives it: {out}");
+    assert_eq!(get("nobody"), "session-s3cret", "{}", err("nobody"));
+    assert_eq!(get("root"), "session-s3cret", "{}", err("root"));
 }
