@@ -210,6 +210,10 @@ fn the_package_under_a_booted_systemd() {
 const CREDENTIAL_SCRIPT: &str = r#"set -u
 dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
 echo "systemd=$(systemctl --version | head -1 | cut -d' ' -f2)"
+# The shipped units as this systemd reads them: no error and no warning.
+(cd /usr/lib/systemd/system && systemd-analyze verify --man=no chio-supervisor.service chio-preflight.service \
+  chio-receipts-verify.service chio-receipts-verify.timer chio-tool@demo.service > /results/verify.txt 2>&1)
+echo "verify=$?"
 printf 'session-s3cret\n' > /etc/chio/credentials/session-token
 chmod 600 /etc/chio/credentials/session-token
 L=LoadCredential=session-token:/etc/chio/credentials/session-token
@@ -225,7 +229,8 @@ systemctl start --no-block poweroff.target
 /// systemd 254 and later put credentials on a tmpfs (with `noswap`) and grant a `User=` service
 /// its credential by an ACL entry on a root-owned file (mode 0440), where bookworm's 252 used
 /// ramfs and ownership. The documented wrapped launch under Debian trixie's systemd, as a
-/// `User=` service and as root, gets its token.
+/// `User=` service and as root, gets its token; and that systemd verifies the shipped units
+/// without a warning.
 #[test]
 fn credentials_under_a_current_systemd() {
     let Some(image) = bootable("nspawn_trixie", "trixie") else { return };
@@ -240,6 +245,8 @@ fn credentials_under_a_current_systemd() {
     let err = |u: &str| std::fs::read_to_string(results.join(&format!("{u}.err"))).unwrap_or_default();
     assert_eq!((get("done"), get("installed")), ("1".into(), "0".into()), "{out}");
     assert!(get("systemd").parse::<u32>().is_ok_and(|v| v >= 254), "{out}");
+    let verify = std::fs::read_to_string(results.join("verify.txt")).unwrap_or_default();
+    assert_eq!((get("verify").as_str(), verify.as_str()), ("0", ""), "systemd-analyze verify on the shipped units");
     assert_eq!(get("credential"), "440 root", "the credential as systemd gives it: {out}");
     assert_eq!(get("nobody"), "session-s3cret", "{}", err("nobody"));
     assert_eq!(get("root"), "session-s3cret", "{}", err("root"));
