@@ -218,6 +218,10 @@ pub fn run(o: &RunOptions) -> Result<Ended, ServiceError> {
         .map_err(|e| failed(format!("signalfd: {e}")))?;
     let mut cmd = Command::new(program);
     cmd.args(args).envs(o.credentials.iter().map(|(k, v)| (k, v)));
+    // Readiness is ours to tell systemd: a command that speaks sd_notify would otherwise say
+    // READY=1 before the readiness check does (under NotifyAccess=all), or have systemd log
+    // each message from a process that is not the unit's main one.
+    cmd.env_remove("NOTIFY_SOCKET");
     // SAFETY: only sigprocmask between fork and exec (async-signal-safe): the child gets the
     // default signal mask back.
     unsafe {

@@ -199,8 +199,12 @@ fn unix_socket_readiness_then_a_forwarded_sigterm() {
     let dir = Scratch::new("supervise-ready");
     let notify = Notify::new(&dir);
     let ready_sock = dir.join("service.sock");
+    // The command speaks sd_notify itself where it can: readiness is supervise's to tell, so the
+    // command never gets the socket (it would otherwise say READY=1 before it listens).
     let script = format!(
-        "import socket,signal,sys,time\ntime.sleep(0.4)\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(4)\n\
+        "import os,socket,signal,sys,time\nn=os.environ.get('NOTIFY_SOCKET')\n\
+         n and socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM).sendto(b'READY=1',n)\n\
+         time.sleep(0.4)\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(4)\n\
          signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\ntime.sleep(60)\n",
         s(&ready_sock)
     );
