@@ -1,6 +1,6 @@
 //! The README's claims about a launch, each shown on a real cage: bind destinations under `/proc`
 //! and `/dev` refused, nested binds resolved inside the new root, the fixed rlimits and hostname,
-//! the CPU ceiling, the stderr cap, landlock's abstract-socket scoping on its own, and the init's
+//! the CPU ceiling, the record's CPU time, the stderr cap, landlock's abstract-socket scoping on its own, and the init's
 //! own identity and filter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -102,6 +102,26 @@ fn the_cpu_ceiling_holds() {
     let run = e.caged(&["--cpus", "1"], &["spin", "1500"]);
     let o = &run.record["outcome"];
     assert!(o["cpu_ms"].as_u64().unwrap() * 100 >= o["wall_ms"].as_u64().unwrap() * 60, "{o}");
+}
+
+/// The record's CPU time is the command's own (the launch cgroup's accounting; the init's
+/// rusage report stands in only where a cgroup gave none): a probe that spends over a second of
+/// CPU, part of it in the kernel, counts it itself, and the record says the same — it may add
+/// only what the probe spent after counting, and the init's share.
+#[test]
+fn the_records_cpu_time_is_the_commands() {
+    let Some(e) = env("cpu_time") else { return };
+    let run = e.caged(&[], &["burn", "1200"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    let field = |k: &str| -> i64 {
+        let v = run.stdout.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}=")));
+        v.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{k} in {:?}", run.stdout))
+    };
+    let (user, sys) = (field("user_us"), field("sys_us"));
+    assert!(sys >= 20_000, "the probe spent {sys} µs in the kernel: too little to tell its sign");
+    let own_ms = (user + sys) / 1000;
+    let recorded = run.record["outcome"]["cpu_ms"].as_i64().unwrap();
+    assert!((own_ms..=own_ms + 25).contains(&recorded), "the record says {recorded} ms; the probe counted {own_ms} ms");
 }
 
 #[test]

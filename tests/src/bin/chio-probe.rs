@@ -139,6 +139,29 @@ fn main() {
             }
             exit(0)
         }
+        "burn" => {
+            // Spend MS of CPU, partly in the kernel (system calls), then print what it spent by
+            // its own count: `user_us=U sys_us=S`.
+            let ms: i64 = arg(rest, 0).parse().unwrap_or_else(|_| error("burn MS"));
+            let spent = || {
+                let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+                unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+                let us = |t: libc::timeval| t.tv_sec * 1_000_000 + t.tv_usec;
+                (us(ru.ru_utime), us(ru.ru_stime))
+            };
+            let mut x = 0u64;
+            while spent().0 + spent().1 < ms * 1000 {
+                for _ in 0..20_000 {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+                for _ in 0..200 {
+                    unsafe { libc::getppid() };
+                }
+            }
+            let (user, sys) = spent();
+            println!("user_us={user} sys_us={sys}");
+            exit(0)
+        }
         "flood-stderr" => {
             let mib: usize = arg(rest, 0).parse().unwrap_or_else(|_| error("flood-stderr MIB"));
             let chunk = vec![b'e'; 1 << 20];
