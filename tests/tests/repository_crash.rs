@@ -1,6 +1,7 @@
 //! The repository engine SIGKILLed at each stage of `execute` — before the launch, during the
 //! command, while a snapshot object is half written, before and after the head moves (the
-//! receipts, with the retained result, come last in one transaction) — and `chio repository recover` after it: no process or launch cgroup left, the
+//! receipts, with the retained result, come last in one transaction), during the command with
+//! its janitor killed first — and `chio repository recover` after it: no process or launch cgroup left, the
 //! workspace exactly the last snapshot the receipts attest, the operation never run again, the
 //! receipt chain intact.
 
@@ -31,7 +32,12 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// The tests here take turns: every launch sweeps away launch cgroups whose supervisor is gone,
+/// and one test's launch would otherwise remove what another leaves for `recover` to find.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Fixture {
+    _turn: std::sync::MutexGuard<'static, ()>,
     _dir: Scratch,
     state: PathBuf,
     public: PathBuf,
@@ -39,6 +45,7 @@ struct Fixture {
 
 /// A workspace over a one-file repository with one committed transition already made.
 fn fixture(tag: &str) -> Fixture {
+    let turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = Scratch::new(tag);
     let repo = dir.join("src");
     std::fs::create_dir_all(repo.join("package")).unwrap();
@@ -75,7 +82,7 @@ fn fixture(tag: &str) -> Fixture {
         s(&seed),
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let f = Fixture { state, public: key.join("public.key"), _dir: dir };
+    let f = Fixture { state, public: key.join("public.key"), _dir: dir, _turn: turn };
     assert_eq!(execute(&f, "setup", "echo one > package/one.txt", None).status.code(), Some(0));
     f
 }
@@ -237,10 +244,39 @@ fn killed_after_the_head_moved_before_the_receipts() {
 
 #[test]
 fn killed_during_the_command() {
-    if !privileged("during") {
-        return;
+    killed_mid_command("during", false);
+}
+
+/// The engine's janitor — which removes the launch cgroup when the engine dies — killed first:
+/// `recover` removes the cgroup the enforcement receipt names.
+#[test]
+fn killed_with_its_janitor_during_the_command() {
+    if let Some(removed) = killed_mid_command("during_with_janitor", true) {
+        assert!(!removed.as_array().unwrap().is_empty(), "recover removed no launch cgroup: {removed}");
     }
-    let f = fixture("crash-during");
+}
+
+/// The engine's children named `chio-janitor`.
+fn janitors_of(engine: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let ppid = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            comm.trim_end() == "chio-janitor" && ppid == Some(engine)
+        })
+        .collect()
+}
+
+/// SIGKILL the engine (its janitor first, when `janitor`) while the command runs, recover, and
+/// check; the cgroups recover removed (None: not privileged, nothing ran).
+fn killed_mid_command(tag: &str, janitor: bool) -> Option<Value> {
+    if !privileged(tag) {
+        return None;
+    }
+    let f = fixture(&format!("crash-{tag}"));
     let marker = format!("sleep 30.{}", std::process::id());
     let mut child = chio()
         .args(["repository", "execute", "--state", s(&f.state), "--operation-key", "crash", "--deadline", "60", "--"])
@@ -253,7 +289,21 @@ fn killed_during_the_command() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(started.exists(), "the command never started");
+    if janitor {
+        let janitors = janitors_of(child.id());
+        assert_eq!(janitors.len(), 1, "the engine's janitor: {janitors:?}");
+        // SAFETY: kill on a process of the engine this test started.
+        assert_eq!(unsafe { libc::kill(janitors[0], libc::SIGKILL) }, 0);
+    }
     child.kill().unwrap();
     child.wait().unwrap();
-    recover_and_check(&f, ORIGINAL, Some(&marker));
+    if janitor {
+        // With no janitor, the cgroup outlives the engine until recover removes it (or the next
+        // launch's sweep of launch cgroups whose supervisor is gone: none runs meanwhile, the
+        // tests here take turns).
+        std::thread::sleep(Duration::from_millis(300));
+        let left: Vec<String> = recorded_cgroups(&f).into_iter().filter(|p| Path::new(p).exists()).collect();
+        assert!(!left.is_empty(), "no launch cgroup outlived the engine and its janitor");
+    }
+    Some(recover_and_check(&f, ORIGINAL, Some(&marker))["cgroups_removed"].clone())
 }
