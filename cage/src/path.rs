@@ -136,6 +136,8 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
             continue;
         }
         let Some((child, id)) = down.pop() else { break };
+        #[cfg(test)]
+        tests::BEFORE_CLIMB.with_borrow_mut(|hook| hook.as_mut().map(|f| f()));
         let up = open(cur.as_fd(), c"..")?;
         if identity(up.as_fd())? != id {
             return Err(io::Error::other(format!(
@@ -248,6 +250,38 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
     use std::os::unix::fs::symlink;
+
+    thread_local! {
+        /// Run before each climb of `remove_tree` back up through `..` (this thread's only).
+        pub(super) static BEFORE_CLIMB: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// A tree moved while `remove_tree` removes it: the climb back up from the moved directory
+    /// leads elsewhere, and the removal stops there, naming it, instead of going on in the
+    /// directory the tree was moved into.
+    #[test]
+    fn remove_tree_stops_when_the_tree_moves() {
+        let d = tempdir("moved");
+        std::fs::create_dir_all(d.join("t/a/b")).unwrap();
+        std::fs::write(d.join("t/a/b/file"), "x").unwrap();
+        std::fs::write(d.join("t/a/keep"), "x").unwrap();
+        std::fs::create_dir(d.join("elsewhere")).unwrap();
+        let (from, to) = (d.join("t/a"), d.join("elsewhere/a"));
+        // Before the first climb (from b into a): move a out of t.
+        BEFORE_CLIMB.set(Some(Box::new(move || {
+            let _ = std::fs::rename(&from, &to);
+        })));
+        let parent = open_host(&d, libc::O_DIRECTORY).unwrap();
+        let err = remove_tree(parent.as_fd(), OsStr::new("t"));
+        BEFORE_CLIMB.set(None);
+        let err = err.unwrap_err();
+        assert!(err.to_string().contains("t: a directory moved while its tree was removed"), "{err}");
+        // b (climbed into a, which holds it still) went; a, in its new place, did not.
+        assert!(d.join("elsewhere/a").is_dir() && !d.join("elsewhere/a/b").exists());
+        assert!(d.join("t").is_dir(), "the removal went on past the move");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     fn tempdir(tag: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("chio-path-{tag}-{}", std::process::id()));
