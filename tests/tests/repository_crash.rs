@@ -3,7 +3,7 @@
 //! receipts, with the retained result, come last in one transaction), during the command with
 //! its janitor killed first — and `chio repository recover` after it: no process or launch cgroup left, the
 //! workspace exactly the last snapshot the receipts attest, the operation never run again, the
-//! receipt chain intact.
+//! receipt chain intact; and a mount below the state directory, which recover names and leaves.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -306,4 +306,30 @@ fn killed_mid_command(tag: &str, janitor: bool) -> Option<Value> {
         assert!(!left.is_empty(), "no launch cgroup outlived the engine and its janitor");
     }
     Some(recover_and_check(&f, ORIGINAL, Some(&marker))["cgroups_removed"].clone())
+}
+
+/// A mount point below the state directory is none of chio's: `recover` leaves it in place and
+/// says so (exit 3), naming it. Run in a mount namespace of its own, which takes the mount away
+/// with it; the same recover without the mount is clean.
+#[test]
+fn recover_names_a_mount_it_did_not_make() {
+    if !privileged("recover_mount") {
+        return;
+    }
+    let f = fixture("recover-mount");
+    std::fs::create_dir(f.state.join("extra")).unwrap();
+    let script = "mount -t tmpfs chio-test \"$1/extra\" && exec \"$2\" repository recover --state \"$1\"";
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh", s(&f.state)])
+        .arg(chio_bin(&PathBuf::from(PROBE)))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = json(&out);
+    let mount = format!("mount point {}: not made by chio; unmount it yourself", f.state.join("extra").display());
+    assert_eq!(report["left_in_place"], serde_json::json!([mount]), "{report}");
+    // Control: the same recover, no mount.
+    let out = run(&["repository", "recover", "--state", s(&f.state)]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json(&out)["left_in_place"], serde_json::json!([]));
 }
