@@ -86,11 +86,16 @@ fn statfs_magic(p: &Path) -> Option<i64> {
 /// host process came next. The pidfd is opened first, the membership read after, and the kill
 /// goes through the pidfd: it reaches the process that was read, or none.
 fn kill_listed(dir: &Path, pid: libc::pid_t) {
+    kill_listed_if(dir, pid, |_| true);
+}
+
+/// [`kill_listed`], and only if `also(pid)` holds once the pidfd is open.
+fn kill_listed_if(dir: &Path, pid: libc::pid_t, also: impl Fn(libc::pid_t) -> bool) {
     let Ok(pidfd) = crate::sys::pidfd_open(pid) else { return };
     let Some(name) = dir.file_name().and_then(|n| n.to_str()) else { return };
     let member = fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .is_ok_and(|c| c.lines().any(|l| l.rsplit('/').next() == Some(name)));
-    if member {
+    if member && also(pid) {
         let _ = crate::sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
     }
 }
@@ -444,8 +449,30 @@ pub fn sweep(hierarchy: &Hierarchy) -> usize {
     }
 }
 
+/// Whether `pid` runs in a pid namespace made from this process's own: a cage of a supervisor
+/// of this pid namespace (its init was cloned with `CLONE_NEWPID` from here). A launch cgroup's
+/// name holds its supervisor's pid as that supervisor saw it; one made by a supervisor in
+/// another pid namespace — a container's chio on a cgroup hierarchy it shares with the host's —
+/// names a pid that means nothing here, and its live cage is not an orphan of ours.
+fn caged_from_here(pid: libc::pid_t) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let Ok(ours) = nix::sys::stat::stat("/proc/self/ns/pid") else { return false };
+    let Ok(ns) = fs::File::open(format!("/proc/{pid}/ns/pid")) else { return false };
+    // SAFETY: NS_GET_PARENT on a namespace descriptor we hold; it returns a new descriptor or -1
+    // (raw: nix has no namespace ioctls).
+    let parent = unsafe { libc::ioctl(ns.as_raw_fd(), libc::NS_GET_PARENT) };
+    if parent < 0 {
+        return false;
+    }
+    // SAFETY: a descriptor the kernel just gave us, owned from here.
+    let parent = unsafe { std::os::fd::OwnedFd::from_raw_fd(parent) };
+    nix::sys::stat::fstat(&parent).is_ok_and(|st| (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino))
+}
+
 /// Remove launch cgroups (`chio-<pid>-<random>`) whose supervisor is gone. Normally the janitor
-/// does this the moment a supervisor dies; this catches the case where both were killed.
+/// does this the moment a supervisor dies; this catches the case where both were killed. Only
+/// processes caged from this pid namespace are killed ([`caged_from_here`]): a cgroup holding
+/// others is some other namespace's launch, and rmdir leaves it (busy).
 fn sweep_orphans(parent: &Path) -> usize {
     let Ok(entries) = fs::read_dir(parent) else { return 0 };
     let mut removed = 0;
@@ -457,7 +484,7 @@ fn sweep_orphans(parent: &Path) -> usize {
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
             let dir = e.path();
             for p in procs(&dir) {
-                kill_listed(&dir, p);
+                kill_listed_if(&dir, p, caged_from_here);
             }
             removed += usize::from(fs::remove_dir(&dir).is_ok());
         }
