@@ -555,9 +555,11 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let detached = sys::openat(cwd_fd(), c"/dev/null", libc::O_RDWR, 0).is_ok_and(|null| {
         nix::unistd::dup2_stdin(&null).and_then(|_| dup2_stdout(&null)).and_then(|_| dup2_stderr(&null)).is_ok()
     });
+    default_faults();
     if shed.is_err() || orphaned || !detached || seccomp::install_init(ctx.filters).is_err() {
         give_up(target);
     }
+    let aborts = ctx.plan.hook(&TestHook::InitAborts);
     // Last, close everything else: the supervisor waits for EOF on the status channel before it
     // lets the target run, so EOF also proves the init has shed every privilege.
     if !ctx.plan.hook(&TestHook::Channel) && sys::close_from(4).is_err() {
@@ -583,6 +585,9 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
                         break;
                     }
                     if pid == target {
+                        if aborts {
+                            std::process::abort();
+                        }
                         let killed = end_the_rest();
                         write_result(status, killed);
                         libc::_exit(0);
@@ -596,6 +601,18 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
                 libc::_exit(1);
             }
         }
+    }
+}
+
+/// Put the default action back on the signals of a fault, so that one ends the init. The
+/// supervisor's handlers it inherited (std's stack-overflow check, on SIGSEGV and SIGBUS) would
+/// otherwise meet a fault the init did not expect — `abort()` under its filter, which refuses
+/// the signal calls, faults on purpose — try to put the default back themselves, be refused by
+/// the filter, and return to the faulting instruction: the init would spin until the deadline.
+fn default_faults() {
+    for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGABRT, libc::SIGTRAP, libc::SIGSYS] {
+        // SAFETY: the default disposition installs no handler (raw like `reset_signals`).
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
 }
 

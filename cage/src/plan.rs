@@ -258,6 +258,9 @@ pub enum TestHook {
     /// The target sleeps instead of making its exec (as one of a file on a file system that
     /// does not answer would), and the supervisor waits for its exec stop 1 s, not 30.
     StallBeforeExec,
+    /// The init aborts when the target has ended, under its filter (as a bug in it would): the
+    /// launch must end then, not spin until its deadline.
+    InitAborts,
 }
 
 impl TestHook {
@@ -285,6 +288,7 @@ impl TestHook {
             TestHook::InitShedFails => "init_shed_fails".into(),
             TestHook::InitPrivileged => "init_privileged".into(),
             TestHook::StallBeforeExec => "stall_before_exec".into(),
+            TestHook::InitAborts => "init_aborts".into(),
         }
     }
 
@@ -318,6 +322,7 @@ impl TestHook {
             "init_shed_fails" => TestHook::InitShedFails,
             "init_privileged" => TestHook::InitPrivileged,
             "stall_before_exec" => TestHook::StallBeforeExec,
+            "init_aborts" => TestHook::InitAborts,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

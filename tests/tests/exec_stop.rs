@@ -298,6 +298,30 @@ fn an_init_that_cannot_shed_its_privileges_ends_the_cage() {
     assert!(ws.join("ran").exists(), "control: the target runs and writes");
 }
 
+/// An init that aborts under its filter when the target has ended (as a bug in it would: a
+/// hook) ends the launch then, with an outcome and nothing left running — not at the deadline.
+/// It once spun instead: `abort()`, refused the signal calls by the init's filter, faults on
+/// purpose, and the supervisor's stack-overflow handler it inherited, refused in turn, went
+/// back to the fault, again and again, a CPU's worth until the 60 s deadline. Control: the
+/// same launch without the hook.
+#[test]
+fn an_init_that_aborts_ends_the_launch() {
+    let Some(e) = Suite::new("init_aborts", PROBE) else { return };
+    let ws = Scratch::new("exec-stop-aborts");
+    ws.give_to_nobody();
+    let started = std::time::Instant::now();
+    let run = launch(&e, &ws, Some("init_aborts"), &["--timeout", "60s"]);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(20), "the launch took {took:?}: {}", run.stderr);
+    assert!(ws.join("ran").exists(), "the target ran before the init aborted");
+    assert_eq!(run.record["outcome"]["signal"], libc::SIGKILL, "no report from the init: {}", run.record);
+    assert!(run.record["outcome"]["limit_hit"].as_array().is_none_or(|l| l.is_empty()), "{}", run.record);
+    assert!(chio_tests::lasting_orphaned_inits(std::time::Duration::from_secs(5)).is_empty());
+    let control = launch(&e, &ws, None, &["--timeout", "60s"]);
+    assert_eq!((control.state(), control.code), ("FullyEnforced", 0), "control: {}", control.stderr);
+    assert_eq!(control.record["outcome"]["exit_code"], 0, "control: {}", control.record);
+}
+
 /// An init that stays in the cage privileged (a hook skips its shedding; it goes on to
 /// supervise as if it had shed) is refused at the exec stop, where the supervisor reads the
 /// init as it reads the target: root, every capability, no no_new_privs.
