@@ -757,14 +757,33 @@ fn cwd_fd() -> BorrowedFd<'static> {
 }
 
 fn reset_signals() {
-    for sig in 1..libc::SIGRTMAX() {
+    for sig in 1..=libc::SIGRTMAX() {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: the default disposition installs no handler (raw: nix's Signal has no
-            // real-time signals, which must be reset too).
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
+            default_disposition(sig);
         }
     }
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+/// Put `sig`'s default action back. Raw `rt_sigaction`: glibc's `signal` and `sigaction` (and
+/// nix's, over them) refuse the two real-time signals glibc keeps for itself (32 and 33), and a
+/// disposition the invoker left on them — an ignored signal survives an exec — would reach the
+/// command, whose own C library may use them as any other.
+fn default_disposition(sig: libc::c_int) {
+    /// The kernel's `struct sigaction` on x86_64 (handler, flags, restorer, mask).
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: libc::sighandler_t,
+        flags: libc::c_ulong,
+        restorer: usize,
+        mask: u64,
+    }
+    let act = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
+    // SAFETY: rt_sigaction with a local, fully initialised kernel sigaction and no old-action
+    // pointer; the default disposition installs no handler.
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigaction, sig, &act as *const KernelSigaction, std::ptr::null_mut::<u8>(), 8usize)
+    };
 }
 
 fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {

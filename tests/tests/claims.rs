@@ -68,6 +68,48 @@ fn cat(e: &Suite, flags: &[&str], path: &str) -> CageRun {
     run
 }
 
+/// Ignore `sig` with the raw syscall (glibc refuses its own 32 and 33).
+fn ignore(sig: libc::c_int) -> std::io::Result<()> {
+    let act: [u64; 4] = [libc::SIG_IGN as u64, 0, 0, 0]; // the kernel's struct sigaction
+                                                         // SAFETY: rt_sigaction with a local kernel sigaction, no old action; SIG_IGN installs no
+                                                         // handler (async-signal-safe between fork and exec).
+    match unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, act.as_ptr(), std::ptr::null_mut::<u8>(), 8usize) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// The command starts with no signal blocked and none ignored but what its own start-up sets
+/// (the probe is a Rust program: SIGPIPE), whatever its invoker ignored — an ignored signal
+/// survives an exec. The invoker here ignores SIGINT, SIGUSR1, the two real-time signals glibc
+/// keeps for itself (32, 33: its `signal` refuses them) and the last one (64). Control: outside
+/// a cage the probe, started the same way, has them all ignored.
+#[test]
+fn the_command_starts_with_default_signals() {
+    use std::os::unix::process::CommandExt;
+    let Some(e) = env("default_signals") else { return };
+    let ignored = [libc::SIGINT, libc::SIGUSR1, 32, 33, 64];
+    let started = |program: &std::path::Path, args: &[&str]| {
+        let mut c = Command::new(program);
+        c.args(args).stdin(Stdio::null());
+        // SAFETY: only rt_sigaction between fork and exec.
+        unsafe { c.pre_exec(move || ignored.iter().try_for_each(|&s| ignore(s))) };
+        c.output().unwrap()
+    };
+    let field = |text: &str, k: &str| -> u64 {
+        let v = text.lines().find_map(|l| l.strip_prefix(&format!("{k}:"))).unwrap_or_else(|| panic!("{k}: {text}"));
+        u64::from_str_radix(v.trim(), 16).unwrap()
+    };
+    let root = e.rootfs.to_str().unwrap();
+    let out = started(&e.chio, &["cage", "run", "--rootfs", root, "--", "/probe", "cat", "/proc/self/status"]);
+    let status = String::from_utf8_lossy(&out.stdout);
+    let sigpipe = 1u64 << (libc::SIGPIPE - 1);
+    assert_eq!((field(&status, "SigBlk"), field(&status, "SigIgn")), (0, sigpipe), "{status}");
+    let control = started(&e.probe, &["cat", "/proc/self/status"]);
+    let all = ignored.iter().fold(0u64, |m, &s| m | 1 << (s - 1));
+    assert_eq!(field(&String::from_utf8_lossy(&control.stdout), "SigIgn") & all, all, "control");
+}
+
 #[test]
 fn fixed_rlimits_and_hostname() {
     let Some(e) = env("rlimits_hostname") else { return };
