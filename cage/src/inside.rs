@@ -412,6 +412,9 @@ fn peer_gone(sock: RawFd) -> bool {
     channel_now(sock).map_or(true, |r| r & (libc::POLLHUP | libc::POLLERR) != 0)
 }
 
+/// The command's file-creation mask (runc's default too).
+pub const CAGE_UMASK: libc::mode_t = 0o022;
+
 /// Size of the init's report of the target's end (five little-endian i64s, one write).
 pub const RESULT_BYTES: usize = 40;
 
@@ -791,6 +794,9 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     channel::send(ctx.sock, &CageMsg::Hello, &[]).map_err(|e| fail(Stage::Identity, "channel_failed", e))?;
     let plan = ctx.plan;
     reset_signals();
+    // A fixed file-creation mask, not the invoker's: the daemon's unit runs with 0077, a shell
+    // with 0022 or 0002, and the same command must make the same files either way.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(CAGE_UMASK));
     let mut reported = Reported {
         proc_verified: true,
         loopback_up: loopback_is_up(),

@@ -1,7 +1,7 @@
 //! The README's claims about a launch, each shown on a real cage: bind destinations under `/proc`
 //! and `/dev` refused, nested binds resolved inside the new root, the fixed rlimits and hostname,
-//! the CPU ceiling, the record's CPU time, the stderr cap, landlock's abstract-socket scoping on its own, and the init's
-//! own identity and filter.
+//! the CPU ceiling, the record's CPU time, default signals and a fixed umask, the stderr cap,
+//! landlock's abstract-socket scoping on its own, and the init's own identity and filter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,32 +82,43 @@ fn ignore(sig: libc::c_int) -> std::io::Result<()> {
 /// The command starts with no signal blocked and none ignored but what its own start-up sets
 /// (the probe is a Rust program: SIGPIPE), whatever its invoker ignored — an ignored signal
 /// survives an exec. The invoker here ignores SIGINT, SIGUSR1, the two real-time signals glibc
-/// keeps for itself (32, 33: its `signal` refuses them) and the last one (64). Control: outside
-/// a cage the probe, started the same way, has them all ignored.
+/// keeps for itself (32, 33: its `signal` refuses them) and the last one (64), and its umask is
+/// 0077: the command's is 0022 all the same. Control: outside a cage the probe, started the same
+/// way, has them all ignored and the umask 0077.
 #[test]
-fn the_command_starts_with_default_signals() {
+fn the_command_starts_with_default_signals_and_umask() {
     use std::os::unix::process::CommandExt;
     let Some(e) = env("default_signals") else { return };
     let ignored = [libc::SIGINT, libc::SIGUSR1, 32, 33, 64];
     let started = |program: &std::path::Path, args: &[&str]| {
         let mut c = Command::new(program);
         c.args(args).stdin(Stdio::null());
-        // SAFETY: only rt_sigaction between fork and exec.
-        unsafe { c.pre_exec(move || ignored.iter().try_for_each(|&s| ignore(s))) };
+        // SAFETY: only rt_sigaction and umask between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                libc::umask(0o077);
+                ignored.iter().try_for_each(|&s| ignore(s))
+            })
+        };
         c.output().unwrap()
     };
+    // /proc/PID/status: signal sets in hex, the umask in octal.
     let field = |text: &str, k: &str| -> u64 {
         let v = text.lines().find_map(|l| l.strip_prefix(&format!("{k}:"))).unwrap_or_else(|| panic!("{k}: {text}"));
-        u64::from_str_radix(v.trim(), 16).unwrap()
+        u64::from_str_radix(v.trim(), if k == "Umask" { 8 } else { 16 }).unwrap()
     };
     let root = e.rootfs.to_str().unwrap();
     let out = started(&e.chio, &["cage", "run", "--rootfs", root, "--", "/probe", "cat", "/proc/self/status"]);
     let status = String::from_utf8_lossy(&out.stdout);
     let sigpipe = 1u64 << (libc::SIGPIPE - 1);
     assert_eq!((field(&status, "SigBlk"), field(&status, "SigIgn")), (0, sigpipe), "{status}");
+    // And the invoker's umask (0077 here, a daemon's unit's) is not the command's: 0022.
+    assert_eq!(field(&status, "Umask"), 0o022, "{status}");
     let control = started(&e.probe, &["cat", "/proc/self/status"]);
+    let control = String::from_utf8_lossy(&control.stdout);
     let all = ignored.iter().fold(0u64, |m, &s| m | 1 << (s - 1));
-    assert_eq!(field(&String::from_utf8_lossy(&control.stdout), "SigIgn") & all, all, "control");
+    assert_eq!(field(&control, "SigIgn") & all, all, "control: {control}");
+    assert_eq!(field(&control, "Umask"), 0o077, "control: {control}");
 }
 
 #[test]
