@@ -32,7 +32,10 @@ fn nix_err(what: String) -> impl FnOnce(nix::Error) -> io::Error {
     move |e| io::Error::new(io::Error::from(e).kind(), format!("{what}: {e}"))
 }
 
-/// Apply the plan's rlimits (soft = hard).
+/// Apply the plan's rlimits (soft = hard), and no real-time or raised priority whatever the
+/// invoker's limits allow: `sched_setscheduler` and `setpriority` are the caller's own to call,
+/// and with an inherited `RLIMIT_RTPRIO` a cage could make itself SCHED_FIFO, which the cgroup's
+/// CPU ceiling does not hold.
 pub fn set_rlimits(l: &Limits) -> io::Result<()> {
     let mut set = vec![
         (Resource::RLIMIT_NOFILE, l.nofile, "NOFILE"),
@@ -40,6 +43,8 @@ pub fn set_rlimits(l: &Limits) -> io::Result<()> {
         (Resource::RLIMIT_CORE, l.core_bytes, "CORE"),
         (Resource::RLIMIT_SIGPENDING, l.sigpending, "SIGPENDING"),
         (Resource::RLIMIT_MEMLOCK, l.memlock_bytes, "MEMLOCK"),
+        (Resource::RLIMIT_RTPRIO, 0, "RTPRIO"),
+        (Resource::RLIMIT_NICE, 0, "NICE"),
     ];
     if let Some(c) = l.cpu_seconds {
         set.push((Resource::RLIMIT_CPU, c, "CPU"));

@@ -133,6 +133,11 @@ fn fixed_rlimits_and_hostname() {
     assert!(line("Max file size").starts_with("Max file size 16777216 16777216"), "{limits}");
     assert!(line("Max pending signals").starts_with("Max pending signals 256 256"), "{limits}");
     assert!(line("Max locked memory").starts_with("Max locked memory 65536 65536"), "{limits}");
+    // No real-time or raised priority, whatever the invoker's limits (0 on this machine's root
+    // too, which cannot raise them: without CAP_SYS_RESOURCE no invoker here can show the
+    // difference).
+    assert!(line("Max realtime priority").starts_with("Max realtime priority 0 0"), "{limits}");
+    assert!(line("Max nice priority").starts_with("Max nice priority 0 0"), "{limits}");
     assert_eq!(cat(&e, &[], "/proc/sys/kernel/hostname").stdout.trim(), "chio");
     // Control: the host's own limits and name differ.
     let host_limits = std::fs::read_to_string("/proc/self/limits").unwrap();
