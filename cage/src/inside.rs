@@ -797,6 +797,11 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     // A fixed file-creation mask, not the invoker's: the daemon's unit runs with 0077, a shell
     // with 0022 or 0002, and the same command must make the same files either way.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(CAGE_UMASK));
+    // Linux's own execution domain, no flag: an invoker's ADDR_NO_RANDOMIZE (`setarch -R`)
+    // survives an exec, and would run the command without address-space randomisation (the
+    // cage's filter refuses personality changes, so the command cannot undo it either).
+    nix::sys::personality::set(nix::sys::personality::Persona::empty())
+        .map_err(|e| fail(Stage::Identity, "personality_failed", e))?;
     let mut reported = Reported {
         proc_verified: true,
         loopback_up: loopback_is_up(),

@@ -1,6 +1,6 @@
 //! The README's claims about a launch, each shown on a real cage: bind destinations under `/proc`
 //! and `/dev` refused, nested binds resolved inside the new root, the fixed rlimits and hostname,
-//! the CPU ceiling, the record's CPU time, default signals and a fixed umask, the stderr cap,
+//! the CPU ceiling, the record's CPU time, default signals, umask and personality, the stderr cap,
 //! landlock's abstract-socket scoping on its own, and the init's own identity and filter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -82,21 +82,23 @@ fn ignore(sig: libc::c_int) -> std::io::Result<()> {
 /// The command starts with no signal blocked and none ignored but what its own start-up sets
 /// (the probe is a Rust program: SIGPIPE), whatever its invoker ignored — an ignored signal
 /// survives an exec. The invoker here ignores SIGINT, SIGUSR1, the two real-time signals glibc
-/// keeps for itself (32, 33: its `signal` refuses them) and the last one (64), and its umask is
-/// 0077: the command's is 0022 all the same. Control: outside a cage the probe, started the same
-/// way, has them all ignored and the umask 0077.
+/// keeps for itself (32, 33: its `signal` refuses them) and the last one (64), its umask is
+/// 0077 and it runs without address-space randomisation: the command's umask is 0022 and its
+/// personality Linux's own all the same. Control: outside a cage the probe, started the same
+/// way, has them all ignored, the umask 0077 and `ADDR_NO_RANDOMIZE`.
 #[test]
-fn the_command_starts_with_default_signals_and_umask() {
+fn the_command_starts_with_default_signals_umask_and_personality() {
     use std::os::unix::process::CommandExt;
     let Some(e) = env("default_signals") else { return };
     let ignored = [libc::SIGINT, libc::SIGUSR1, 32, 33, 64];
     let started = |program: &std::path::Path, args: &[&str]| {
         let mut c = Command::new(program);
         c.args(args).stdin(Stdio::null());
-        // SAFETY: only rt_sigaction and umask between fork and exec.
+        // SAFETY: only rt_sigaction, umask and personality between fork and exec.
         unsafe {
             c.pre_exec(move || {
                 libc::umask(0o077);
+                libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
                 ignored.iter().try_for_each(|&s| ignore(s))
             })
         };
@@ -119,6 +121,11 @@ fn the_command_starts_with_default_signals_and_umask() {
     let all = ignored.iter().fold(0u64, |m, &s| m | 1 << (s - 1));
     assert_eq!(field(&control, "SigIgn") & all, all, "control: {control}");
     assert_eq!(field(&control, "Umask"), 0o077, "control: {control}");
+    // The invoker ran without address-space randomisation (`setarch -R`); the command does not.
+    let out = started(&e.chio, &["cage", "run", "--rootfs", root, "--", "/probe", "cat", "/proc/self/personality"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "00000000");
+    let control = started(&e.probe, &["cat", "/proc/self/personality"]);
+    assert_eq!(String::from_utf8_lossy(&control.stdout).trim(), "00040000", "control");
 }
 
 #[test]
