@@ -262,7 +262,15 @@ mod tests {
     /// directory the tree was moved into.
     #[test]
     fn remove_tree_stops_when_the_tree_moves() {
-        let d = tempdir("moved");
+        /// Removed however the test ends (it runs under mutation, where it fails).
+        struct Gone(std::path::PathBuf);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let gone = Gone(tempdir("moved"));
+        let d = &gone.0;
         std::fs::create_dir_all(d.join("t/a/b")).unwrap();
         std::fs::write(d.join("t/a/b/file"), "x").unwrap();
         std::fs::write(d.join("t/a/keep"), "x").unwrap();
@@ -280,7 +288,6 @@ mod tests {
         // b (climbed into a, which holds it still) went; a, in its new place, did not.
         assert!(d.join("elsewhere/a").is_dir() && !d.join("elsewhere/a/b").exists());
         assert!(d.join("t").is_dir(), "the removal went on past the move");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     fn tempdir(tag: &str) -> std::path::PathBuf {
