@@ -271,6 +271,14 @@ fn a_launch_through_the_daemon_is_the_one_shot_launch() {
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "fed through\n".into()), "{}", text(&out.stderr));
     let written: Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
     assert_eq!(written["state"], "FullyEnforced");
+    // Without -i the command's stdin is /dev/null, as in the one-shot form — never a
+    // descriptor of the daemon's or of the spare its cage was made ahead in (twice: the second
+    // launch's cage is a spare's, made while the daemon was idle).
+    for _ in 0..2 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let out = d.run(None, &["--", "/bin/readlink", "/proc/self/fd/0"], Some("not for the command\n"));
+        assert_eq!(text(&out.stdout), "/dev/null\n", "{}", text(&out.stderr));
+    }
     // A relative path resolves in the client's directory, as in the one-shot form.
     std::fs::create_dir(dir.join("ws")).unwrap();
     std::fs::write(dir.join("ws/marker"), "here\n").unwrap();
