@@ -312,6 +312,40 @@ mod tests {
         }
     }
 
+    /// What a worker sends, read as the gateway reads it (a socket pair, the sender closing).
+    fn read(raw: &[u8]) -> Result<Vec<u8>, (u16, String)> {
+        let (mut worker, gateway) = UnixStream::pair().unwrap();
+        let raw = raw.to_vec();
+        let sender = std::thread::spawn(move || {
+            let _ = worker.write_all(&raw);
+        });
+        let got = read_request(gateway);
+        sender.join().unwrap();
+        got
+    }
+
+    /// The one request the gateway serves is read whole; anything else is answered with the
+    /// status that names what is wrong, and no body is read past its bounds.
+    #[test]
+    fn requests_it_cannot_serve_are_answered_by_status() {
+        let post = |head: &str, body: &str| format!("POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n{body}");
+        let ok = post("Content-Length: 2\r\n", "{}");
+        assert_eq!(read(ok.as_bytes()), Ok(b"{}".to_vec()));
+        let code = |raw: &[u8]| read(raw).map_err(|e| e.0).err();
+        assert_eq!(code(b"GET /v1/chat/completions HTTP/1.1\r\n\r\n"), Some(404));
+        assert_eq!(code(b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"), Some(404));
+        assert_eq!(code(post("", "{}").as_bytes()), Some(411));
+        assert_eq!(code(post("Transfer-Encoding: chunked\r\n", "2\r\n{}\r\n0\r\n\r\n").as_bytes()), Some(501));
+        let over = format!("Content-Length: {}\r\n", MAX_BODY_BYTES + 1);
+        assert_eq!(code(post(&over, "").as_bytes()), Some(413));
+        let at = format!("Content-Length: {MAX_BODY_BYTES}\r\n");
+        assert_eq!(code(post(&at, "{}").as_bytes()), Some(400), "a body cut short of its length");
+        // A head past its bound, and one that never ends.
+        let long = format!("X-Pad: {}\r\n", "a".repeat(MAX_HEAD_BYTES));
+        assert_eq!(code(post(&long, "").as_bytes()), Some(400));
+        assert_eq!(code(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n"), Some(400));
+    }
+
     /// A request for another model than the session's is refused before anything reaches the
     /// provider or the journal (the provider here is unreachable: a call would fail otherwise).
     #[test]
