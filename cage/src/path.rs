@@ -280,7 +280,7 @@ mod tests {
         BEFORE_CLIMB.set(Some(Box::new(move || {
             let _ = std::fs::rename(&from, &to);
         })));
-        let parent = open_host(&d, libc::O_DIRECTORY).unwrap();
+        let parent = open_host(d, libc::O_DIRECTORY).unwrap();
         let err = remove_tree(parent.as_fd(), OsStr::new("t"));
         BEFORE_CLIMB.set(None);
         let err = err.unwrap_err();
