@@ -437,6 +437,41 @@ mod tests {
         let sent = String::from_utf8(provider_side.join().unwrap()).unwrap();
         assert_eq!(sent.matches("\"model\"").count(), 1, "{sent}");
         assert!(!sent.contains("expensive"), "{sent}");
+        // The answer was journaled as call 0 before it was given, and the next call is 1.
+        let journaled = j.load(0).unwrap().expect("call 0 journaled");
+        assert_eq!((journaled.status, journaled.response.as_str(), j.next), (200, r#"{"choices":[]}"#, 1));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A journaled call is answered from the journal — the provider (unreachable here) is not
+    /// asked — only for the very request journaled: another request at that place is refused
+    /// as a run diverging from its journal. Past the journal, calls go to the provider.
+    #[test]
+    fn the_journal_answers_only_the_request_it_holds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-journal");
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let asked = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}]}"#;
+        let digest =
+            crate::repository::workspace::json_digest(&serde_json::from_slice::<Value>(asked).unwrap()).unwrap();
+        let entry = JournaledCall { ordinal: 0, request_sha256: digest, status: 200, response: "journaled".into() };
+        let journal = || Journal { dir: dir.clone(), next: 0, limit: 4 };
+        fs::write(journal().path(0), serde_json::to_vec(&entry).unwrap()).unwrap();
+        let provider = provider(9);
+        let mut j = journal();
+        assert_eq!(call(&mut j, &provider, asked).unwrap(), (200, b"journaled".to_vec()));
+        assert_eq!(j.next, 1);
+        // Call 1 is not journaled: the provider is asked (unreachable: 502), nothing journaled.
+        assert_eq!(call(&mut j, &provider, asked).unwrap().0, 502);
+        assert_eq!((j.next, j.load(1).unwrap().is_none()), (1, true));
+        // A rerun that asks something else at call 0 is refused, and stays at call 0.
+        let mut j = journal();
+        let (status, body) = call(&mut j, &provider, br#"{"model":"m","messages":[]}"#).unwrap();
+        assert_eq!((status, j.next), (403, 0));
+        assert!(String::from_utf8_lossy(&body).contains("differs from the one this session journaled"));
+        // A journal entry that is not one is an error, not an answer.
+        fs::write(journal().path(0), b"{").unwrap();
+        assert!(call(&mut journal(), &provider, asked).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 }
