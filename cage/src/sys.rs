@@ -146,19 +146,34 @@ pub fn fs_mount(fstype: &CStr, options: &[(&CStr, &CStr)], attrs: u64) -> io::Re
     owned(unsafe { libc::syscall(libc::SYS_fsmount, ctx.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
 }
 
-/// `openat2` with the given flags and resolve restrictions.
+/// How often `openat2` is asked again after EAGAIN.
+const OPENAT2_TRIES: usize = 256;
+
+/// `openat2` with the given flags and resolve restrictions. Under `RESOLVE_IN_ROOT` or
+/// `RESOLVE_BENEATH` the kernel answers EAGAIN when a rename or mount anywhere on the host
+/// raced its walk of a `..` (it could not ensure the `..` stayed inside) and asks the caller to
+/// try again: a busy host made image imports and launches fail at random. Asked again, a
+/// bounded number of times; past that the EAGAIN is the answer.
 pub fn openat2(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
     let how = OpenHow { flags: (flags | libc::O_CLOEXEC) as u64, mode: mode as u64, resolve };
-    // SAFETY: valid fd, NUL-terminated path, open_how of the size we pass.
-    owned(unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    })
+    let mut tries = 0;
+    loop {
+        // SAFETY: valid fd, NUL-terminated path, open_how of the size we pass.
+        let opened = owned(unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        });
+        tries += 1;
+        match opened {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < OPENAT2_TRIES => continue,
+            other => return other,
+        }
+    }
 }
 
 /// Plain `openat`, close-on-exec (used with `O_NOFOLLOW` by the per-component walk).
