@@ -589,6 +589,7 @@ fn clone_init(
 pub(crate) fn clone_pid_ns(into: Option<BorrowedFd<'_>>) -> io::Result<libc::pid_t> {
     // Read here, once per process, so that the init (a copy of this process) need not.
     let _ = sys::arg_area();
+    sys::leave_realtime()?;
     match into {
         Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir),
         None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),

@@ -146,6 +146,29 @@ pub fn fs_mount(fstype: &CStr, options: &[(&CStr, &CStr)], attrs: u64) -> io::Re
     owned(unsafe { libc::syscall(libc::SYS_fsmount, ctx.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
 }
 
+/// Leave a real-time scheduling policy this process was started with (`chrt -f chio …`, or a
+/// unit's `CPUSchedulingPolicy=fifo`): a cage's init is cloned from it, a real-time task cannot
+/// join a launch cgroup without a real-time budget (EINVAL, on a kernel with RT group
+/// scheduling), and where it could, the cage would run real-time, which its CPU ceiling does not
+/// hold. Raw: nix has no `sched_setscheduler`.
+pub fn leave_realtime() -> io::Result<()> {
+    // SAFETY: plain syscalls on this process with a local parameter.
+    unsafe {
+        let policy = libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK;
+        if policy == libc::SCHED_FIFO || policy == libc::SCHED_RR {
+            let normal = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_OTHER, &normal) != 0 {
+                let e = io::Error::last_os_error();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("leaving the real-time scheduling policy chio was started with (a cage never runs real-time): {e}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// How often `openat2` is asked again after EAGAIN.
 const OPENAT2_TRIES: usize = 256;
 

@@ -1,7 +1,8 @@
 //! The README's claims about a launch, each shown on a real cage: bind destinations under `/proc`
 //! and `/dev` refused, nested binds resolved inside the new root, the fixed rlimits and hostname,
-//! the CPU ceiling, the record's CPU time, default signals, umask and personality, the stderr cap,
-//! landlock's abstract-socket scoping on its own, and the init's own identity and filter.
+//! the CPU ceiling, the record's CPU time, default signals, umask and personality, no real-time
+//! scheduling, the stderr cap, landlock's abstract-socket scoping on its own, and the init's own
+//! identity and filter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -126,6 +127,35 @@ fn the_command_starts_with_default_signals_umask_and_personality() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "00000000");
     let control = started(&e.probe, &["cat", "/proc/self/personality"]);
     assert_eq!(String::from_utf8_lossy(&control.stdout).trim(), "00040000", "control");
+}
+
+/// A cage never runs real-time: chio started under `chrt -f` (as a unit's
+/// `CPUSchedulingPolicy=fifo` would start it) launches, and the command's policy is SCHED_OTHER.
+/// It once failed at the cgroup step instead (EINVAL: a real-time task cannot join a launch
+/// cgroup without a real-time budget on this kernel), and on a kernel without RT group
+/// scheduling the command would have run real-time. Control: the probe under the same `chrt`
+/// is SCHED_FIFO.
+#[test]
+fn a_cage_never_runs_real_time() {
+    let Some(e) = env("realtime") else { return };
+    // Field 41 of /proc/PID/stat, the scheduling policy (0 SCHED_OTHER, 1 SCHED_FIFO).
+    let policy = |stat: &str| -> u32 {
+        let rest = stat.rsplit_once(") ").unwrap_or_else(|| panic!("{stat}")).1;
+        rest.split_whitespace().nth(41 - 3).unwrap().parse().unwrap()
+    };
+    let root = e.rootfs.to_str().unwrap();
+    let out = Command::new("chrt")
+        .args(["-f", "10"])
+        .arg(&e.chio)
+        .args(["cage", "run", "--json", "--rootfs", root, "--", "/probe", "cat", "/proc/self/stat"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = chio_tests::parse(out);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(policy(&run.stdout), libc::SCHED_OTHER as u32, "{}", run.stdout);
+    let control = Command::new("chrt").args(["-f", "10"]).arg(&e.probe).args(["cat", "/proc/self/stat"]).output();
+    assert_eq!(policy(&String::from_utf8(control.unwrap().stdout).unwrap()), libc::SCHED_FIFO as u32, "control");
 }
 
 #[test]
