@@ -413,7 +413,7 @@ fn peer_gone(sock: RawFd) -> bool {
 }
 
 /// The command's file-creation mask (runc's default too).
-pub const CAGE_UMASK: libc::mode_t = 0o022;
+const CAGE_UMASK: libc::mode_t = 0o022;
 
 /// Size of the init's report of the target's end (five little-endian i64s, one write).
 pub const RESULT_BYTES: usize = 40;
@@ -614,8 +614,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
 /// the filter, and return to the faulting instruction: the init would spin until the deadline.
 fn default_faults() {
     for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGABRT, libc::SIGTRAP, libc::SIGSYS] {
-        // SAFETY: the default disposition installs no handler (raw like `reset_signals`).
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        default_disposition(sig);
     }
 }
 

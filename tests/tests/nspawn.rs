@@ -172,6 +172,11 @@ fn boot(mut nspawn: Command, image: &Path, results: &Scratch) -> String {
     std::fs::read_to_string(results.join("out.txt")).unwrap_or_default()
 }
 
+/// The value the script printed as `key=value` (empty if it did not).
+fn printed(out: &str, key: &str) -> String {
+    out.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or("").to_string()
+}
+
 #[test]
 fn the_package_under_a_booted_systemd() {
     let Some(image) = bootable("nspawn", "bookworm") else { return };
@@ -185,7 +190,7 @@ fn the_package_under_a_booted_systemd() {
     // nspawn's own syscall filter hides landlock from the container ("ABI 0").
     nspawn.env("SYSTEMD_SECCOMP", "0");
     let out = boot(nspawn, &image, &results);
-    let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_string();
+    let get = |k: &str| printed(&out, k);
     let show = |f: &str| std::fs::read_to_string(results.join(f)).unwrap_or_default();
     assert_eq!(get("done"), "1", "the script did not finish:\n{out}");
     assert_eq!((get("installed"), get("group"), get("material")), ("0".into(), "chio".into(), "0".into()), "{out}");
@@ -241,7 +246,7 @@ fn credentials_under_a_current_systemd() {
     let mut nspawn = Command::new("systemd-nspawn");
     nspawn.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1");
     let out = boot(nspawn, &image, &results);
-    let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_string();
+    let get = |k: &str| printed(&out, k);
     let err = |u: &str| std::fs::read_to_string(results.join(&format!("{u}.err"))).unwrap_or_default();
     assert_eq!((get("done"), get("installed")), ("1".into(), "0".into()), "{out}");
     assert!(get("systemd").parse::<u32>().is_ok_and(|v| v >= 254), "{out}");

@@ -312,6 +312,14 @@ mod tests {
         }
     }
 
+    /// An empty directory for one test, below the workspace's target directory.
+    fn unit_dir(tag: &str) -> PathBuf {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp").join(tag);
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// What a worker sends, read as the gateway reads it (a socket pair, the sender closing).
     fn read(raw: &[u8]) -> Result<Vec<u8>, (u16, String)> {
         let (mut worker, gateway) = UnixStream::pair().unwrap();
@@ -350,9 +358,7 @@ mod tests {
     /// provider or the journal (the provider here is unreachable: a call would fail otherwise).
     #[test]
     fn only_the_sessions_model_is_called() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-model");
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = unit_dir("gateway-model");
         let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
         let provider = provider(9);
         let (status, body) = call(&mut j, &provider, br#"{"model":"expensive","messages":[]}"#).unwrap();
@@ -370,9 +376,7 @@ mod tests {
     /// journal; the same members at their defaults, and the sampling ones, go on.
     #[test]
     fn only_one_answer_of_the_model_is_asked_for() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-members");
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = unit_dir("gateway-members");
         let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
         let provider = provider(9);
         for (extra, named) in [
@@ -402,9 +406,7 @@ mod tests {
     #[test]
     fn the_provider_gets_the_request_as_checked() {
         use std::net::TcpListener;
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-checked");
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = unit_dir("gateway-checked");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let provider_side = std::thread::spawn(move || {
@@ -448,9 +450,7 @@ mod tests {
     /// as a run diverging from its journal. Past the journal, calls go to the provider.
     #[test]
     fn the_journal_answers_only_the_request_it_holds() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/gateway-journal");
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = unit_dir("gateway-journal");
         let asked = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}]}"#;
         let digest =
             crate::repository::workspace::json_digest(&serde_json::from_slice::<Value>(asked).unwrap()).unwrap();
