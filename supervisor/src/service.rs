@@ -8,9 +8,9 @@
 
 use std::ffi::OsString;
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
@@ -68,7 +68,10 @@ const MAX_CREDENTIAL_BYTES: u64 = 64 << 10;
 /// already set in this environment refuses too (a credential never overrides silently).
 pub fn read_credentials(dir: &Path, wanted: &[(String, String)]) -> Result<Vec<(String, String)>, ServiceError> {
     let mut out = Vec::new();
-    for (var, name) in wanted {
+    for (at, (var, name)) in wanted.iter().enumerate() {
+        if wanted[..at].iter().any(|(v, _)| v == var) {
+            return Err(refused(format!("{var} is given two credentials; each variable takes one")));
+        }
         if std::env::var_os(var).is_some() {
             return Err(refused(format!("{var} is already set in the environment; a credential never overrides it")));
         }
@@ -158,11 +161,16 @@ impl Readiness {
     fn ready(&self) -> bool {
         match self {
             Readiness::Started => true,
-            Readiness::UnixSocket(p) => UnixStream::connect(p).is_ok(),
+            Readiness::UnixSocket(p) => accepts_now(p),
             Readiness::Http { url, bearer } => {
+                // The answer must be this URL's own: no proxy from the environment (a unit's
+                // HTTP_PROXY would get the request, bearer token and all, and answer for a
+                // "localhost" of its own), and no redirect to somewhere else.
                 let agent: ureq::Agent = ureq::Agent::config_builder()
                     .timeout_global(Some(Duration::from_millis(1000)))
                     .http_status_as_error(false)
+                    .proxy(None)
+                    .max_redirects(0)
                     .build()
                     .into();
                 let mut req = agent.get(url);
@@ -173,6 +181,18 @@ impl Readiness {
             }
         }
     }
+}
+
+/// Whether a Unix stream socket at `p` takes a connection now. The connect must not wait: one
+/// to a listener whose backlog is full blocks until it is accepted, which would hold the
+/// readiness clock, the deadline and signal forwarding for as long as the command likes.
+fn accepts_now(p: &Path) -> bool {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let Ok(addr) = UnixAddr::new(p) else { return false };
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let Ok(fd) = socket(AddressFamily::Unix, SockType::Stream, flags, None) else { return false };
+    // A Unix stream connect completes or fails at once; EAGAIN is a full backlog.
+    connect(fd.as_raw_fd(), &addr).is_ok()
 }
 
 /// What `run` needs.

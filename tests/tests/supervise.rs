@@ -87,6 +87,11 @@ fn credentials_become_variables_only_from_strict_files() {
     let out = run(&argv(&args(&["--credential-env", "TOKEN=api"])), &[("TOKEN", "from-the-unit")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already set"));
+    // Nor by a second credential for the same variable.
+    credential(&dir.0, "api-2", b"tok-2\n", 0o600);
+    let out = run(&argv(&args(&["--credential-env", "TOKEN=api", "--credential-env", "TOKEN=api-2"])), &[]);
+    assert_eq!((out.status.code(), out.stdout.is_empty()), (Some(2), true));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TOKEN is given two credentials"));
     // Without a directory, credentials cannot be found: refused, nothing runs.
     let out = run(&["--credential-env", "TOKEN=api", "--", "/bin/true"], &[]);
     assert_eq!(out.status.code(), Some(2));
@@ -304,6 +309,123 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
     args[at] = "1500ms".into();
     let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("WRONG", "not-it")]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Wait for `child` (started in a process group of its own) at most `limit`; one still running
+/// then is killed with everything it started, and the test fails.
+fn wait_within(mut child: Child, limit: Duration) -> (std::process::ExitStatus, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, started.elapsed());
+        }
+        if started.elapsed() > limit {
+            // SAFETY: kill on our own child's process group.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Readiness is the URL's own answer: a proxy named in the environment (systemd's
+/// `DefaultEnvironment=HTTP_PROXY=…` on many hosts) would otherwise get the request with its
+/// bearer token and answer for a "127.0.0.1" of its own; a redirect is not an answer (here
+/// one to a page that answers anyone).
+#[test]
+fn http_readiness_is_the_urls_own_answer() {
+    let dir = Scratch::new("supervise-http-own");
+    credential(&dir.0, "probe-token", b"let-me-in\n", 0o600);
+    let server = "import http.server,sys\n\
+class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        if self.path == '/moved':\n            self.send_response(302); self.send_header('Location', '/open'); self.end_headers(); return\n        ok = self.path == '/open' or self.headers.get('Authorization') == 'Bearer let-me-in'\n        self.send_response(200 if ok else 401); self.end_headers()\n    def log_message(self, *a): pass\n\
+http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
+    let free_port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    proxy.set_nonblocking(true).unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let proxies = [("HTTP_PROXY", proxy_url.as_str()), ("http_proxy", &proxy_url), ("ALL_PROXY", &proxy_url)];
+    for (path, ready) in [("/ok", true), ("/moved", false)] {
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}{path}");
+        let args = [
+            "--credentials-dir",
+            s(&dir.0),
+            "--credential-env",
+            "PROBE_TOKEN=probe-token",
+            "--ready-http",
+            &url,
+            "--ready-http-bearer-env",
+            "PROBE_TOKEN",
+            "--ready-timeout",
+            "2s",
+            "--stop-grace",
+            "1s",
+            "--",
+            "python3",
+            "-c",
+            server,
+            &port,
+        ];
+        let notify = Notify::new(&dir);
+        let mut env = proxies.to_vec();
+        env.push(("NOTIFY_SOCKET", s(&notify.path)));
+        let child = supervise(&args, &env).process_group(0).spawn().unwrap();
+        if ready {
+            notify.wait_for("READY=1");
+            sigterm(&child);
+        }
+        let (status, _) = wait_within(child, Duration::from_secs(15));
+        let expected = if ready { (None, Some(libc::SIGTERM)) } else { (Some(1), None) };
+        assert_eq!((status.code(), status.signal()), expected, "{path}");
+        std::fs::remove_file(&notify.path).unwrap();
+    }
+    assert_eq!(
+        proxy.accept().map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "the proxy was asked"
+    );
+}
+
+/// A listener whose backlog is full takes no connection: it is not ready, and the check must
+/// not wait for it — a blocking connect there held the deadline and signal forwarding for as
+/// long as the command kept its backlog full.
+#[test]
+fn a_socket_whose_backlog_is_full_is_not_ready_and_the_deadline_holds() {
+    let dir = Scratch::new("supervise-backlog");
+    let ready_sock = dir.join("service.sock");
+    let filling = dir.join("filling.sock");
+    // Bound under another name, its one-connection backlog filled by itself, then renamed into
+    // place: supervise never meets it with room.
+    let script = format!(
+        "import os,socket,time\ns=socket.socket(socket.AF_UNIX)\ns.bind({f:?})\ns.listen(0)\n\
+         c=socket.socket(socket.AF_UNIX)\nc.connect({f:?})\nos.rename({f:?}, {r:?})\ntime.sleep(60)\n",
+        f = s(&filling),
+        r = s(&ready_sock)
+    );
+    let child = supervise(
+        &[
+            "--ready-unix-socket",
+            s(&ready_sock),
+            "--ready-timeout",
+            "1500ms",
+            "--stop-grace",
+            "1s",
+            "--",
+            "python3",
+            "-c",
+            &script,
+        ],
+        &[],
+    )
+    .stderr(Stdio::piped())
+    .process_group(0)
+    .spawn()
+    .unwrap();
+    let (status, took) = wait_within(child, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    assert!(ready_sock.exists(), "the command never got its socket in place");
 }
 
 /// A caller that ignores SIGCHLD (the disposition survives its exec of chio) must not cost the
