@@ -140,6 +140,32 @@ impl Hierarchy {
             _ => Hierarchy::V1,
         }
     }
+
+    /// Which of the ceilings' controllers (memory, pids, cpu) a launch cgroup here could not
+    /// get, judged as [`LaunchCgroup::make`] judges them: on v2 those the root's parent does not
+    /// offer (a launch enables the rest there itself); on v1 those without a cgroup hierarchy
+    /// mounted at `/sys/fs/cgroup/NAME` (a directory of another file system counts as none).
+    pub fn unavailable(&self) -> Vec<&'static str> {
+        match self {
+            Hierarchy::V2(root) => {
+                let offered = v2_offered(root);
+                CEILINGS.into_iter().filter(|c| !offered.split_whitespace().any(|o| o == *c)).collect()
+            }
+            Hierarchy::V1 => CEILINGS
+                .into_iter()
+                .filter(|c| statfs_magic(&Path::new("/sys/fs/cgroup").join(c)) != Some(CGROUP_SUPER_MAGIC))
+                .collect(),
+        }
+    }
+}
+
+/// The controllers the ceilings use.
+const CEILINGS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// What the parent of a v2 launch root offers (its `cgroup.controllers`; empty if unreadable).
+pub fn v2_offered(root: &Path) -> String {
+    let parent = root.parent().unwrap_or(root);
+    fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default().trim().to_string()
 }
 
 impl LaunchCgroup {
@@ -204,7 +230,7 @@ impl LaunchCgroup {
             fs::create_dir(root)?;
         }
         let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-        let wanted = ["memory", "pids", "cpu"];
+        let wanted = CEILINGS;
         // Enabling in the parent first lets the root expose them; failures leave them missing.
         for c in wanted.iter().filter(|c| !available.split_whitespace().any(|a| a == **c)) {
             if let Some(parent) = root.parent() {

@@ -12,7 +12,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use chio_cage::cgroup::Hierarchy;
-use chio_cage::{CagePlan, LaunchRecord, Mode, Sinks, State};
+use chio_cage::{CagePlan, LaunchRecord, Sinks, State};
 use serde::Serialize;
 
 /// How bad a finding is.
@@ -90,9 +90,16 @@ pub fn platform(require_enforcement: bool) -> Finding {
         f.raise(s, format!("landlock ABI {abi}: enforced launches need {MIN_LANDLOCK_ABI} or later (kernel 6.7+)"));
     }
     syscalls(&mut f);
-    cgroups(&mut f);
+    // The trial and the cgroup check take the operator's settings (`CHIO_CGROUP_V2_ROOT`, the
+    // staging directory) as every launch does.
+    let mut plan = CagePlan::new(vec![OsString::from("/bin/true")]);
+    if let Err(e) = crate::launch_plan::apply_environment_overrides(&mut plan) {
+        f.raise(Severity::Fatal, format!("the environment's launch settings: {e}"));
+        return f;
+    }
+    cgroups(&mut f, &Hierarchy::detect(plan.cgroup_v2_root.as_deref()));
     ptrace_scope(&mut f);
-    let rec = trial_launch(&CagePlan::new(vec![OsString::from("/bin/true")]));
+    let rec = trial_launch(&plan);
     f.note("trial_launch", format!("{:?}", rec.state));
     if rec.state != State::FullyEnforced {
         let why =
@@ -149,18 +156,17 @@ fn syscalls(f: &mut Finding) {
     }
 }
 
-/// The cgroup version and the controllers the ceilings need.
-fn cgroups(f: &mut Finding) {
-    const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
-    match Hierarchy::detect(None) {
+/// The cgroup version and the controllers the ceilings need, judged as a launch judges them.
+fn cgroups(f: &mut Finding, hierarchy: &Hierarchy) {
+    let missing = hierarchy.unavailable();
+    f.note("cgroup_controllers_missing", format!("{missing:?}"));
+    match hierarchy {
         Hierarchy::V2(root) => {
             f.note("cgroup", "v2");
-            let parent = root.parent().unwrap_or(Path::new("/sys/fs/cgroup"));
-            let have = std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
-            let missing: Vec<&str> =
-                WANTED.iter().copied().filter(|c| !have.split_whitespace().any(|h| h == *c)).collect();
-            f.note("cgroup_controllers", have.trim().to_string());
+            f.note("cgroup_root", root.display().to_string());
+            f.note("cgroup_controllers", chio_cage::cgroup::v2_offered(root));
             if !missing.is_empty() {
+                let parent = root.parent().unwrap_or(root);
                 f.raise(
                     Severity::Error,
                     format!("cgroup v2 controllers {missing:?} are not delegated to {}", parent.display()),
@@ -169,9 +175,6 @@ fn cgroups(f: &mut Finding) {
         }
         Hierarchy::V1 => {
             f.note("cgroup", "v1");
-            let missing: Vec<&str> =
-                WANTED.iter().copied().filter(|c| !Path::new("/sys/fs/cgroup").join(c).is_dir()).collect();
-            f.note("cgroup_v1_missing", format!("{missing:?}"));
             if !missing.is_empty() {
                 f.raise(Severity::Error, format!("cgroup v1 hierarchies {missing:?} are not mounted"));
             }
@@ -202,11 +205,6 @@ pub fn trial_launch(plan: &CagePlan) -> LaunchRecord {
     sinks.on_enforced = Some(&mut stop_here);
     let after = chio_cage::launch(plan, &mut sinks);
     at_exec.unwrap_or(after)
-}
-
-/// True when a launch in `mode` with this record would count as enforced.
-pub fn enforced(rec: &LaunchRecord, mode: Mode) -> bool {
-    rec.state == State::FullyEnforced && mode == Mode::Enforced
 }
 
 /// The credential variables of the edge's roles.

@@ -14,7 +14,22 @@ use serde_json::Value;
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
 fn preflight(args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
-    let out: Output = Command::new(chio_bin(&PathBuf::from(PROBE)))
+    preflight_under(&[], args, env)
+}
+
+/// `chio security preflight --json ARGS` run by `wrapper` (a program and its arguments, which
+/// end by running the rest of its command line).
+fn preflight_under(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+    let chio = chio_bin(&PathBuf::from(PROBE));
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(&chio);
+            c
+        }
+        None => Command::new(&chio),
+    };
+    let out: Output = cmd
         .args(["security", "preflight", "--json"])
         .args(args)
         .env_remove("CHIO_AUTH_TOKEN")
@@ -49,6 +64,7 @@ fn the_platform_and_the_bearer_roles() {
     let platform = finding(&doc, "security.platform");
     assert_eq!(platform["severity"], "ok", "{platform}");
     assert_eq!(platform["context"]["trial_launch"], "FullyEnforced");
+    assert_eq!(platform["context"]["cgroup_controllers_missing"], "[]");
     let probes: Vec<&str> = doc["findings"].as_array().unwrap().iter().map(|f| f["probe"].as_str().unwrap()).collect();
     assert_eq!(
         probes,
@@ -68,6 +84,128 @@ fn the_platform_and_the_bearer_roles() {
         assert_eq!((code, &f["severity"]), (1, &Value::from("error")), "{f}");
         assert!(f["summary"].as_str().unwrap().contains(why), "{f}");
         assert!(!doc.to_string().contains("same") && !doc.to_string().contains("tok\\n"), "a token was printed");
+    }
+}
+
+/// Each call a launch makes is asked of the kernel: under a filter that makes one of them fail
+/// with ENOSYS (a kernel without it, as far as chio can tell) the platform is fatal and the
+/// finding names it. The control: a filter that takes nothing a launch needs is a warning (chio
+/// is itself filtered), and the trial cage still reaches FullyEnforced.
+#[test]
+fn a_kernel_without_a_call_the_launch_makes_is_fatal() {
+    if !privileged("preflight_syscalls") {
+        return;
+    }
+    let f = |nr: &str| {
+        let (code, doc) = preflight_under(&[PROBE, "without", nr], &[], &[]);
+        (code, finding(&doc, "security.platform").clone())
+    };
+    for (nr, name, key) in [
+        (libc::SYS_openat2, "openat2", "openat2"),
+        (libc::SYS_pidfd_open, "pidfd_open", "pidfd_open"),
+        (libc::SYS_close_range, "close_range", "close_range"),
+        (libc::SYS_execveat, "execveat(AT_EMPTY_PATH)", "execveat_empty_path"),
+    ] {
+        let (code, p) = f(&nr.to_string());
+        assert_eq!((code, &p["severity"]), (2, &Value::from("fatal")), "{name}: {p}");
+        assert_eq!(p["summary"], format!("{name} is not available: a launch needs it"), "{p}");
+        assert_eq!(p["context"][key], "no", "{p}");
+    }
+    let (code, p) = f(&libc::SYS_acct.to_string());
+    assert_eq!((code, &p["severity"]), (0, &Value::from("warning")), "{p}");
+    assert!(p["summary"].as_str().unwrap().contains("runs under a seccomp filter"), "{p}");
+    assert_eq!(
+        (&p["context"]["seccomp_mode_of_chio"], &p["context"]["trial_launch"]),
+        (&"2".into(), &"FullyEnforced".into())
+    );
+}
+
+/// `sh -c SCRIPT` in a mount namespace of its own, then the rest of the command line.
+fn in_private_mounts(script: &str) -> Vec<String> {
+    ["unshare", "-m", "--propagation", "private", "sh", "-c", &format!("set -e\n{script}\nexec \"$@\""), "sh"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The cgroup check judges the controllers as a launch does. On v1 a directory named for a
+/// controller is not its hierarchy (a tmpfs over /sys/fs/cgroup with three plain directories:
+/// all three missing, where a check of the names alone found none); on v2 it looks at the root
+/// the launches use (`CHIO_CGROUP_V2_ROOT`, a private cgroup2 mount here) and what its parent
+/// offers.
+#[test]
+fn cgroups_are_judged_as_a_launch_judges_them() {
+    if !privileged("preflight_cgroups") {
+        return;
+    }
+    let platform = |script: &str, env: &[(&str, &str)]| {
+        let wrapper = in_private_mounts(script);
+        let (code, doc) = preflight_under(&wrapper.iter().map(String::as_str).collect::<Vec<_>>(), &[], env);
+        (code, finding(&doc, "security.platform").clone())
+    };
+    let (code, p) = platform(
+        "mount -t tmpfs none /sys/fs/cgroup\nmkdir /sys/fs/cgroup/memory /sys/fs/cgroup/pids /sys/fs/cgroup/cpu",
+        &[],
+    );
+    assert_eq!(code, 2, "the trial cage cannot make its cgroup: {p}");
+    assert_eq!(
+        (&p["context"]["cgroup"], &p["context"]["cgroup_controllers_missing"]),
+        (&"v1".into(), &r#"["memory", "pids", "cpu"]"#.into()),
+        "{p}"
+    );
+
+    // The cgroup2 hierarchy is one per host: this run's launch root is named for its scratch
+    // directory, and must be empty again when preflight is done (its rmdir says so).
+    let mnt = Scratch::new("preflight-cg2");
+    let sub = mnt.0.file_name().unwrap().to_str().unwrap().to_string();
+    let script = "set -e\nmount -t cgroup2 none \"$1\"\nmkdir \"$1/$2\"\ncat \"$1/cgroup.controllers\" >&2\n\
+                  r=\"$1/$2\"\nshift 2\ncode=0\nCHIO_CGROUP_V2_ROOT=\"$r\" \"$@\" || code=$?\nrmdir \"$r\"\n\
+                  echo REMOVED >&2\nexit $code";
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(&mnt.0), &sub])
+        .arg(chio_bin(&PathBuf::from(PROBE)))
+        .args(["security", "preflight", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let p = finding(&doc, "security.platform");
+    let offered = stderr.lines().next().unwrap_or_default().trim().to_string();
+    let missing: Vec<&str> =
+        ["memory", "pids", "cpu"].into_iter().filter(|c| !offered.split(' ').any(|o| o == *c)).collect();
+    assert!(!missing.is_empty(), "this test needs a cgroup2 root without the ceilings' controllers: {offered}");
+    assert_eq!(p["context"]["cgroup"], "v2", "{p}");
+    assert_eq!(p["context"]["cgroup_root"], format!("{}/{sub}", s(&mnt.0)), "{p}");
+    assert_eq!(p["context"]["cgroup_controllers"], offered.as_str(), "{p}");
+    assert_eq!(p["context"]["cgroup_controllers_missing"], format!("{missing:?}"), "{p}");
+    assert!(p["severity"] != "ok" && out.status.code() != Some(0), "{p}");
+    assert!(stderr.contains("REMOVED"), "the trial left a cgroup in the launch root: {stderr}");
+}
+
+/// Yama's ptrace_scope 3 forbids ptrace altogether: fatal, since the exec observation is ptrace;
+/// 2 (admin only) is what a root supervisor works under.
+#[test]
+fn ptrace_forbidden_by_yama_is_fatal() {
+    if !privileged("preflight_yama") {
+        return;
+    }
+    for (scope, code, severity) in [("3", 2, "fatal"), ("2", 0, "ok")] {
+        // A tmpfs over /proc/sys/kernel holds this scope (and the one other file chio reads there).
+        let script = format!(
+            "cap=$(cat /proc/sys/kernel/cap_last_cap)\nmount -t tmpfs none /proc/sys/kernel\nmkdir /proc/sys/kernel/yama\n\
+             echo {scope} > /proc/sys/kernel/yama/ptrace_scope\necho $cap > /proc/sys/kernel/cap_last_cap"
+        );
+        let wrapper = in_private_mounts(&script);
+        let (got, doc) = preflight_under(&wrapper.iter().map(String::as_str).collect::<Vec<_>>(), &[], &[]);
+        let p = finding(&doc, "security.platform");
+        assert_eq!(
+            (got, &p["severity"], &p["context"]["yama_ptrace_scope"]),
+            (code, &severity.into(), &scope.into()),
+            "{p}"
+        );
+        if scope == "3" {
+            assert!(p["summary"].as_str().unwrap().contains("ptrace_scope is 3"), "{p}");
+        }
     }
 }
 

@@ -121,6 +121,7 @@ fn main() {
         "read-stdin" => read_stdin(),
         "stdin-tty" => stdin_tty(),
         "swap-then-read" => swap_then_read(arg(rest, 0), arg(rest, 1), arg(rest, 2)),
+        "without" => without(arg(rest, 0), &rest[1..]),
         "argv" => {
             println!("{}", std::env::args().collect::<Vec<_>>().join(" "));
             exit(0)
@@ -988,4 +989,35 @@ fn userns(rest: &[String]) -> ! {
     cmd.args(&rest[1..]);
     let e = std::os::unix::process::CommandExt::exec(&mut cmd);
     error(&format!("exec: {e}"))
+}
+
+/// Not a probe: run `argv` where the syscall numbers in `list` (comma-separated) fail with
+/// ENOSYS — a kernel without them, as far as the program can tell (x86_64 only; anything else
+/// is killed).
+fn without(list: &str, argv: &[String]) -> ! {
+    use std::os::unix::process::CommandExt;
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    let nrs: Vec<u32> = list.split(',').map(|n| n.parse().unwrap_or_else(|_| error("a syscall number"))).collect();
+    let n = nrs.len();
+    let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let mut prog = vec![
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4),
+        libc::sock_filter { jt: 1, ..stmt(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, AUDIT_ARCH_X86_64) },
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_KILL_PROCESS),
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+    ];
+    for (i, nr) in nrs.iter().enumerate() {
+        // A match jumps over the other comparisons and the ALLOW to the ERRNO.
+        prog.push(libc::sock_filter { jt: (n - i) as u8, ..stmt(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, *nr) });
+    }
+    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: the program outlives the call; the kernel copies it.
+    if unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) } != 0 {
+        error(&format!("seccomp filter: errno={}", errno()));
+    }
+    let Some((program, args)) = argv.split_first() else { error("no command") };
+    let e = std::process::Command::new(program).args(args).exec();
+    error(&format!("exec {program}: {e}"))
 }
