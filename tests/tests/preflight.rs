@@ -315,10 +315,36 @@ fn receipt_stores_absent_foreign_corrupt_and_healthy() {
         *b = 0x5a;
     }
     std::fs::write(&corrupt, bytes).unwrap();
+    // A store that opens but fails `quick_check`: an operation without the request digest its
+    // schema requires, put there by loosening the schema, writing, and tightening it again.
+    let forged = dir.join("forged.db");
+    std::fs::copy(&healthy, &forged).unwrap();
+    let sql = |path: &Path, script: &str| {
+        let py =
+            "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()\nc.close()";
+        let out = Command::new("python3").args(["-c", py, s(path), script]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let schema = |from: &str, to: &str| {
+        format!("PRAGMA writable_schema=ON; UPDATE sqlite_schema SET sql=replace(sql, '{from}', '{to}') WHERE name='operations';")
+    };
+    sql(&forged, &schema("request_sha256 TEXT NOT NULL", "request_sha256 TEXT"));
+    sql(&forged, "INSERT INTO operations VALUES ('k', NULL, 'pending', NULL, 1);");
+    sql(&forged, &schema("request_sha256 TEXT", "request_sha256 TEXT NOT NULL"));
+    // A store moved out of WAL works, but not as chio writes it: a warning.
+    let rollback = dir.join("rollback.db");
+    std::fs::copy(&healthy, &rollback).unwrap();
+    sql(&rollback, "PRAGMA journal_mode=DELETE;");
+    let (code, doc) = preflight(&["--receipt-db", s(&rollback)], &[]);
+    let f = finding(&doc, "security.durable_stores");
+    assert_eq!((code, &f["severity"]), (0, &Value::from("warning")), "{f}");
+    assert!(f["context"][s(&rollback)].as_str().unwrap().contains("journal mode delete"), "{f}");
     for (path, why) in [
         (dir.join("absent.db"), "absent"),
+        (foreign.join("x.db"), "unreadable: Not a directory"),
+        (forged, "corrupt: quick_check says NULL value in operations.request_sha256"),
         (dir.0.clone(), "not a regular file"),
-        (foreign, "unreadable or foreign"),
+        (foreign.clone(), "unreadable or foreign"),
         (corrupt, "corrupt"),
     ] {
         let (code, doc) = preflight(&["--receipt-db", s(&path)], &[]);
