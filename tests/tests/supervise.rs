@@ -87,6 +87,18 @@ fn credentials_become_variables_only_from_strict_files() {
     let out = run(&argv(&args(&["--credential-env", "TOKEN=api"])), &[("TOKEN", "from-the-unit")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already set"));
+    // A credential is a file of the directory itself, named as such; a variable is a name.
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    credential(&dir.join("sub"), "api", b"tok-3\n", 0o600);
+    for spec in ["TOKEN=sub/api", "TOKEN=.", "TOKEN=..", "1TOKEN=api", "TO-KEN=api", "=api", "TOKEN=", "TOKEN"] {
+        let mut a = args(&[]);
+        a.splice(3..3, ["--credential-env".to_string(), spec.to_string()]);
+        let out = run(&argv(&a), &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), out.stdout.is_empty()), (Some(2), true), "{spec}: {err}");
+        let why = if spec.starts_with("TOKEN=") && spec.len() > 6 { "is not a file name" } else { "give VAR=NAME" };
+        assert!(err.contains(why), "{spec}: {err}");
+    }
     // Nor by a second credential for the same variable.
     credential(&dir.0, "api-2", b"tok-2\n", 0o600);
     let out = run(&argv(&args(&["--credential-env", "TOKEN=api", "--credential-env", "TOKEN=api-2"])), &[]);
