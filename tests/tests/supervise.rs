@@ -87,6 +87,14 @@ fn credentials_become_variables_only_from_strict_files() {
     let out = run(&argv(&args(&["--credential-env", "TOKEN=api"])), &[("TOKEN", "from-the-unit")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already set"));
+    // 64 KiB at most.
+    credential(&dir.0, "largest", &vec![b'a'; 64 << 10], 0o600);
+    credential(&dir.0, "too-large", &vec![b'a'; (64 << 10) + 1], 0o600);
+    let out = run(&argv(&args(&["--credential-env", "TOKEN=largest"])), &[]);
+    assert_eq!((out.status.code(), out.stdout.len()), (Some(0), 64 << 10));
+    let out = run(&argv(&args(&["--credential-env", "TOKEN=too-large"])), &[]);
+    assert_eq!((out.status.code(), out.stdout.is_empty()), (Some(2), true));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is over 65536 bytes"));
     // A credential is a file of the directory itself, named as such; a variable is a name.
     std::fs::create_dir(dir.join("sub")).unwrap();
     credential(&dir.join("sub"), "api", b"tok-3\n", 0o600);
