@@ -117,6 +117,35 @@ fn credentials_become_variables_only_from_strict_files() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// On a file system without extended attributes (ramfs: where systemd before 254 puts
+/// credentials, chowned to the service's user) the mode says it all: a 0600 file is read, a
+/// 0640 one refused. Here in a mount namespace of the test's own.
+#[test]
+fn credentials_on_a_file_system_without_acls() {
+    if !chio_tests::privileged("supervise_ramfs") {
+        return;
+    }
+    let dir = Scratch::new("supervise-ramfs");
+    let chio = chio_bin(&PathBuf::from(PROBE));
+    let script = "set -e\nmount -t ramfs none \"$1\"\nprintf 'tok-ramfs\\n' > \"$1/api\"\nchmod \"$2\" \"$1/api\"\n\
+                  exec \"$3\" security supervise --exec --credentials-dir \"$1\" --credential-env TOKEN=api -- \
+                  /bin/sh -c 'printf %s \"$TOKEN\"'";
+    for (mode, code, said) in [("600", Some(0), "tok-ramfs"), ("640", Some(2), "")] {
+        let out = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(&dir.0), mode])
+            .arg(&chio)
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()), (code, said), "{mode}: {err}");
+        if code == Some(2) {
+            assert!(err.contains("readable or writable by group or others (mode 640)"), "{err}");
+        }
+    }
+}
+
 /// `setfacl ARGS FILE`.
 fn setfacl(file: &Path, args: &[&str]) {
     let out =
