@@ -243,9 +243,44 @@ impl Notify {
     }
 }
 
-fn sigterm(child: &Child) {
+fn sigterm(g: &Group) {
     // SAFETY: kill on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(g.0.id() as i32, libc::SIGTERM) };
+}
+
+/// A supervise run in a process group of its own: whatever it started is killed with it when
+/// the test ends, so a failing assertion leaves no server running.
+struct Group(Child);
+
+impl Group {
+    fn spawn(mut cmd: Command) -> Group {
+        Group(cmd.process_group(0).spawn().unwrap())
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        self.0.wait().unwrap()
+    }
+
+    /// Wait at most `limit`; a run still going then fails the test. How long it took.
+    fn wait_within(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return (status, started.elapsed());
+            }
+            assert!(started.elapsed() <= limit, "still running after {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill on our own child's process group (the group outlives its leader while
+        // anything it started is left, so its id names no one else).
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
 }
 
 #[test]
@@ -263,18 +298,16 @@ fn unix_socket_readiness_then_a_forwarded_sigterm() {
         s(&ready_sock)
     );
     let started = Instant::now();
-    let child = supervise(
+    let mut child = Group::spawn(supervise(
         &["--ready-unix-socket", s(&ready_sock), "--ready-timeout", "20s", "--", "python3", "-c", &script],
         &[("NOTIFY_SOCKET", s(&notify.path))],
-    )
-    .spawn()
-    .unwrap();
+    ));
     let ready_at = notify.wait_for("READY=1");
     assert!(ready_at - started >= Duration::from_millis(400), "ready before the socket existed");
     assert!(ready_sock.exists());
     sigterm(&child);
     notify.wait_for("STOPPING=1");
-    let status = child.wait_with_output().unwrap().status;
+    let status = child.wait();
     assert_eq!(status.code(), Some(3), "the child's own exit status: {status:?}");
 }
 
@@ -283,15 +316,15 @@ fn the_stop_grace_ends_in_sigkill_and_the_signal_is_ours() {
     let dir = Scratch::new("supervise-grace");
     let notify = Notify::new(&dir);
     let ignore = "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n";
-    let child =
-        supervise(&["--stop-grace", "600ms", "--", "python3", "-c", ignore], &[("NOTIFY_SOCKET", s(&notify.path))])
-            .spawn()
-            .unwrap();
+    let mut child = Group::spawn(supervise(
+        &["--stop-grace", "600ms", "--", "python3", "-c", ignore],
+        &[("NOTIFY_SOCKET", s(&notify.path))],
+    ));
     notify.wait_for("READY=1");
     std::thread::sleep(Duration::from_millis(300));
     let sent = Instant::now();
     sigterm(&child);
-    let status = child.wait_with_output().unwrap().status;
+    let status = child.wait();
     let took = sent.elapsed();
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     assert!(took >= Duration::from_millis(600) && took < Duration::from_secs(5), "{took:?}");
@@ -344,12 +377,13 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
         a.iter().map(|x| x.to_string()).collect::<Vec<_>>()
     };
     let args = with("PROBE_TOKEN");
-    let child = supervise(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("NOTIFY_SOCKET", s(&notify.path))])
-        .spawn()
-        .unwrap();
+    let mut child = Group::spawn(supervise(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[("NOTIFY_SOCKET", s(&notify.path))],
+    ));
     notify.wait_for("READY=1");
     sigterm(&child);
-    let status = child.wait_with_output().unwrap().status;
+    let status = child.wait();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "python's default SIGTERM, re-raised: {status:?}");
 
     // The wrong token never makes it ready.
@@ -358,24 +392,6 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
     args[at] = "1500ms".into();
     let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("WRONG", "not-it")]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Wait for `child` (started in a process group of its own) at most `limit`; one still running
-/// then is killed with everything it started, and the test fails.
-fn wait_within(mut child: Child, limit: Duration) -> (std::process::ExitStatus, Duration) {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return (status, started.elapsed());
-        }
-        if started.elapsed() > limit {
-            // SAFETY: kill on our own child's process group.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-            panic!("still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Readiness is the URL's own answer: a proxy named in the environment (systemd's
@@ -419,12 +435,12 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n";
         let notify = Notify::new(&dir);
         let mut env = proxies.to_vec();
         env.push(("NOTIFY_SOCKET", s(&notify.path)));
-        let child = supervise(&args, &env).process_group(0).spawn().unwrap();
+        let mut child = Group::spawn(supervise(&args, &env));
         if ready {
             notify.wait_for("READY=1");
             sigterm(&child);
         }
-        let (status, _) = wait_within(child, Duration::from_secs(15));
+        let (status, _) = child.wait_within(Duration::from_secs(15));
         let expected = if ready { (None, Some(libc::SIGTERM)) } else { (Some(1), None) };
         assert_eq!((status.code(), status.signal()), expected, "{path}");
         std::fs::remove_file(&notify.path).unwrap();
@@ -452,7 +468,7 @@ fn a_socket_whose_backlog_is_full_is_not_ready_and_the_deadline_holds() {
         f = s(&filling),
         r = s(&ready_sock)
     );
-    let child = supervise(
+    let mut child = Group::spawn(supervise(
         &[
             "--ready-unix-socket",
             s(&ready_sock),
@@ -466,12 +482,8 @@ fn a_socket_whose_backlog_is_full_is_not_ready_and_the_deadline_holds() {
             &script,
         ],
         &[],
-    )
-    .stderr(Stdio::piped())
-    .process_group(0)
-    .spawn()
-    .unwrap();
-    let (status, took) = wait_within(child, Duration::from_secs(15));
+    ));
+    let (status, took) = child.wait_within(Duration::from_secs(15));
     assert_eq!(status.code(), Some(1), "{status:?}");
     assert!(took < Duration::from_secs(6), "{took:?}");
     assert!(ready_sock.exists(), "the command never got its socket in place");
