@@ -6,7 +6,9 @@
 //! and any reader of chio's output can be slow. Every host-side write goes through a
 //! non-blocking file description of our own (see `Sink`) and is only attempted when poll says
 //! it can take data; while a sink is stuck, its pipe is not read and the target blocks on it —
-//! the deadline still fires, because the loop waits in poll and nowhere else.
+//! the deadline still fires, because the loop waits in poll and nowhere else. A destination or
+//! source poll cannot gate (a file on FUSE or NFS, a device) is written or read by a relay
+//! process of its own (see `relay`), and the loop touches only its pipe to the relay.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -21,6 +23,7 @@ use nix::unistd::Pid;
 
 use crate::inside::RESULT_BYTES;
 use crate::record::Outcome;
+use crate::relay::{self, Relay};
 use crate::sys;
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -135,6 +138,8 @@ enum Sink<'a> {
     File(BorrowedFd<'a>),
     /// Our own pipe (stdin's), already non-blocking.
     Own(OwnedFd),
+    /// Our own non-blocking pipe to a relay that writes to a destination poll cannot gate.
+    Relayed(OwnedFd, Relay),
     /// A terminal or pipe we could not reopen: written only after POLLOUT and at most
     /// `PIPE_BUF` bytes at a time, which a pipe with room takes without waiting.
     Gated(BorrowedFd<'a>),
@@ -143,6 +148,11 @@ enum Sink<'a> {
 impl<'a> Sink<'a> {
     fn open(fd: BorrowedFd<'a>) -> io::Result<Sink<'a>> {
         let st = crate::sys::fstat(fd)?;
+        if relay::may_stall(fd, &st) {
+            let (from, to) = relayed_pipe()?;
+            let relay = Relay::start(from.as_fd(), fd)?;
+            return Ok(Sink::Relayed(to, relay));
+        }
         let tty = nix::unistd::isatty(fd).unwrap_or(false);
         match st.st_mode & libc::S_IFMT {
             libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd)),
@@ -161,7 +171,7 @@ impl<'a> Sink<'a> {
 
     fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Sink::Reopened(f) | Sink::Own(f) => f.as_fd(),
+            Sink::Reopened(f) | Sink::Own(f) | Sink::Relayed(f, _) => f.as_fd(),
             Sink::Socket(fd) | Sink::File(fd) | Sink::Gated(fd) => *fd,
         }
     }
@@ -186,6 +196,13 @@ impl<'a> Sink<'a> {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// A pipe for a relay: (its blocking read end, a non-blocking write end), both close-on-exec.
+fn relayed_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
+    Ok((r, w))
 }
 
 /// One stream from a source fd to a sink: read only when the last read has been written.
@@ -286,6 +303,19 @@ impl<'a> Pump<'a> {
     fn done(&self) -> bool {
         self.src.is_none() && !self.pending()
     }
+
+    /// The stream is over: a relay gets EOF and until `deadline` to write what it holds; one
+    /// still writing then is stopped, and what it did not write counts as dropped.
+    fn settle(&mut self, deadline: Instant) {
+        let Some(Sink::Relayed(pipe, relay)) = self.sink.take() else { return };
+        drop(pipe);
+        if !relay.finish(deadline) {
+            relay.stop();
+            let written = relay.copied().min(self.kept);
+            self.dropped += self.kept - written;
+            self.kept = written;
+        }
+    }
 }
 
 /// How a supervised launch ended.
@@ -304,8 +334,17 @@ pub fn run(r: Run<'_, '_>) -> Ended {
     set_handlers(on_signal as *const () as libc::sighandler_t);
     let mut out = Pump::new(r.stdout.as_fd(), Sink::open(r.sinks.stdout), r.output_limit);
     let mut err = Pump::new(r.stderr.as_fd(), Sink::open(r.sinks.stderr), r.output_limit);
-    let mut input = match (r.sinks.stdin, r.stdin) {
-        (Some(host), Some(pipe)) => Pump::new(host, Ok(Sink::Own(pipe)), u64::MAX),
+    // A host stdin poll cannot gate is read by a relay into a pipe of ours; if none can be
+    // started the target's stdin is closed (it reads EOF) rather than read here.
+    let feeder = match r.sinks.stdin {
+        Some(host) if r.stdin.is_some() => stdin_relay(host),
+        _ => Ok(None),
+    };
+    let mut input = match (r.sinks.stdin, r.stdin, &feeder) {
+        (Some(host), Some(pipe), Ok(relayed)) => {
+            let src = relayed.as_ref().map_or(host, |(from, _)| from.as_fd());
+            Pump::new(src, Ok(Sink::Own(pipe)), u64::MAX)
+        }
         _ => Pump { src: None, sink: None, buf: Vec::new(), at: 0, limit: 0, kept: 0, dropped: 0, last_byte: None },
     };
     let mut outcome = Outcome::default();
@@ -390,6 +429,12 @@ pub fn run(r: Run<'_, '_>) -> Ended {
     // Whatever a stuck sink did not take is dropped, not delivered.
     out.give_up();
     err.give_up();
+    let settled = Instant::now() + Duration::from_millis(DRAIN_MS);
+    out.settle(settled);
+    err.settle(settled);
+    if let Ok(Some((_, relay))) = &feeder {
+        relay.stop();
+    }
     r.sinks.stderr_mid_line = err.last_byte.is_some_and(|b| b != b'\n');
     outcome.stdout_bytes = out.kept;
     outcome.stdout_dropped = out.dropped;
@@ -399,6 +444,20 @@ pub fn run(r: Run<'_, '_>) -> Ended {
         outcome.limit_hit.push("output".into());
     }
     Ended { outcome, init_reaped: reaped.is_some() }
+}
+
+/// For a host stdin poll cannot gate: our non-blocking end of a pipe and the relay filling it
+/// (`None`: poll gates it, read it directly; an error: it needs a relay and none started).
+fn stdin_relay(host: BorrowedFd<'_>) -> io::Result<Option<(OwnedFd, Relay)>> {
+    let st = crate::sys::fstat(host)?;
+    if !relay::may_stall(host, &st) {
+        return Ok(None);
+    }
+    let (from, to) = relayed_pipe()?;
+    nix::fcntl::fcntl(&from, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
+    nix::fcntl::fcntl(&to, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()))?;
+    let relay = Relay::start(host, to.as_fd())?;
+    Ok(Some((from, relay)))
 }
 
 /// The init's report of how the target ended; without one the cage was killed.

@@ -186,6 +186,190 @@ fn the_deadline_fires_whatever_the_output_side_does() {
     drop((master, pipe_r));
 }
 
+/// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
+/// writes never complete: a request its server never answers holds the caller in the kernel,
+/// past SIGKILL. Dropping it kills the server (every held request then fails) and unmounts it.
+struct Stalling {
+    dir: Scratch,
+    server: std::process::Child,
+}
+
+const STALLING_FS: &str = r#"
+import errno, stat, sys, threading
+from fusepy import FUSE, Operations, FuseOSError
+
+class S(Operations):
+    def getattr(self, path, fh=None):
+        if path == '/':
+            return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2)
+        if path in ('/in', '/out'):
+            return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=4096)
+        raise FuseOSError(errno.ENOENT)
+    def readdir(self, path, fh):
+        return ['.', '..', 'in', 'out']
+    def open(self, path, flags):
+        return 0
+    def read(self, path, size, offset, fh):
+        threading.Event().wait()
+    def write(self, path, data, offset, fh):
+        threading.Event().wait()
+
+FUSE(S(), sys.argv[1], foreground=True, direct_io=True)
+"#;
+
+impl Stalling {
+    fn mount() -> Stalling {
+        let dir = Scratch::new("stalling");
+        let server = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", STALLING_FS])
+            .arg(&dir.0)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 with fusepy (apt-get install python3-fusepy; .ci/run does)");
+        let s = Stalling { dir, server };
+        let since = std::time::Instant::now();
+        while !s.dir.join("out").exists() {
+            assert!(since.elapsed() < std::time::Duration::from_secs(10), "the FUSE server did not mount");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn open(&self, name: &str, write: bool) -> std::fs::File {
+        std::fs::OpenOptions::new().read(!write).write(write).open(self.dir.join(name)).unwrap()
+    }
+}
+
+impl Drop for Stalling {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir.0).status();
+    }
+}
+
+/// A file whose writes (or reads) never complete — on FUSE, a hard NFS mount — must not hold
+/// the supervisor past the deadline either: poll cannot gate it, so a relay process writes (or
+/// reads) it, and the loop only ever touches its pipe to the relay. Without the relay chio sat
+/// in the kernel's FUSE wait for good, and its cage ran past its wall time. The controls: the
+/// same file holds a plain writer and reader.
+#[test]
+fn the_deadline_fires_whatever_a_file_system_does() {
+    let Some(e) = env("deadline_fuse") else { return };
+    let fs = Stalling::mount();
+    let control = |stdin: std::process::Stdio, stdout: std::process::Stdio| {
+        let mut c = std::process::Command::new("/bin/sh")
+            .args(["-c", "head -c 1 && echo x"])
+            .stderr(std::process::Stdio::null())
+            .stdin(stdin)
+            .stdout(stdout)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(c.try_wait().unwrap().is_none(), "control: the file system let it through");
+        c
+    };
+    let held = [
+        control(std::process::Stdio::from(fs.open("in", false)), std::process::Stdio::null()),
+        control(std::process::Stdio::from(std::fs::File::open("/dev/zero").unwrap()), fs.open("out", true).into()),
+    ];
+    for (what, flags, args, stdin, stdout) in [
+        (
+            "stdout",
+            &[][..],
+            &["flood", "1"][..],
+            std::process::Stdio::null(),
+            std::process::Stdio::from(fs.open("out", true)),
+        ),
+        ("stdin", &["-i"][..], &["read-stdin"][..], fs.open("in", false).into(), std::process::Stdio::null()),
+    ] {
+        let err = Scratch::new("deadline-fuse-err");
+        let started = std::time::Instant::now();
+        let mut child = std::process::Command::new(&e.chio)
+            .args(["cage", "run", "--json", "--timeout", "2s", "--rootfs"])
+            .arg(e.rootfs)
+            .args(flags)
+            .arg("--")
+            .arg("/probe")
+            .args(args)
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(std::fs::File::create(err.join("stderr")).unwrap())
+            .spawn()
+            .unwrap();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "{what}: chio still running 20 s after a 2 s deadline"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(started.elapsed() < std::time::Duration::from_secs(8), "{what}: took {:?}", started.elapsed());
+        let stderr = std::fs::read_to_string(err.join("stderr")).unwrap();
+        let rec: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+        assert_eq!((status.code(), &rec["state"]), (Some(137), &"FullyEnforced".into()), "{what}: {stderr}");
+        let outcome = &rec["outcome"];
+        assert!(outcome["limit_hit"].to_string().contains("wall_time"), "{what}: {outcome}");
+        if what == "stdout" {
+            // Nothing reached the file: everything the command wrote counts as dropped.
+            assert_eq!(outcome["stdout_bytes"], 0, "{outcome}");
+            assert!(outcome["stdout_dropped"].as_u64().unwrap() > 0, "{outcome}");
+        }
+    }
+    drop(fs);
+    for mut c in held {
+        let _ = c.wait();
+    }
+}
+
+/// What goes through a relay arrives whole and in order: stdin from a file and stdout to a file
+/// on an overlay (a file system outside the list whose writes are known to complete), 1 MiB
+/// each way, with the record counting every byte and nothing dropped.
+#[test]
+fn a_relay_delivers_every_byte() {
+    let Some(e) = env("relay_bytes") else { return };
+    let dir = Scratch::new("relay-overlay");
+    for d in ["lower", "upper", "work", "mnt"] {
+        std::fs::create_dir(dir.join(d)).unwrap();
+    }
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(dir.join("lower/in"), &data).unwrap();
+    let mnt = dir.join("mnt");
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        dir.join("lower").display(),
+        dir.join("upper").display(),
+        dir.join("work").display()
+    );
+    let mounted =
+        std::process::Command::new("mount").args(["-t", "overlay", "overlay", "-o", &opts]).arg(&mnt).status().unwrap();
+    assert!(mounted.success());
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&mnt);
+    let out = std::process::Command::new(&e.chio)
+        .args(["cage", "run", "--json", "-i", "--output-limit", "2M", "--rootfs"])
+        .arg(e.rootfs)
+        .args(["--", "/probe", "copy-stdin"])
+        .stdin(std::fs::File::open(mnt.join("in")).unwrap())
+        .stdout(std::fs::File::create(mnt.join("out")).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let rec: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+    assert_eq!((out.status.code(), &rec["state"]), (Some(0), &"FullyEnforced".into()), "{stderr}");
+    assert_eq!((&rec["outcome"]["stdout_bytes"], &rec["outcome"]["stdout_dropped"]), (&data.len().into(), &0.into()));
+    assert!(std::fs::read(mnt.join("out")).unwrap() == data, "the file holds other bytes");
+}
+
 fn pipe() -> (std::fs::File, std::fs::File) {
     use std::os::fd::FromRawFd;
     let mut fds = [0; 2];

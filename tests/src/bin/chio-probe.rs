@@ -126,6 +126,11 @@ fn main() {
             println!("{}", std::env::args().collect::<Vec<_>>().join(" "));
             exit(0)
         }
+        "copy-stdin" => {
+            std::io::copy(&mut std::io::stdin().lock(), &mut std::io::stdout().lock())
+                .unwrap_or_else(|e| error(&format!("copy: {e}")));
+            exit(0)
+        }
         "cat" => {
             let data = std::fs::read(arg(rest, 0)).unwrap_or_else(|e| error(&format!("read: {e}")));
             std::io::stdout().write_all(&data).unwrap();

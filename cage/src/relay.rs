@@ -1,0 +1,175 @@
+//! A copy between two descriptors in a process of its own, for the ends of a launch's output
+//! and input that poll cannot gate: a regular file or a device where one write or read may
+//! never complete. On FUSE a request its server never answers holds the caller in the kernel,
+//! past SIGKILL, until the server answers or dies; a hard NFS mount whose server is gone does
+//! the same. The supervision loop then only touches its own pipe to the relay, so the deadline
+//! and the forwarded signals keep their times whatever the far end does, and a relay still
+//! stuck when the launch ends is killed and left to finish dying on its own.
+
+use std::io;
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use nix::errno::Errno;
+use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use crate::sys;
+
+/// File systems whose reads and writes complete (local disks and memory): a regular file there
+/// is read and written directly. Anything else — FUSE, NFS, CIFS, 9p, an overlay of who knows
+/// what — goes through a relay.
+const COMPLETING: [i64; 6] = [
+    0xEF53,      // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0x8584_58F6, // ramfs
+    0xF2F5_2010, // f2fs
+];
+
+/// Whether reading or writing `fd` can wait for ever where poll cannot see it: a regular file
+/// off the local file systems above, any block device, or a character device other than the
+/// memory devices (`/dev/null`, `/dev/zero`, `/dev/full`, major 1). Terminals, pipes and sockets
+/// are not: poll gates them.
+pub fn may_stall(fd: BorrowedFd<'_>, st: &libc::stat) -> bool {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => nix::sys::statfs::fstatfs(fd).map_or(true, |s| !COMPLETING.contains(&s.filesystem_type().0)),
+        libc::S_IFBLK => true,
+        libc::S_IFCHR => !nix::unistd::isatty(fd).unwrap_or(false) && libc::major(st.st_rdev) != 1,
+        _ => false,
+    }
+}
+
+/// A shared count of the bytes a relay has written (one page, shared with the relay).
+struct Counter(NonNull<AtomicU64>);
+
+impl Counter {
+    fn new() -> io::Result<Counter> {
+        let len = NonZeroUsize::new(std::mem::size_of::<AtomicU64>()).ok_or(io::ErrorKind::InvalidInput)?;
+        // SAFETY: a fresh anonymous shared mapping; zeroed memory is a valid AtomicU64.
+        let p =
+            unsafe { mmap_anonymous(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED)? };
+        Ok(Counter(p.cast()))
+    }
+
+    fn get(&self) -> &AtomicU64 {
+        // SAFETY: the mapping lives as long as self.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no reference to it outlives self.
+        unsafe {
+            let _ = munmap(self.0.cast(), std::mem::size_of::<AtomicU64>());
+        }
+    }
+}
+
+/// A running copy (see the module).
+pub struct Relay {
+    pid: Pid,
+    pidfd: OwnedFd,
+    copied: Counter,
+}
+
+impl Relay {
+    /// Fork a process that copies `from` to `to` until `from` ends, then exits 0 (1 when a read
+    /// or write fails). It keeps only those two descriptors and dies with this process.
+    pub fn start(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<Relay> {
+        let copied = Counter::new()?;
+        let parent = nix::unistd::getpid();
+        // SAFETY: the supervising process is single-threaded; the child only makes system
+        // calls and leaves with _exit.
+        match unsafe { fork() }? {
+            ForkResult::Child => {
+                let ok = relay_main(parent, from.as_raw_fd(), to.as_raw_fd(), copied.get());
+                // SAFETY: leaving the forked child without running the parent's destructors.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            ForkResult::Parent { child } => {
+                let pidfd = sys::pidfd_open(child.as_raw()).inspect_err(|_| {
+                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                })?;
+                Ok(Relay { pid: child, pidfd, copied })
+            }
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn copied(&self) -> u64 {
+        self.copied.get().load(Ordering::Acquire)
+    }
+
+    /// Wait until `deadline` for the relay to finish what it was given (its source must have
+    /// ended: for output, this process's end of the pipe closed). True when it copied it all.
+    pub fn finish(&self, deadline: Instant) -> bool {
+        let ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
+        let mut fds = [libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        loop {
+            // SAFETY: one valid pollfd (raw: nix's poll takes no pidfd-shaped timeout loop).
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+            if n >= 0 || Errno::last() != Errno::EINTR {
+                break;
+            }
+        }
+        matches!(waitpid(self.pid, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::Exited(_, 0)))
+    }
+
+    /// End it (SIGKILL through its pidfd) without waiting: one held in a FUSE request dies only
+    /// when that request ends.
+    pub fn stop(&self) {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        let _ = waitpid(self.pid, Some(WaitPidFlag::WNOHANG));
+    }
+}
+
+/// The relay itself: keep `from` and `to`, close the rest, copy.
+fn relay_main(parent: Pid, from: RawFd, to: RawFd, copied: &AtomicU64) -> bool {
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 || nix::unistd::getppid() != parent {
+        return false;
+    }
+    // Nothing of the launch stays open here (a cage's channel end, its other pipes): only the
+    // two ends of this copy.
+    let (lo, hi) = (from.min(to) as u32, from.max(to) as u32);
+    for (first, last) in [(0, lo.checked_sub(1)), (lo + 1, hi.checked_sub(1)), (hi + 1, Some(u32::MAX))] {
+        if let Some(last) = last.filter(|l| *l >= first) {
+            // SAFETY: closing descriptors of this process only (raw: nix has no close_range).
+            unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+        }
+    }
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        // SAFETY: reading into our own buffer.
+        let n = unsafe { libc::read(from, buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 0 {
+            return true;
+        }
+        if n < 0 {
+            if Errno::last() == Errno::EINTR {
+                continue;
+            }
+            return false;
+        }
+        let mut at = 0;
+        while at < n as usize {
+            // SAFETY: writing from our own buffer.
+            let w = unsafe { libc::write(to, buf[at..].as_ptr().cast(), n as usize - at) };
+            if w < 0 {
+                if Errno::last() == Errno::EINTR {
+                    continue;
+                }
+                return false;
+            }
+            at += w as usize;
+            copied.fetch_add(w as u64, Ordering::Release);
+        }
+    }
+}
