@@ -23,26 +23,40 @@ use crate::sys;
 /// File systems whose reads and writes complete (local disks and memory): a regular file there
 /// is read and written directly. Anything else — FUSE, NFS, CIFS, 9p, an overlay of who knows
 /// what — goes through a relay.
-const COMPLETING: [i64; 6] = [
-    0xEF53,      // ext2, ext3, ext4
-    0x5846_5342, // xfs
-    0x9123_683E, // btrfs
-    0x0102_1994, // tmpfs
-    0x8584_58F6, // ramfs
-    0xF2F5_2010, // f2fs
-];
+const COMPLETING: [&str; 8] = ["ext4", "ext3", "ext2", "xfs", "btrfs", "tmpfs", "ramfs", "f2fs"];
 
 /// Whether reading or writing `fd` can wait for ever where poll cannot see it: a regular file
-/// off the local file systems above, any block device, or a character device other than the
-/// memory devices (`/dev/null`, `/dev/zero`, `/dev/full`, major 1). Terminals, pipes and sockets
-/// are not: poll gates them.
-pub fn may_stall(fd: BorrowedFd<'_>, st: &libc::stat) -> bool {
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG => nix::sys::statfs::fstatfs(fd).map_or(true, |s| !COMPLETING.contains(&s.filesystem_type().0)),
+/// off the local file systems above, any block device, or a character device other than a
+/// terminal or the memory devices (`/dev/null`, `/dev/zero`, `/dev/full`: major 1). Pipes and
+/// sockets poll gates. Asked without a request to the file's own file system — a FUSE server
+/// that never answers would hold the question itself: the type comes from the attributes the
+/// kernel holds (`AT_STATX_DONT_SYNC`), the file system from the mount table. Unknown is true.
+pub fn may_stall(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: statx into a zeroed struct of ours (raw: nix has no statx).
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let mask = libc::STATX_TYPE | libc::STATX_MNT_ID;
+    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
+    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, mask, &mut stx) } != 0 {
+        return true;
+    }
+    match u32::from(stx.stx_mode) & libc::S_IFMT {
+        libc::S_IFREG => {
+            stx.stx_mask & libc::STATX_MNT_ID == 0
+                || mount_type(stx.stx_mnt_id).is_none_or(|t| !COMPLETING.contains(&t.as_str()))
+        }
         libc::S_IFBLK => true,
-        libc::S_IFCHR => !nix::unistd::isatty(fd).unwrap_or(false) && libc::major(st.st_rdev) != 1,
+        libc::S_IFCHR => stx.stx_rdev_major != 1 && !nix::unistd::isatty(fd).unwrap_or(false),
         _ => false,
     }
+}
+
+/// The file system type of mount `id` (from `/proc/self/mountinfo`: after the ` - `).
+fn mount_type(id: u64) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let line = table.lines().find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
+    let (_, after) = line.split_once(" - ")?;
+    after.split(' ').next().map(str::to_string)
 }
 
 /// A shared count of the bytes a relay has written (one page, shared with the relay).

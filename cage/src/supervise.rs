@@ -147,12 +147,12 @@ enum Sink<'a> {
 
 impl<'a> Sink<'a> {
     fn open(fd: BorrowedFd<'a>) -> io::Result<Sink<'a>> {
-        let st = crate::sys::fstat(fd)?;
-        if relay::may_stall(fd, &st) {
+        if relay::may_stall(fd) {
             let (from, to) = relayed_pipe()?;
             let relay = Relay::start(from.as_fd(), fd)?;
             return Ok(Sink::Relayed(to, relay));
         }
+        let st = crate::sys::fstat(fd)?;
         let tty = nix::unistd::isatty(fd).unwrap_or(false);
         match st.st_mode & libc::S_IFMT {
             libc::S_IFREG | libc::S_IFBLK => Ok(Sink::File(fd)),
@@ -449,8 +449,7 @@ pub fn run(r: Run<'_, '_>) -> Ended {
 /// For a host stdin poll cannot gate: our non-blocking end of a pipe and the relay filling it
 /// (`None`: poll gates it, read it directly; an error: it needs a relay and none started).
 fn stdin_relay(host: BorrowedFd<'_>) -> io::Result<Option<(OwnedFd, Relay)>> {
-    let st = crate::sys::fstat(host)?;
-    if !relay::may_stall(host, &st) {
+    if !relay::may_stall(host) {
         return Ok(None);
     }
     let (from, to) = relayed_pipe()?;

@@ -187,8 +187,9 @@ fn the_deadline_fires_whatever_the_output_side_does() {
 }
 
 /// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
-/// writes never complete: a request its server never answers holds the caller in the kernel,
-/// past SIGKILL. Dropping it kills the server (every held request then fails) and unmounts it.
+/// writes never complete — nor, once `stall` has been looked up, their attributes: a request its
+/// server never answers holds the caller in the kernel, past SIGKILL. Dropping it kills the
+/// server (every held request then fails) and unmounts it.
 struct Stalling {
     dir: Scratch,
     server: std::process::Child,
@@ -198,12 +199,18 @@ const STALLING_FS: &str = r#"
 import errno, stat, sys, threading
 from fusepy import FUSE, Operations, FuseOSError
 
+stalled = threading.Event()
+
 class S(Operations):
     def getattr(self, path, fh=None):
         if path == '/':
             return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2)
         if path in ('/in', '/out'):
+            if stalled.is_set():
+                threading.Event().wait()
             return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=4096)
+        if path == '/stall':
+            stalled.set()
         raise FuseOSError(errno.ENOENT)
     def readdir(self, path, fh):
         return ['.', '..', 'in', 'out']
@@ -214,7 +221,7 @@ class S(Operations):
     def write(self, path, data, offset, fh):
         threading.Event().wait()
 
-FUSE(S(), sys.argv[1], foreground=True, direct_io=True)
+FUSE(S(), sys.argv[1], foreground=True, direct_io=True, attr_timeout=0, entry_timeout=0)
 "#;
 
 impl Stalling {
@@ -237,6 +244,11 @@ impl Stalling {
 
     fn open(&self, name: &str, write: bool) -> std::fs::File {
         std::fs::OpenOptions::new().read(!write).write(write).open(self.dir.join(name)).unwrap()
+    }
+
+    /// From now on even the attributes of `in` and `out` never come (the kernel asks each time).
+    fn stall(&self) {
+        assert!(!self.dir.join("stall").exists());
     }
 }
 
@@ -269,11 +281,7 @@ fn the_deadline_fires_whatever_a_file_system_does() {
         assert!(c.try_wait().unwrap().is_none(), "control: the file system let it through");
         c
     };
-    let held = [
-        control(std::process::Stdio::from(fs.open("in", false)), std::process::Stdio::null()),
-        control(std::process::Stdio::from(std::fs::File::open("/dev/zero").unwrap()), fs.open("out", true).into()),
-    ];
-    for (what, flags, args, stdin, stdout) in [
+    let runs = [
         (
             "stdout",
             &[][..],
@@ -282,7 +290,16 @@ fn the_deadline_fires_whatever_a_file_system_does() {
             std::process::Stdio::from(fs.open("out", true)),
         ),
         ("stdin", &["-i"][..], &["read-stdin"][..], fs.open("in", false).into(), std::process::Stdio::null()),
-    ] {
+    ];
+    let (control_in, control_out) = (fs.open("in", false), fs.open("out", true));
+    // What chio asks of a descriptor before it knows how to write it must not be a request the
+    // server can sit on either.
+    fs.stall();
+    let held = [
+        control(control_in.into(), std::process::Stdio::null()),
+        control(std::process::Stdio::from(std::fs::File::open("/dev/zero").unwrap()), control_out.into()),
+    ];
+    for (what, flags, args, stdin, stdout) in runs {
         let err = Scratch::new("deadline-fuse-err");
         let started = std::time::Instant::now();
         let mut child = std::process::Command::new(&e.chio)
