@@ -43,7 +43,7 @@ pub fn may_stall(fd: BorrowedFd<'_>) -> bool {
     match u32::from(stx.stx_mode) & libc::S_IFMT {
         libc::S_IFREG => {
             stx.stx_mask & libc::STATX_MNT_ID == 0
-                || mount_type(stx.stx_mnt_id).is_none_or(|t| !COMPLETING.contains(&t.as_str()))
+                || !mount_type(stx.stx_mnt_id).is_some_and(|t| COMPLETING.contains(&t.as_str()))
         }
         libc::S_IFBLK => true,
         libc::S_IFCHR => stx.stx_rdev_major != 1 && !nix::unistd::isatty(fd).unwrap_or(false),
