@@ -144,4 +144,19 @@ mod tests {
         d.put(&id, &[9u8; 32]);
         assert_eq!(d.get(&id), Some([9u8; 32]));
     }
+
+    /// A slot another launch is writing (its sequence odd) is neither read, which could give a
+    /// digest half old and half new, nor written by a second writer.
+    #[test]
+    fn a_slot_being_written_is_left_alone() {
+        let d = Digests::new().expect("map");
+        let id: Identity = [11, 12, 13, 14, 15, 16, 17];
+        d.put(&id, &[1u8; 32]);
+        let seq = &d.slot(&id).seq;
+        seq.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(d.get(&id), None, "read while being written");
+        d.put(&id, &[2u8; 32]);
+        seq.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(d.get(&id), Some([1u8; 32]), "written by a second writer");
+    }
 }

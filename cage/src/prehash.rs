@@ -140,6 +140,23 @@ mod tests {
     use super::*;
     use std::ffi::OsString;
 
+    /// A digest goes into the shared table only under the identity of the file as it was read:
+    /// one read under an identity it no longer has (it changed since) leaves the table alone.
+    #[test]
+    fn a_digest_is_shared_only_for_the_file_as_read() {
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        let id = identity_of(f.as_fd()).unwrap();
+        let sha = crate::seccomp::hex(&sha256_fd(f.as_fd()).unwrap());
+        let known = Digests::new().unwrap();
+        assert_eq!(hash_known(f.as_fd(), &id, Some(known)).unwrap(), sha);
+        assert_eq!(known.get(&id).map(|d| crate::seccomp::hex(&d)), Some(sha.clone()));
+        let mut stale = id;
+        stale[2] += 1;
+        let other = Digests::new().unwrap();
+        assert_eq!(hash_known(f.as_fd(), &stale, Some(other)).unwrap(), sha);
+        assert_eq!(other.get(&stale), None);
+    }
+
     #[test]
     fn early_digest_is_only_used_for_the_unchanged_file() {
         let dir = std::env::temp_dir().join(format!("chio-prehash-{}", std::process::id()));
