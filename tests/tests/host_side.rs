@@ -154,36 +154,58 @@ fn the_deadline_fires_whatever_the_output_side_does() {
     let (master, slave) = chio_tests::pty();
     let (pipe_r, pipe_w) = pipe();
     for (what, out) in [("unread pipe", std::process::Stdio::from(pipe_w)), ("unread terminal", slave.into())] {
-        let err = Scratch::new("deadline-err");
-        let started = std::time::Instant::now();
-        let mut child = std::process::Command::new(&e.chio)
-            .args(["cage", "run", "--json", "--timeout", "2s", "--output-limit", "256M", "--rootfs"])
-            .arg(e.rootfs)
-            .args(["--", "/probe", "flood", "64"])
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(std::fs::File::create(err.join("stderr")).unwrap())
-            .spawn()
-            .unwrap();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if started.elapsed() > std::time::Duration::from_secs(20) {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                panic!("{what}: chio was still running 20 s after a 2 s deadline");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
+        let flags = ["--output-limit", "256M"];
+        let (status, took, rec) =
+            against_a_2s_deadline(&e, what, &flags, &["flood", "64"], std::process::Stdio::null(), out);
         assert_eq!(status.code(), Some(137), "{what}");
-        let stderr = std::fs::read_to_string(err.join("stderr")).unwrap();
-        let rec: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
         let hit = rec["outcome"]["limit_hit"].to_string();
         assert!(hit.contains("wall_time"), "{what}: {hit}");
-        assert!(started.elapsed() < std::time::Duration::from_secs(8), "{what}: took {:?}", started.elapsed());
+        assert!(took < std::time::Duration::from_secs(8), "{what}: took {took:?}");
     }
     drop((master, pipe_r));
+}
+
+/// `chio cage run --json --timeout 2s FLAGS -- /probe ARGS` with this stdin and stdout, waited
+/// for at most 20 s (one still running then fails the test; it is killed, not waited for: it may
+/// be held in the kernel until the test's file system goes): its status, how long it took and
+/// its record.
+fn against_a_2s_deadline(
+    e: &Suite,
+    what: &str,
+    flags: &[&str],
+    args: &[&str],
+    stdin: std::process::Stdio,
+    stdout: std::process::Stdio,
+) -> (std::process::ExitStatus, std::time::Duration, serde_json::Value) {
+    let err = Scratch::new("deadline-err");
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(&e.chio)
+        .args(["cage", "run", "--json", "--timeout", "2s", "--rootfs"])
+        .arg(e.rootfs)
+        .args(flags)
+        .arg("--")
+        .arg("/probe")
+        .args(args)
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(std::fs::File::create(err.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("{what}: chio was still running 20 s after a 2 s deadline");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let took = started.elapsed();
+    let stderr = std::fs::read_to_string(err.join("stderr")).unwrap();
+    let rec = serde_json::from_str(stderr.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{what}: no record ({e}): {stderr}"));
+    (status, took, rec)
 }
 
 /// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
@@ -300,34 +322,9 @@ fn the_deadline_fires_whatever_a_file_system_does() {
         control(std::process::Stdio::from(std::fs::File::open("/dev/zero").unwrap()), control_out.into()),
     ];
     for (what, flags, args, stdin, stdout) in runs {
-        let err = Scratch::new("deadline-fuse-err");
-        let started = std::time::Instant::now();
-        let mut child = std::process::Command::new(&e.chio)
-            .args(["cage", "run", "--json", "--timeout", "2s", "--rootfs"])
-            .arg(e.rootfs)
-            .args(flags)
-            .arg("--")
-            .arg("/probe")
-            .args(args)
-            .stdin(stdin)
-            .stdout(stdout)
-            .stderr(std::fs::File::create(err.join("stderr")).unwrap())
-            .spawn()
-            .unwrap();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(20),
-                "{what}: chio still running 20 s after a 2 s deadline"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        assert!(started.elapsed() < std::time::Duration::from_secs(8), "{what}: took {:?}", started.elapsed());
-        let stderr = std::fs::read_to_string(err.join("stderr")).unwrap();
-        let rec: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
-        assert_eq!((status.code(), &rec["state"]), (Some(137), &"FullyEnforced".into()), "{what}: {stderr}");
+        let (status, took, rec) = against_a_2s_deadline(&e, what, flags, args, stdin, stdout);
+        assert!(took < std::time::Duration::from_secs(8), "{what}: took {took:?}");
+        assert_eq!((status.code(), &rec["state"]), (Some(137), &"FullyEnforced".into()), "{what}: {rec}");
         let outcome = &rec["outcome"];
         assert!(outcome["limit_hit"].to_string().contains("wall_time"), "{what}: {outcome}");
         if what == "stdout" {
