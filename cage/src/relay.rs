@@ -124,13 +124,13 @@ impl Relay {
     /// Wait until `deadline` for the relay to finish what it was given (its source must have
     /// ended: for output, this process's end of the pipe closed). True when it copied it all.
     pub fn finish(&self, deadline: Instant) -> bool {
-        let ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
-        let mut fds = [libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         loop {
-            // SAFETY: one valid pollfd (raw: nix's poll takes no pidfd-shaped timeout loop).
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
-            if n >= 0 || Errno::last() != Errno::EINTR {
-                break;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX);
+            match poll(&mut [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)], ms) {
+                Err(Errno::EINTR) => continue,
+                _ => break,
             }
         }
         matches!(waitpid(self.pid, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::Exited(_, 0)))
@@ -144,21 +144,23 @@ impl Relay {
     }
 }
 
-/// The relay itself: keep `from` and `to`, close the rest, copy.
+/// The relay itself: `from` and `to` become its stdin and stdout, every other descriptor of the
+/// launch (a cage's channel end, its other pipes) is closed, and it copies.
 fn relay_main(parent: Pid, from: RawFd, to: RawFd, copied: &AtomicU64) -> bool {
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 || nix::unistd::getppid() != parent {
         return false;
     }
-    // Nothing of the launch stays open here (a cage's channel end, its other pipes): only the
-    // two ends of this copy.
-    let (lo, hi) = (from.min(to) as u32, from.max(to) as u32);
-    for (first, last) in [(0, lo.checked_sub(1)), (lo + 1, hi.checked_sub(1)), (hi + 1, Some(u32::MAX))] {
-        if let Some(last) = last.filter(|l| *l >= first) {
-            // SAFETY: closing descriptors of this process only (raw: nix has no close_range).
-            unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
-        }
+    // Above 2 first, so that neither lands on the other's new number.
+    // SAFETY: fcntl and dup2 on descriptors of this process.
+    let placed = unsafe {
+        let (f, t) = (libc::fcntl(from, libc::F_DUPFD, 3), libc::fcntl(to, libc::F_DUPFD, 3));
+        f >= 0 && t >= 0 && libc::dup2(f, 0) == 0 && libc::dup2(t, 1) == 1
+    };
+    if !placed || sys::close_from(2).is_err() {
+        return false;
     }
+    let (from, to) = (0, 1);
     let mut buf = vec![0u8; 64 << 10];
     loop {
         // SAFETY: reading into our own buffer.

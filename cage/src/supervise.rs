@@ -148,7 +148,7 @@ enum Sink<'a> {
 impl<'a> Sink<'a> {
     fn open(fd: BorrowedFd<'a>) -> io::Result<Sink<'a>> {
         if relay::may_stall(fd) {
-            let (from, to) = relayed_pipe()?;
+            let (from, to) = relayed_pipe(Ours::WriteEnd)?;
             let relay = Relay::start(from.as_fd(), fd)?;
             return Ok(Sink::Relayed(to, relay));
         }
@@ -198,10 +198,21 @@ impl<'a> Sink<'a> {
     }
 }
 
-/// A pipe for a relay: (its blocking read end, a non-blocking write end), both close-on-exec.
-fn relayed_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+/// Which end of a relay's pipe the loop keeps.
+enum Ours {
+    ReadEnd,
+    WriteEnd,
+}
+
+/// A pipe for a relay, (read end, write end), both close-on-exec: the loop's end non-blocking,
+/// the relay's blocking.
+fn relayed_pipe(ours: Ours) -> io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
+    let own = match ours {
+        Ours::ReadEnd => &r,
+        Ours::WriteEnd => &w,
+    };
+    nix::fcntl::fcntl(own, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
     Ok((r, w))
 }
 
@@ -452,9 +463,7 @@ fn stdin_relay(host: BorrowedFd<'_>) -> io::Result<Option<(OwnedFd, Relay)>> {
     if !relay::may_stall(host) {
         return Ok(None);
     }
-    let (from, to) = relayed_pipe()?;
-    nix::fcntl::fcntl(&from, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
-    nix::fcntl::fcntl(&to, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()))?;
+    let (from, to) = relayed_pipe(Ours::ReadEnd)?;
     let relay = Relay::start(host, to.as_fd())?;
     Ok(Some((from, relay)))
 }
