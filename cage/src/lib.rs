@@ -20,7 +20,7 @@ pub mod path;
 pub mod plan;
 mod prehash;
 pub mod record;
-mod relay;
+pub mod relay;
 pub mod seccomp;
 pub mod supervise;
 pub mod sys;

@@ -25,29 +25,41 @@ use crate::sys;
 /// what — goes through a relay.
 const COMPLETING: [&str; 8] = ["ext4", "ext3", "ext2", "xfs", "btrfs", "tmpfs", "ramfs", "f2fs"];
 
-/// Whether reading or writing `fd` can wait for ever where poll cannot see it: a regular file
-/// off the local file systems above, any block device, or a character device other than a
-/// terminal or the memory devices (`/dev/null`, `/dev/zero`, `/dev/full`: major 1). Pipes and
-/// sockets poll gates. Asked without a request to the file's own file system — a FUSE server
-/// that never answers would hold the question itself: the type comes from the attributes the
-/// kernel holds (`AT_STATX_DONT_SYNC`), the file system from the mount table. Unknown is true.
+/// Whether reading or writing `fd` can wait for ever where poll cannot see it (see [`stalls`]).
 pub fn may_stall(fd: BorrowedFd<'_>) -> bool {
+    stalls(fd).is_some()
+}
+
+/// What `fd` is, when reading or writing it can wait for ever where poll cannot see it: a
+/// regular file off the local file systems above, any block device, or a character device other
+/// than a terminal or the memory devices (`/dev/null`, `/dev/zero`, `/dev/full`: major 1).
+/// Pipes and sockets poll gates: None. Asked without a request to the file's own file system —
+/// a FUSE server that never answers would hold the question itself: the type comes from the
+/// attributes the kernel holds (`AT_STATX_DONT_SYNC`), the file system from the mount table.
+/// Unknown counts as stalling.
+pub fn stalls(fd: BorrowedFd<'_>) -> Option<String> {
     // SAFETY: statx into a zeroed struct of ours (raw: nix has no statx).
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
     let mask = libc::STATX_TYPE | libc::STATX_MNT_ID;
     // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
     if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, mask, &mut stx) } != 0 {
-        return true;
+        return Some(format!("a descriptor whose kind cannot be read ({})", io::Error::last_os_error()));
     }
     match u32::from(stx.stx_mode) & libc::S_IFMT {
         libc::S_IFREG => {
-            stx.stx_mask & libc::STATX_MNT_ID == 0
-                || !mount_type(stx.stx_mnt_id).is_some_and(|t| COMPLETING.contains(&t.as_str()))
+            let fs = (stx.stx_mask & libc::STATX_MNT_ID != 0).then(|| mount_type(stx.stx_mnt_id)).flatten();
+            match fs {
+                Some(t) if COMPLETING.contains(&t.as_str()) => None,
+                Some(t) => Some(format!("a file on {t}")),
+                None => Some("a file on a mount this process cannot see".into()),
+            }
         }
-        libc::S_IFBLK => true,
-        libc::S_IFCHR => stx.stx_rdev_major != 1 && !nix::unistd::isatty(fd).unwrap_or(false),
-        _ => false,
+        libc::S_IFBLK => Some("a block device".into()),
+        libc::S_IFCHR if stx.stx_rdev_major != 1 && !nix::unistd::isatty(fd).unwrap_or(false) => {
+            Some(format!("the character device {}:{}", stx.stx_rdev_major, stx.stx_rdev_minor))
+        }
+        _ => None,
     }
 }
 
@@ -59,19 +71,26 @@ fn mount_type(id: u64) -> Option<String> {
     after.split(' ').next().map(str::to_string)
 }
 
-/// A shared count of the bytes a relay has written (one page, shared with the relay).
-struct Counter(NonNull<AtomicU64>);
+/// What a relay has done, shared with it: bytes it read, bytes it wrote.
+#[derive(Default)]
+struct Counts {
+    taken: AtomicU64,
+    copied: AtomicU64,
+}
+
+/// A relay's [`Counts`] (one page, shared with the relay).
+struct Counter(NonNull<Counts>);
 
 impl Counter {
     fn new() -> io::Result<Counter> {
-        let len = NonZeroUsize::new(std::mem::size_of::<AtomicU64>()).ok_or(io::ErrorKind::InvalidInput)?;
-        // SAFETY: a fresh anonymous shared mapping; zeroed memory is a valid AtomicU64.
+        let len = NonZeroUsize::new(std::mem::size_of::<Counts>()).ok_or(io::ErrorKind::InvalidInput)?;
+        // SAFETY: a fresh anonymous shared mapping; zeroed memory is valid Counts.
         let p =
             unsafe { mmap_anonymous(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED)? };
         Ok(Counter(p.cast()))
     }
 
-    fn get(&self) -> &AtomicU64 {
+    fn get(&self) -> &Counts {
         // SAFETY: the mapping lives as long as self.
         unsafe { self.0.as_ref() }
     }
@@ -81,7 +100,7 @@ impl Drop for Counter {
     fn drop(&mut self) {
         // SAFETY: our own mapping, no reference to it outlives self.
         unsafe {
-            let _ = munmap(self.0.cast(), std::mem::size_of::<AtomicU64>());
+            let _ = munmap(self.0.cast(), std::mem::size_of::<Counts>());
         }
     }
 }
@@ -90,20 +109,20 @@ impl Drop for Counter {
 pub struct Relay {
     pid: Pid,
     pidfd: OwnedFd,
-    copied: Counter,
+    counts: Counter,
 }
 
 impl Relay {
     /// Fork a process that copies `from` to `to` until `from` ends, then exits 0 (1 when a read
     /// or write fails). It keeps only those two descriptors and dies with this process.
     pub fn start(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<Relay> {
-        let copied = Counter::new()?;
+        let counts = Counter::new()?;
         let parent = nix::unistd::getpid();
         // SAFETY: the supervising process is single-threaded; the child only makes system
         // calls and leaves with _exit.
         match unsafe { fork() }? {
             ForkResult::Child => {
-                let ok = relay_main(parent, from.as_raw_fd(), to.as_raw_fd(), copied.get());
+                let ok = relay_main(parent, from.as_raw_fd(), to.as_raw_fd(), counts.get());
                 // SAFETY: leaving the forked child without running the parent's destructors.
                 unsafe { libc::_exit(if ok { 0 } else { 1 }) }
             }
@@ -111,14 +130,20 @@ impl Relay {
                 let pidfd = sys::pidfd_open(child.as_raw()).inspect_err(|_| {
                     let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 })?;
-                Ok(Relay { pid: child, pidfd, copied })
+                Ok(Relay { pid: child, pidfd, counts })
             }
         }
     }
 
     /// Bytes written so far.
     pub fn copied(&self) -> u64 {
-        self.copied.get().load(Ordering::Acquire)
+        self.counts.get().copied.load(Ordering::Acquire)
+    }
+
+    /// Bytes read and not (yet) written: what dies with the relay if it is stopped now.
+    pub fn in_hand(&self) -> u64 {
+        let c = self.counts.get();
+        c.taken.load(Ordering::Acquire).saturating_sub(c.copied.load(Ordering::Acquire))
     }
 
     /// Wait until `deadline` for the relay to finish what it was given (its source must have
@@ -146,7 +171,7 @@ impl Relay {
 
 /// The relay itself: `from` and `to` become its stdin and stdout, every other descriptor of the
 /// launch (a cage's channel end, its other pipes) is closed, and it copies.
-fn relay_main(parent: Pid, from: RawFd, to: RawFd, copied: &AtomicU64) -> bool {
+fn relay_main(parent: Pid, from: RawFd, to: RawFd, counts: &Counts) -> bool {
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 || nix::unistd::getppid() != parent {
         return false;
@@ -174,6 +199,7 @@ fn relay_main(parent: Pid, from: RawFd, to: RawFd, copied: &AtomicU64) -> bool {
             }
             return false;
         }
+        counts.taken.fetch_add(n as u64, Ordering::Release);
         let mut at = 0;
         while at < n as usize {
             // SAFETY: writing from our own buffer.
@@ -185,7 +211,7 @@ fn relay_main(parent: Pid, from: RawFd, to: RawFd, copied: &AtomicU64) -> bool {
                 return false;
             }
             at += w as usize;
-            copied.fetch_add(w as u64, Ordering::Release);
+            counts.copied.fetch_add(w as u64, Ordering::Release);
         }
     }
 }
@@ -195,7 +221,7 @@ mod tests {
     use super::*;
 
     /// Pipes and the memory devices are polled or never wait; a file of a file system outside
-    /// the list (procfs here) goes through a relay.
+    /// the list (procfs here) goes through a relay, named by its file system.
     #[test]
     fn what_may_stall() {
         let (r, w) = nix::unistd::pipe().expect("pipe");
@@ -203,7 +229,7 @@ mod tests {
         let null = std::fs::OpenOptions::new().write(true).open("/dev/null").expect("/dev/null");
         assert!(!may_stall(null.as_fd()));
         let proc_file = std::fs::File::open("/proc/self/stat").expect("/proc/self/stat");
-        assert!(may_stall(proc_file.as_fd()));
+        assert_eq!(stalls(proc_file.as_fd()).as_deref(), Some("a file on proc"));
         assert_eq!(mount_type(u64::MAX), None);
     }
 }

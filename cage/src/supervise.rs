@@ -28,8 +28,8 @@ use crate::sys;
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 const FORWARD: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-/// After the init is reaped, how long to wait for the output to drain.
-const DRAIN_MS: u64 = 1000;
+/// After the init is reaped, how long to wait for the output to drain (a relay to finish too).
+pub const DRAIN_MS: u64 = 1000;
 /// Bytes read from a pipe at a time.
 const CHUNK: usize = 64 << 10;
 

@@ -823,3 +823,127 @@ impl Drop for PrivateParent {
         }
     }
 }
+
+/// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
+/// writes never complete — nor, once `stall` has been looked up, their attributes: a request its
+/// server never answers holds the caller in the kernel, past SIGKILL. Dropping it kills the
+/// server (every held request then fails) and unmounts it.
+pub struct Stalling {
+    dir: Scratch,
+    server: std::process::Child,
+}
+
+const STALLING_FS: &str = r#"
+import errno, stat, sys, threading
+from fusepy import FUSE, Operations, FuseOSError
+
+stalled = threading.Event()
+
+class S(Operations):
+    def getattr(self, path, fh=None):
+        if path == '/':
+            return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2)
+        if path in ('/in', '/out'):
+            if stalled.is_set():
+                threading.Event().wait()
+            return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=4096)
+        if path == '/stall':
+            stalled.set()
+        raise FuseOSError(errno.ENOENT)
+    def readdir(self, path, fh):
+        return ['.', '..', 'in', 'out']
+    def open(self, path, flags):
+        return 0
+    def read(self, path, size, offset, fh):
+        threading.Event().wait()
+    def write(self, path, data, offset, fh):
+        threading.Event().wait()
+
+FUSE(S(), sys.argv[1], foreground=True, direct_io=True, attr_timeout=0, entry_timeout=0)
+"#;
+
+impl Stalling {
+    /// Mount it (fails the test when python3 with fusepy is missing or it does not mount).
+    pub fn mount() -> Stalling {
+        let dir = Scratch::new("stalling");
+        let server = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", STALLING_FS])
+            .arg(&dir.0)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 with fusepy (apt-get install python3-fusepy; .ci/run does)");
+        let s = Stalling { dir, server };
+        let since = std::time::Instant::now();
+        while !s.dir.join("out").exists() {
+            assert!(since.elapsed() < std::time::Duration::from_secs(10), "the FUSE server did not mount");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        s
+    }
+
+    /// `in` or `out`, opened to read or (`write`) to write.
+    pub fn open(&self, name: &str, write: bool) -> std::fs::File {
+        std::fs::OpenOptions::new().read(!write).write(write).open(self.dir.join(name)).unwrap()
+    }
+
+    /// From now on even the attributes of `in` and `out` never come (the kernel asks each time).
+    pub fn stall(&self) {
+        assert!(!self.dir.join("stall").exists());
+    }
+}
+
+impl Drop for Stalling {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir.0).status();
+    }
+}
+
+/// An overlay mount (of empty layers) in a scratch directory: a file system outside the
+/// relay's list of local ones whose writes are known to complete. Unmounted on drop.
+pub struct Overlay(Scratch);
+
+impl Overlay {
+    /// Mount it under `/tmp/chio-test-<tag>-…`.
+    pub fn mount(tag: &str) -> Overlay {
+        let dir = Scratch::new(tag);
+        for d in ["lower", "upper", "work", "mnt"] {
+            std::fs::create_dir(dir.join(d)).unwrap();
+        }
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            dir.join("lower").display(),
+            dir.join("upper").display(),
+            dir.join("work").display()
+        );
+        let mounted = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(dir.join("mnt"))
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount -t overlay");
+        Overlay(dir)
+    }
+
+    /// The mount point.
+    pub fn mnt(&self) -> PathBuf {
+        self.0.join("mnt")
+    }
+
+    /// `name` in the mount.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.mnt().join(name)
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.mnt()).status();
+    }
+}
+
+/// 1 MiB of bytes in no simple pattern, for what a relay carries.
+pub fn relay_data() -> Vec<u8> {
+    (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()
+}

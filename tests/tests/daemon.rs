@@ -15,8 +15,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use chio_tests::{
-    chio_bin, lasting_orphaned_inits, launch_cgroups_of, privileged, processes_tagged, signed_launch, wait_gone,
-    Scratch,
+    chio_bin, lasting_orphaned_inits, launch_cgroups_of, privileged, processes_tagged, relay_data, signed_launch,
+    wait_gone, Overlay, Scratch, Stalling,
 };
 use serde_json::{json, Value};
 
@@ -1363,6 +1363,33 @@ fn the_repository_leg_through_the_daemon() {
     std::os::unix::fs::symlink(&granted, dir.join("link")).unwrap();
     let out = leg(&["status", "--state", s(&dir.join("link")), "--json"], Some(65532));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Only `serve` reads the client's stdin; any other operation leaves it alone, even one the
+    // client would relay (a file on an overlay: the daemon takes no such descriptor).
+    use std::io::Seek;
+    let overlay = Overlay::mount("daemon-repo-stdin");
+    let requests = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","#,
+        r#""capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        "\n"
+    );
+    std::fs::write(overlay.join("in"), requests).unwrap();
+    let mut input = std::fs::File::open(overlay.join("in")).unwrap();
+    let with_input = |args: &[&str], input: &std::fs::File| {
+        let mut c = Command::new(chio());
+        c.current_dir(&dir.0).args(["repository", "--supervisor", s(&d.socket)]).args(args);
+        c.stdin(input.try_clone().unwrap()).output().unwrap()
+    };
+    let out = with_input(&["status", "--state", "ws", "--json"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(input.stream_position().unwrap(), 0, "status read the client's stdin");
+    let out = with_input(&["serve", "--state", "ws"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let replies: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    assert_eq!(replies[1]["result"]["tools"][0]["name"], "execute", "{replies:?}");
+    assert_eq!(input.stream_position().unwrap(), requests.len() as u64);
 }
 
 /// A client uid holds at most its share: a launch over `max_launches_per_client` (after a
@@ -1869,4 +1896,107 @@ fn on_cgroup_v2_the_launch_takes_the_init_cloned_into_the_cgroup_made_ahead() {
         assert!(path.contains(&format!("/chio-{spare}-")), "{path}");
     }
     drop(d);
+}
+
+/// A client's descriptor whose writes or reads may never complete — a file on FUSE or a hard
+/// NFS mount, a block device — would hold the launch process in the kernel past SIGKILL, and
+/// its launch slot with it: one refused argument is enough, its usage message written to such a
+/// stderr. The daemon refuses the descriptor, naming it, before a byte is written; `chio cage
+/// run --supervisor` relays such a destination itself, so the launch ends by its deadline. The
+/// control: the same file holds a plain writer.
+#[test]
+fn a_descriptor_that_may_never_complete_is_refused_and_the_client_relays_it() {
+    if !privileged("daemon_stalling") {
+        return;
+    }
+    let dir = Scratch::new("daemon-stalling");
+    let d = Daemon::start(&dir, config(json!({"max_launches": 1})));
+    let fs = Stalling::mount();
+    // (Opened before the attributes stall: a lookup would then hold this test too.)
+    let (out, input, for_control, for_client) =
+        (fs.open("out", true), fs.open("in", false), fs.open("out", true), fs.open("out", true));
+    fs.stall();
+    let mut control = Command::new("/bin/sh").args(["-c", "echo x"]).stdout(for_control).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(control.try_wait().unwrap().is_none(), "control: the file system let a writer through");
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let bad_args = json!(["--no-such-flag", "--", "/bin/true"]);
+    let with_stdin = |id: &str| {
+        format!("{}\n", json!({"id": id, "op": "launch", "args": ["-i", "--", "/bin/cat"], "fds": {"stdin": true}}))
+    };
+    for (what, line, files) in [
+        ("stderr", launch_line("fuse-err", bad_args.clone()), vec![&null, &out]),
+        ("stdout", launch_line("fuse-out", bad_args), vec![&out, &null]),
+        ("stdin", with_stdin("fuse-in"), vec![&null, &null, &input]),
+    ] {
+        let c = UnixStream::connect(&d.socket).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        send_with_fds(&c, line.as_bytes(), &files);
+        let mut answer = String::new();
+        BufReader::new(&c).read_line(&mut answer).unwrap_or_else(|e| panic!("{what}: no answer in 10 s ({e})"));
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        let why = answer["error"].as_str().unwrap_or_else(|| panic!("{what}: {answer}"));
+        assert!(why.contains(&format!("the client's {what}")) && why.contains("fuse"), "{what}: {why}");
+    }
+    // Nothing was held: the daemon's one launch slot is free.
+    let ok = d.run(None, &["--", "/bin/true"], None);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    // The client relays its own stdout: the command's deadline holds, and what could not be
+    // written is said.
+    let started = Instant::now();
+    let mut client = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--json", "--timeout", "2s", "--"])
+        .args(["/bin/sh", "-c", "echo hi; exec sleep 30"])
+        .stdin(Stdio::null())
+        .stdout(for_client)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while client.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = client.kill();
+            panic!("the client was still running 20 s after a 2 s deadline");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let done = client.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
+    let rec = record(&done);
+    assert_eq!((done.status.code(), &rec["state"]), (Some(137), &json!("FullyEnforced")), "{rec}");
+    assert!(rec["outcome"]["limit_hit"].to_string().contains("wall_time"), "{rec}");
+    let err = text(&done.stderr);
+    assert!(err.contains("3 bytes of the command's stdout could not be written"), "{err}");
+    drop(fs);
+    let _ = control.wait();
+}
+
+/// What the client relays arrives whole and in order: stdin from, and stdout and stderr to,
+/// files on an overlay (outside the relay's list of local file systems), 1 MiB through the
+/// command, the record counting every byte — and the daemon itself never touches those files.
+#[test]
+fn what_the_client_relays_arrives_whole() {
+    if !privileged("daemon_relayed") {
+        return;
+    }
+    let dir = Scratch::new("daemon-relayed");
+    let d = Daemon::start(&dir, config(json!({})));
+    let overlay = Overlay::mount("daemon-relayed-overlay");
+    let data = relay_data();
+    std::fs::write(overlay.join("in"), &data).unwrap();
+    let status = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--json", "-i", "--output-limit", "2M", "--"])
+        .args(["/bin/sh", "-c", "cat; echo done >&2"])
+        .stdin(std::fs::File::open(overlay.join("in")).unwrap())
+        .stdout(std::fs::File::create(overlay.join("out")).unwrap())
+        .stderr(std::fs::File::create(overlay.join("err")).unwrap())
+        .status()
+        .unwrap();
+    let err = std::fs::read_to_string(overlay.join("err")).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    let mut lines = err.lines();
+    assert_eq!(lines.next(), Some("done"), "{err}");
+    let rec: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(rec["state"], "FullyEnforced");
+    assert_eq!((&rec["outcome"]["stdout_bytes"], &rec["outcome"]["stdout_dropped"]), (&data.len().into(), &0.into()));
+    assert!(std::fs::read(overlay.join("out")).unwrap() == data, "the file holds other bytes");
 }

@@ -9,7 +9,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use chio_tests::Control::{Nobody, NobodyInUserns};
-use chio_tests::{assert_escaped, cage, host, host_as, Scratch, Suite};
+use chio_tests::{assert_escaped, cage, host, host_as, relay_data, Overlay, Scratch, Stalling, Suite};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -208,80 +208,6 @@ fn against_a_2s_deadline(
     (status, took, rec)
 }
 
-/// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
-/// writes never complete — nor, once `stall` has been looked up, their attributes: a request its
-/// server never answers holds the caller in the kernel, past SIGKILL. Dropping it kills the
-/// server (every held request then fails) and unmounts it.
-struct Stalling {
-    dir: Scratch,
-    server: std::process::Child,
-}
-
-const STALLING_FS: &str = r#"
-import errno, stat, sys, threading
-from fusepy import FUSE, Operations, FuseOSError
-
-stalled = threading.Event()
-
-class S(Operations):
-    def getattr(self, path, fh=None):
-        if path == '/':
-            return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2)
-        if path in ('/in', '/out'):
-            if stalled.is_set():
-                threading.Event().wait()
-            return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=4096)
-        if path == '/stall':
-            stalled.set()
-        raise FuseOSError(errno.ENOENT)
-    def readdir(self, path, fh):
-        return ['.', '..', 'in', 'out']
-    def open(self, path, flags):
-        return 0
-    def read(self, path, size, offset, fh):
-        threading.Event().wait()
-    def write(self, path, data, offset, fh):
-        threading.Event().wait()
-
-FUSE(S(), sys.argv[1], foreground=True, direct_io=True, attr_timeout=0, entry_timeout=0)
-"#;
-
-impl Stalling {
-    fn mount() -> Stalling {
-        let dir = Scratch::new("stalling");
-        let server = std::process::Command::new("/usr/bin/python3")
-            .args(["-c", STALLING_FS])
-            .arg(&dir.0)
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("python3 with fusepy (apt-get install python3-fusepy; .ci/run does)");
-        let s = Stalling { dir, server };
-        let since = std::time::Instant::now();
-        while !s.dir.join("out").exists() {
-            assert!(since.elapsed() < std::time::Duration::from_secs(10), "the FUSE server did not mount");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        s
-    }
-
-    fn open(&self, name: &str, write: bool) -> std::fs::File {
-        std::fs::OpenOptions::new().read(!write).write(write).open(self.dir.join(name)).unwrap()
-    }
-
-    /// From now on even the attributes of `in` and `out` never come (the kernel asks each time).
-    fn stall(&self) {
-        assert!(!self.dir.join("stall").exists());
-    }
-}
-
-impl Drop for Stalling {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir.0).status();
-    }
-}
-
 /// A file whose writes (or reads) never complete — on FUSE, a hard NFS mount — must not hold
 /// the supervisor past the deadline either: poll cannot gate it, so a relay process writes (or
 /// reads) it, and the loop only ever touches its pipe to the relay. Without the relay chio sat
@@ -345,29 +271,10 @@ fn the_deadline_fires_whatever_a_file_system_does() {
 #[test]
 fn a_relay_delivers_every_byte() {
     let Some(e) = env("relay_bytes") else { return };
-    let dir = Scratch::new("relay-overlay");
-    for d in ["lower", "upper", "work", "mnt"] {
-        std::fs::create_dir(dir.join(d)).unwrap();
-    }
-    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    std::fs::write(dir.join("lower/in"), &data).unwrap();
-    let mnt = dir.join("mnt");
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        dir.join("lower").display(),
-        dir.join("upper").display(),
-        dir.join("work").display()
-    );
-    let mounted =
-        std::process::Command::new("mount").args(["-t", "overlay", "overlay", "-o", &opts]).arg(&mnt).status().unwrap();
-    assert!(mounted.success());
-    struct Unmount<'a>(&'a std::path::Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(&mnt);
+    let overlay = Overlay::mount("relay-overlay");
+    let data = relay_data();
+    std::fs::write(overlay.join("in"), &data).unwrap();
+    let mnt = overlay.mnt();
     let out = std::process::Command::new(&e.chio)
         .args(["cage", "run", "--json", "-i", "--output-limit", "2M", "--rootfs"])
         .arg(e.rootfs)

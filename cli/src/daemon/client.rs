@@ -6,7 +6,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -14,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use chio_cage::LaunchRecord;
 use serde_json::Value;
 
+use super::passed::Passed;
 use super::wire::{self, Documents, Fds, Request};
 use crate::cage_cmd::RunArgs;
 
@@ -38,37 +39,43 @@ pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
         documents,
         fds: Fds { cwd: true, stdin: a.interactive },
     };
-    let cwd = nix::fcntl::open(
-        ".",
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .context("opening the working directory")?;
-    let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
-    let mut fds: Vec<RawFd> = vec![stdout.as_raw_fd(), stderr.as_raw_fd(), cwd.as_raw_fd()];
-    if a.interactive {
-        fds.push(stdin.as_raw_fd());
+    let cwd = open_cwd()?;
+    let passed = Passed::ours(cwd.as_fd(), a.interactive)?;
+    let answer = exchange(socket, &request, passed.fds());
+    say_dropped("the command's", passed.finish());
+    finish(a, &answer?, record_file)
+}
+
+/// Say what a relay of ours could not write (never on a stderr that could not be written).
+fn say_dropped(whose: &str, left: Vec<(&str, u64)>) {
+    for (name, n) in left.into_iter().filter(|(name, _)| *name != "stderr") {
+        eprintln!("chio: {n} bytes of {whose} {name} could not be written within 1 s of its end, and were dropped");
     }
-    let answer = exchange(socket, &request, &fds)?;
-    finish(a, &answer, record_file)
 }
 
 /// `chio repository [--supervisor SOCKET] …` sent to the daemon: the same operation, run by
 /// it in the client's directory with the client's stdin, stdout and stderr; exits as it did.
 pub fn repository(socket: &Path) -> Result<i32> {
     let raw: Vec<OsString> = std::env::args_os().skip(2).collect();
+    let args = forwarded(&raw, &["--supervisor"])?;
+    // Only `serve` reads stdin: any other operation leaves the client's alone.
+    let reads_stdin = matches!(
+        crate::repository_cmd::parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>()),
+        Ok(crate::repository_cmd::RepositoryCommand::Serve { .. })
+    );
     let request = Request {
         id: random_id()?,
         op: "repository".into(),
-        args: forwarded(&raw, &["--supervisor"])?,
+        args,
         env: client_env(),
         documents: None,
-        fds: Fds { cwd: true, stdin: true },
+        fds: Fds { cwd: true, stdin: reads_stdin },
     };
     let cwd = open_cwd()?;
-    let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
-    let fds = [stdout.as_raw_fd(), stderr.as_raw_fd(), cwd.as_raw_fd(), stdin.as_raw_fd()];
-    let answer = exchange(socket, &request, &fds)?;
+    let passed = Passed::ours(cwd.as_fd(), reads_stdin)?;
+    let answer = exchange(socket, &request, passed.fds());
+    say_dropped("the", passed.finish());
+    let answer = answer?;
     if let Some(e) = answer.get("error").and_then(Value::as_str) {
         eprintln!("chio: the supervisor refused the operation: {e}");
         return Ok(answer.get("exit_code").and_then(Value::as_i64).map_or(1, |c| c as i32));

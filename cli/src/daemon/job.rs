@@ -5,7 +5,7 @@
 //! the daemon's receipt store and key. The role's limits are applied before anything runs.
 
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -225,6 +225,11 @@ fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
     };
     let cwd = if want.cwd { it.next() } else { None };
     let stdin = if want.stdin { it.next() } else { None };
+    for (name, fd) in [("stdout", Some(&out)), ("stderr", Some(&err)), ("stdin", stdin.as_ref())] {
+        if let Some(kind) = fd.and_then(|f| chio_cage::relay::stalls(f.as_fd())) {
+            return Err(stalling(name, &kind));
+        }
+    }
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     let taken = match &stdin {
         Some(f) => nix::unistd::dup2_stdin(f),
@@ -244,6 +249,17 @@ fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
     }
     set_environment(&job.request.env, &job.daemon);
     Ok(())
+}
+
+/// The refusal of a client's `name` descriptor that is `kind`, which poll cannot gate.
+fn stalling(name: &str, kind: &str) -> String {
+    format!(
+        "the client's {name} is {kind}: a write or read there may never complete (a FUSE or NFS server \
+         that does not answer holds the writer in the kernel, past SIGKILL), and would hold this launch \
+         past its deadline; the supervisor takes only pipes, sockets, terminals, /dev/null and files on \
+         local file systems (chio cage run --supervisor and chio repository --supervisor relay any other \
+         themselves)"
+    )
 }
 
 /// The variables chio reads as its own configuration in a launch process (and every

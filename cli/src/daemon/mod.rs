@@ -11,6 +11,7 @@ mod export_as;
 mod grants;
 pub mod job;
 pub mod launcher;
+mod passed;
 mod server;
 pub mod wire;
 
