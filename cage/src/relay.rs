@@ -11,6 +11,7 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use nix::errno::Errno;
@@ -38,20 +39,17 @@ pub fn may_stall(fd: BorrowedFd<'_>) -> bool {
 /// attributes the kernel holds (`AT_STATX_DONT_SYNC`), the file system from the mount table.
 /// Unknown counts as stalling.
 pub fn stalls(fd: BorrowedFd<'_>) -> Option<String> {
-    // SAFETY: statx into a zeroed struct of ours (raw: nix has no statx).
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
-    let mask = libc::STATX_TYPE | libc::STATX_MNT_ID;
-    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
-    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, mask, &mut stx) } != 0 {
-        return Some(format!("a descriptor whose kind cannot be read ({})", io::Error::last_os_error()));
-    }
+    let stx = match held_attributes(fd) {
+        Ok(stx) => stx,
+        Err(e) => return Some(format!("a descriptor whose kind cannot be read ({e})")),
+    };
     match u32::from(stx.stx_mode) & libc::S_IFMT {
         libc::S_IFREG => {
-            let fs = (stx.stx_mask & libc::STATX_MNT_ID != 0).then(|| mount_type(stx.stx_mnt_id)).flatten();
-            match fs {
+            let mount = (stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id);
+            match mount.and_then(mount_type) {
                 Some(t) if COMPLETING.contains(&t.as_str()) => None,
                 Some(t) => Some(format!("a file on {t}")),
+                None if mount.is_some() && mount == memfd_mount() => None,
                 None => Some("a file on a mount this process cannot see".into()),
             }
         }
@@ -61,6 +59,30 @@ pub fn stalls(fd: BorrowedFd<'_>) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// `fd`'s type and mount as the kernel holds them, asking no file system (`AT_STATX_DONT_SYNC`).
+fn held_attributes(fd: BorrowedFd<'_>) -> io::Result<libc::statx> {
+    // SAFETY: statx into a zeroed struct of ours (raw: nix has no statx).
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let mask = libc::STATX_TYPE | libc::STATX_MNT_ID;
+    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
+    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, mask, &mut stx) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stx)
+}
+
+/// The mount every memfd lives on — the kernel's own tmpfs, in no mount table — learnt once
+/// from a memfd of this process's. A memfd is memory: its writes complete.
+fn memfd_mount() -> Option<u64> {
+    static MOUNT: OnceLock<Option<u64>> = OnceLock::new();
+    *MOUNT.get_or_init(|| {
+        let fd = nix::sys::memfd::memfd_create(c"chio-kind", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).ok()?;
+        let stx = held_attributes(fd.as_fd()).ok()?;
+        (stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
+    })
 }
 
 /// The file system type of mount `id` (from `/proc/self/mountinfo`: after the ` - `).
@@ -230,6 +252,32 @@ mod tests {
         assert!(!may_stall(null.as_fd()));
         let proc_file = std::fs::File::open("/proc/self/stat").expect("/proc/self/stat");
         assert_eq!(stalls(proc_file.as_fd()).as_deref(), Some("a file on proc"));
+        // A memfd's mount is in no mount table, and it is memory.
+        let memfd = nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).expect("memfd");
+        assert!(!may_stall(memfd.as_fd()));
         assert_eq!(mount_type(u64::MAX), None);
+    }
+
+    /// Devices: a terminal (a pty's master) is polled; `/dev/fuse` (a character device whose
+    /// reads wait on whoever serves it) and a block device go through a relay. Opening them
+    /// takes root, which the unit tests have under CI.
+    #[test]
+    fn which_devices_may_stall() {
+        use std::os::unix::fs::OpenOptionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs the unit tests as root");
+            eprintln!("SKIP which_devices_may_stall: opening the devices takes root");
+            return;
+        }
+        let rw =
+            |p: &str| std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOCTTY).open(p).expect(p);
+        assert_eq!(stalls(rw("/dev/ptmx").as_fd()), None);
+        assert_eq!(stalls(rw("/dev/fuse").as_fd()).as_deref(), Some("the character device 10:229"));
+        let block = std::fs::read_dir("/sys/block")
+            .expect("/sys/block")
+            .flatten()
+            .find_map(|e| std::fs::File::open(std::path::Path::new("/dev").join(e.file_name())).ok())
+            .expect("no block device opens here");
+        assert_eq!(stalls(block.as_fd()).as_deref(), Some("a block device"));
     }
 }
