@@ -705,7 +705,14 @@ fn verify_and_exec(
         release_tracee(tpid);
         return Err(stop(Stage::Exec, "withdrawn", "the launch was withdrawn before its command ran"));
     }
-    let r = channel::send_byte(sock.as_raw_fd(), GO).map_err(|e| stop(Stage::Exec, "setup_failed", e)).and_then(|()| {
+    if plan.hook(&TestHook::GoLate) {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    // The target sets itself up meanwhile: one that failed there has reported why and may have
+    // ended, its end of the channel closed. Its report, not the closed channel, is the failure.
+    let go = channel::send_byte(sock.as_raw_fd(), GO)
+        .map_err(|e| cage_report(sock).unwrap_or_else(|| stop(Stage::Exec, "setup_failed", e)));
+    let r = go.and_then(|()| {
         // While the target sets itself up, the exec stop's reads once, their results dropped:
         // the first reads of a new process's /proc entries (and this process's first run of
         // this code) are several times dearer than a repeat, and at the exec stop the target

@@ -261,6 +261,9 @@ pub enum TestHook {
     /// The init aborts when the target has ended, under its filter (as a bug in it would): the
     /// launch must end then, not spin until its deadline.
     InitAborts,
+    /// The supervisor sends its go only once the target has had the time to finish its own
+    /// setup (300 ms): one that failed there has reported it and ended by then.
+    GoLate,
 }
 
 impl TestHook {
@@ -289,6 +292,7 @@ impl TestHook {
             TestHook::InitPrivileged => "init_privileged".into(),
             TestHook::StallBeforeExec => "stall_before_exec".into(),
             TestHook::InitAborts => "init_aborts".into(),
+            TestHook::GoLate => "go_late".into(),
         }
     }
 
@@ -323,6 +327,7 @@ impl TestHook {
             "init_privileged" => TestHook::InitPrivileged,
             "stall_before_exec" => TestHook::StallBeforeExec,
             "init_aborts" => TestHook::InitAborts,
+            "go_late" => TestHook::GoLate,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

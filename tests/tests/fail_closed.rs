@@ -95,6 +95,11 @@ fn target_not_found_is_127() {
     let Some(e) = env("not_found") else { return };
     assert_failed(&e.run(&[], &[], &["/nonexistent"]), "BootstrapFailed", "target", "target_not_found", 127);
     assert_failed(&e.run(&[], &[], &["no-such-command"]), "BootstrapFailed", "target", "target_not_found", 127);
+    // The target looks for its command while the supervisor seizes it and sends its go; one
+    // that did not find it has said so and ended before a late go, whose send then fails: the
+    // launch's failure is still what the target said (it was `setup_failed`, a broken pipe).
+    let late = e.run(&[("CHIO_TEST_HOOK", "go_late")], &[], &["/nonexistent"]);
+    assert_failed(&late, "BootstrapFailed", "target", "target_not_found", 127);
 }
 
 #[test]
