@@ -329,6 +329,49 @@ impl<'a> Pump<'a> {
     }
 }
 
+/// Write `data` to `fd` as the loop writes a command's output — a terminal or pipe through a
+/// non-blocking description of our own, a socket per call without waiting, a destination poll
+/// cannot gate through a relay — until it is all written or `deadline` passes, waiting in poll
+/// and nowhere else. Returns the bytes that reached `fd`.
+pub fn write_within(fd: BorrowedFd<'_>, data: &[u8], deadline: Instant) -> usize {
+    let Ok(sink) = Sink::open(fd) else { return 0 };
+    let mut at = 0;
+    while at < data.len() {
+        match sink.write_some(&data[at..]) {
+            Ok(0) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || !writable_within(sink.fd(), left) {
+                    break;
+                }
+            }
+            Ok(n) => at += n,
+            Err(_) => break,
+        }
+    }
+    match sink {
+        Sink::Relayed(pipe, relay) => {
+            drop(pipe);
+            if !relay.finish(deadline) {
+                relay.stop();
+            }
+            relay.copied().min(at as u64) as usize
+        }
+        _ => at,
+    }
+}
+
+/// Whether `fd` can take data within `left` (poll's POLLOUT; an error or hang-up counts as no).
+fn writable_within(fd: BorrowedFd<'_>, left: Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX);
+    let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+    match poll(&mut fds, ms) {
+        Ok(n) if n > 0 => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLOUT)),
+        Err(Errno::EINTR) => true,
+        _ => false,
+    }
+}
+
 /// How a supervised launch ended.
 pub struct Ended {
     /// The command's end, output and ceilings.

@@ -318,7 +318,11 @@ pub fn launch(
         _ => None,
     };
     let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
-    let mut sinks = Sinks::new(stdout.as_fd(), stderr.as_fd());
+    // In a daemon's launch process the command's output goes to the client's own descriptors,
+    // and what was said before it goes out first.
+    let (out, err) = crate::daemon::said::client_outputs().unwrap_or((stdout.as_fd(), stderr.as_fd()));
+    crate::daemon::said::flush();
+    let mut sinks = Sinks::new(out, err);
     sinks.ahead = ahead;
     if a.interactive {
         sinks.stdin = Some(stdin.as_fd());

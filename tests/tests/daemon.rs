@@ -910,12 +910,14 @@ fn a_launch_turned_away_at_its_gate_never_runs_its_command() {
     let (other, out) = send("late-1", json!(["--", "/bin/sh", "-c", "echo other"]), false);
     assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
     assert_eq!(out, "", "a request turned away at its gate ran its command");
-    // A workspace the command cannot write gets a note before the run, and a repeat none.
+    // A workspace the command cannot write gets a note before the run (before the command's
+    // own stderr), and a repeat none.
     let closed = dir.join("closed");
     std::fs::create_dir(&closed).unwrap();
-    let noted = json!(["--workspace", s(&closed), "--", "/bin/sh", "-c", "echo hello"]);
+    let noted = json!(["--workspace", s(&closed), "--", "/bin/sh", "-c", "echo hello >&2"]);
     let (first, out) = send("late-2", noted.clone(), true);
-    assert!(out.contains("is not writable by uid 65534") && out.contains("hello"), "{first}: {out}");
+    let (note, hello) = (out.find("is not writable by uid 65534"), out.find("hello"));
+    assert!(note.is_some() && hello.is_some() && note < hello, "{first}: {out}");
     let (again, out) = send("late-2", noted, false);
     assert_eq!(again["record"], first["record"], "{again}");
     assert_eq!(out, "", "a repeat turned away at its gate wrote its note");
@@ -2000,4 +2002,59 @@ fn what_the_client_relays_arrives_whole() {
     assert_eq!(rec["state"], "FullyEnforced");
     assert_eq!((&rec["outcome"]["stdout_bytes"], &rec["outcome"]["stdout_dropped"]), (&data.len().into(), &0.into()));
     assert!(std::fs::read(overlay.join("out")).unwrap() == data, "the file holds other bytes");
+}
+
+/// A client that never reads its stderr (a pipe full to the brim) cannot hold its launch process:
+/// what chio says itself — here clap's usage message — goes out as a command's output does,
+/// never waiting on the client past a deadline, and what the client did not take is dropped,
+/// which the daemon's log says. Read, the same message arrives whole. The control: a plain
+/// write to that pipe waits.
+#[test]
+fn a_client_that_reads_nothing_holds_no_launch() {
+    if !privileged("daemon_unread") {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    let dir = Scratch::new("daemon-unread");
+    let d = Daemon::start(&dir, config(json!({"max_launches": 1})));
+    let bad_args = json!(["--no-such-flag", "--", "/bin/true"]);
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let (r, w) = std::io::pipe().unwrap();
+    let w = std::fs::File::from(std::os::fd::OwnedFd::from(w));
+    let answer = raw_with_fds(&d.socket, launch_line("read", bad_args.clone()).as_bytes(), &[&null, &w]);
+    assert_eq!(answer["exit_status"], 2, "{answer}");
+    drop(w);
+    let mut said = String::new();
+    std::fs::File::from(std::os::fd::OwnedFd::from(r)).read_to_string(&mut said).unwrap();
+    assert!(said.contains("unexpected argument '--no-such-flag'"), "{said}");
+    // Fill a pipe, then put its description back to blocking, as a client would hand it over.
+    let (r, w) = std::io::pipe().unwrap();
+    let w = std::fs::File::from(std::os::fd::OwnedFd::from(w));
+    // SAFETY: fcntl flag changes on our own pipe.
+    let flags = unsafe { libc::fcntl(w.as_raw_fd(), libc::F_GETFL) };
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    while (&w).write(&[b'x'; 4096]).is_ok() {}
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFL, flags) };
+    let mut control = Command::new("/bin/sh").args(["-c", "echo x"]).stdout(w.try_clone().unwrap()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(control.try_wait().unwrap().is_none(), "control: the full pipe took a write");
+    let asked = Instant::now();
+    let c = UnixStream::connect(&d.socket).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    send_with_fds(&c, launch_line("unread", bad_args).as_bytes(), &[&null, &w]);
+    let mut answer = String::new();
+    BufReader::new(&c).read_line(&mut answer).unwrap_or_else(|e| panic!("no answer in 30 s ({e})"));
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["exit_status"], 2, "{answer}");
+    assert!(asked.elapsed() < Duration::from_secs(20), "took {:?}", asked.elapsed());
+    let until = Instant::now() + Duration::from_secs(5);
+    while !d.log().contains("the rest was dropped") {
+        assert!(Instant::now() < until, "the daemon's log does not say what was dropped: {}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nothing was held: the daemon's one launch slot is free.
+    let ok = d.run(None, &["--", "/bin/true"], None);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    drop(r);
+    let _ = control.wait();
 }

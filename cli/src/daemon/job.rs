@@ -180,10 +180,17 @@ fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> Answered {
             if let Err(why) = super::grants::check(job, &mut cmd) {
                 return json!({"error": why, "exit_code": 77}).to_string().into();
             }
+            // The MCP server's answers are the client's stream, written as they come.
+            if matches!(cmd, RepositoryCommand::Serve { .. }) {
+                if let Err(e) = super::said::direct() {
+                    return failure(&format!("giving serve the client's stdout: {e}")).into();
+                }
+            }
             match &cmd {
                 RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
                     exported_as_client(job, state, out)
                 }
+
                 _ => crate::repository_cmd::run_with(&cmd, ahead, &mut root).unwrap_or_else(|e| {
                     eprintln!("chio: {e:#}");
                     1
@@ -213,7 +220,8 @@ fn exported_as_client(job: &Job, state: &std::path::Path, out: &std::path::Path)
     }
 }
 
-/// Descriptors and environment: the client's stdout/stderr (and stdin, cwd) become ours.
+/// Descriptors and environment: the client's stdin (and cwd) become ours, its stdout and stderr
+/// are held for the command's output and what this process says (see [`super::said`]).
 fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
     let want = job.request.fds;
     if client.len() != want.count() {
@@ -235,10 +243,8 @@ fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
         Some(f) => nix::unistd::dup2_stdin(f),
         None => nix::unistd::dup2_stdin(&null),
     };
-    taken
-        .and_then(|_| nix::unistd::dup2_stdout(&out))
-        .and_then(|_| nix::unistd::dup2_stderr(&err))
-        .map_err(|e| format!("taking the client's descriptors: {e}"))?;
+    taken.map_err(|e| format!("taking the client's stdin: {e}"))?;
+    super::said::take(out, err).map_err(|e| format!("taking the client's stdout and stderr: {e}"))?;
     // Only an admin's relative paths resolve in the client's directory; everyone else's launch
     // names no host path at all.
     match (cwd, job.role.as_str()) {

@@ -27,7 +27,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use chio_cage::digests::Digests;
 use chio_cage::{Ahead, RootKey};
 
-use super::{answer, job};
+use super::{answer, job, said};
 
 const LAUNCH: &[u8] = b"launch";
 const KILL: &[u8] = b"kill";
@@ -414,9 +414,8 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
         // SAFETY: leaving without running the launcher's destructors.
         unsafe { libc::_exit(0) }
     };
-    // Whatever the job printed goes out before its answer.
-    let _ = io::stdout().flush();
-    let _ = io::stderr().flush();
+    // Whatever the job said goes out before its answer (never waiting on the client for long).
+    let (said, dropped) = said::flush();
     // The answer goes to the client first, then what it got and the answer to the daemon.
     let sending = word.is_some_and(|w| nix::unistd::write(&w, &[answer::SENDING]) == Ok(1));
     let sent = answered.id.as_deref().filter(|_| sending).map_or(0, |id| {
@@ -431,6 +430,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     drop(launcher);
     // The client has its answer: let go of its descriptors (whoever reads its output sees EOF
     // now), then wind the cage down.
+    said::let_go();
     let to_log = match (log, std::fs::File::open("/dev/null")) {
         (Some(log), Ok(null)) => nix::unistd::dup2_stdin(&null)
             .and_then(|_| nix::unistd::dup2_stdout(&null))
@@ -438,6 +438,15 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
             .is_ok(),
         _ => false,
     };
+    if dropped > 0 && to_log {
+        eprintln!(
+            "chio supervisor: a launch's client (pid {}) took {} of the {said} bytes chio said to it within {} s; \
+             the rest was dropped",
+            std::process::id(),
+            said - dropped,
+            said::FLUSH_WAIT.as_secs()
+        );
+    }
     if let Some(Err(e)) = answered.teardown.map(chio_cage::Teardown::finish) {
         // (Never on the client's stderr, which may belong to its next command by now.)
         if to_log {

@@ -12,6 +12,7 @@ mod grants;
 pub mod job;
 pub mod launcher;
 mod passed;
+pub mod said;
 mod server;
 pub mod wire;
 

@@ -1,0 +1,116 @@
+//! What a launch process says itself — clap's usage, chio's notes and errors, a repository
+//! operation's output — reaches its client through memory. The process's stdout and stderr are
+//! memfds; what they hold is written to the client's own descriptors at two moments, before the
+//! command's output starts and before the answer, the way the command's output is written
+//! (`chio_cage::supervise::write_within`): never waiting on the client past a deadline. A
+//! client that stops reading its stdout or stderr (a full pipe, a stopped terminal) would
+//! otherwise hold its launch process, and a launch slot, for as long as it liked; what it has
+//! not taken by the deadline is dropped, and the daemon's log says how much.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::memfd::{memfd_create, MFdFlags};
+
+/// How long one flush waits for a client to take what was said.
+pub const FLUSH_WAIT: Duration = Duration::from_secs(10);
+
+/// One stream: the client's descriptor, and how far this process's memfd for it (its fd 1 or
+/// 2) has been written out.
+struct Stream {
+    client: OwnedFd,
+    fd: i32,
+    flushed: u64,
+}
+
+thread_local! {
+    /// The launch process's client streams (stdout, stderr), once taken. A launch process is
+    /// single-threaded.
+    static HELD: RefCell<Option<[Stream; 2]>> = const { RefCell::new(None) };
+}
+
+/// Make memfds this process's stdout and stderr and hold the client's `out` and `err`.
+pub fn take(out: OwnedFd, err: OwnedFd) -> io::Result<()> {
+    let said_out = memfd_create(c"chio-stdout", MFdFlags::MFD_CLOEXEC)?;
+    let said_err = memfd_create(c"chio-stderr", MFdFlags::MFD_CLOEXEC)?;
+    nix::unistd::dup2_stdout(&said_out)?;
+    nix::unistd::dup2_stderr(&said_err)?;
+    let streams = [
+        Stream { client: out, fd: libc::STDOUT_FILENO, flushed: 0 },
+        Stream { client: err, fd: libc::STDERR_FILENO, flushed: 0 },
+    ];
+    HELD.with(|h| *h.borrow_mut() = Some(streams));
+    Ok(())
+}
+
+/// The client's stdout and stderr, for the command's output (None in the one-shot form).
+///
+/// The descriptors stay open until [`let_go`], which only the launch process's end calls.
+pub fn client_outputs() -> Option<(BorrowedFd<'static>, BorrowedFd<'static>)> {
+    HELD.with(|h| {
+        h.borrow().as_ref().map(|[o, e]| {
+            // SAFETY: held open in HELD until let_go, called once the launch is over.
+            unsafe { (BorrowedFd::borrow_raw(o.client.as_raw_fd()), BorrowedFd::borrow_raw(e.client.as_raw_fd())) }
+        })
+    })
+}
+
+/// Write what this process has said since the last flush to the client, waiting at most
+/// [`FLUSH_WAIT`]. Returns the bytes said and the bytes dropped (0, 0 in the one-shot form).
+pub fn flush() -> (u64, u64) {
+    use std::io::Write;
+    let _ = io::stdout().flush();
+    let _ = io::stderr().flush();
+    let deadline = Instant::now() + FLUSH_WAIT;
+    HELD.with(|h| {
+        let mut held = h.borrow_mut();
+        let Some(streams) = held.as_mut() else { return (0, 0) };
+        let (mut said, mut dropped) = (0, 0);
+        for s in streams.iter_mut() {
+            let text = unflushed(s);
+            let written = chio_cage::supervise::write_within(s.client.as_fd(), &text, deadline) as u64;
+            said += text.len() as u64;
+            dropped += text.len() as u64 - written;
+            s.flushed += text.len() as u64;
+        }
+        (said, dropped)
+    })
+}
+
+/// What stream `s`'s memfd holds past what was flushed.
+fn unflushed(s: &Stream) -> Vec<u8> {
+    // SAFETY: fd 1 and 2 are this process's own memfds while HELD holds the streams.
+    let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
+    let end = nix::sys::stat::fstat(fd).map_or(0, |st| st.st_size as u64);
+    let mut text = vec![0u8; end.saturating_sub(s.flushed) as usize];
+    let mut at = 0;
+    while at < text.len() {
+        match nix::sys::uio::pread(fd, &mut text[at..], (s.flushed + at as u64) as i64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => at += n,
+        }
+    }
+    text.truncate(at);
+    text
+}
+
+/// Give this process the client's descriptors themselves as stdout and stderr: for `chio
+/// repository serve`, whose answers are the client's stream (an admin's only).
+pub fn direct() -> io::Result<()> {
+    flush();
+    HELD.with(|h| match h.borrow_mut().take() {
+        Some([o, e]) => {
+            nix::unistd::dup2_stdout(&o.client)?;
+            nix::unistd::dup2_stderr(&e.client)?;
+            Ok(())
+        }
+        None => Ok(()),
+    })
+}
+
+/// Close the client's descriptors (its readers see EOF once the command's output is closed too).
+pub fn let_go() {
+    HELD.with(|h| drop(h.borrow_mut().take()));
+}
