@@ -145,13 +145,14 @@ def main():
     ap.add_argument("--clients", type=int, default=2 * os.cpu_count())
     ap.add_argument("--settle", type=float, default=0.005, help="seconds idle before each timed launch")
     ap.add_argument("--compare", help="an earlier chio build to time through its own daemon")
+    ap.add_argument("--chio", help="time this build instead of building one (compare builds made the same way)")
     ap.add_argument("--image-shape", action="store_true",
                     help="give the rootfs the top level of a distribution image (bin, etc, usr, var...: "
                          "each a bind the cage makes) beside /true")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
-    chio = lb.build_chio()
+    chio = a.chio or lb.build_chio()
     bwrap = lb.ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-daemon-") as tmp:
         root = lb.build_rootfs(tmp)
