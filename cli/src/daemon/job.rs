@@ -190,7 +190,6 @@ fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> Answered {
                 RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
                     exported_as_client(job, state, out)
                 }
-
                 _ => crate::repository_cmd::run_with(&cmd, ahead, &mut root).unwrap_or_else(|e| {
                     eprintln!("chio: {e:#}");
                     1
@@ -262,8 +261,8 @@ fn stalling(name: &str, kind: &str) -> String {
     format!(
         "the client's {name} is {kind}: a write or read there may never complete (a FUSE or NFS server \
          that does not answer holds the writer in the kernel, past SIGKILL), and would hold this launch \
-         past its deadline; the supervisor takes only pipes, sockets, terminals, /dev/null and files on \
-         local file systems (chio cage run --supervisor and chio repository --supervisor relay any other \
+         past its deadline; the supervisor takes only pipes, sockets, terminals, /dev/null, memfds and \
+         files on local file systems (chio cage run --supervisor and chio repository --supervisor relay any other \
          themselves)"
     )
 }

@@ -440,7 +440,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     };
     if dropped > 0 && to_log {
         eprintln!(
-            "chio supervisor: a launch's client (pid {}) took {} of the {said} bytes chio said to it within {} s; \
+            "chio supervisor: launch process {}: its client took {} of the {said} bytes chio said to it within {} s; \
              the rest was dropped",
             std::process::id(),
             said - dropped,
