@@ -330,10 +330,14 @@ impl<'a> Pump<'a> {
 }
 
 /// Write `data` to `fd` as the loop writes a command's output — a terminal or pipe through a
-/// non-blocking description of our own, a socket per call without waiting, a destination poll
-/// cannot gate through a relay — until it is all written or `deadline` passes, waiting in poll
-/// and nowhere else. Returns the bytes that reached `fd`.
+/// non-blocking description of our own, a socket per call without waiting — until it is all
+/// written or `deadline` passes, waiting in poll and nowhere else. Returns the bytes that
+/// reached `fd`: none when it is a destination poll cannot gate ([`relay::stalls`]), which
+/// the caller must not have taken.
 pub fn write_within(fd: BorrowedFd<'_>, data: &[u8], deadline: Instant) -> usize {
+    if relay::may_stall(fd) {
+        return 0;
+    }
     let Ok(sink) = Sink::open(fd) else { return 0 };
     let mut at = 0;
     while at < data.len() {
@@ -348,16 +352,7 @@ pub fn write_within(fd: BorrowedFd<'_>, data: &[u8], deadline: Instant) -> usize
             Err(_) => break,
         }
     }
-    match sink {
-        Sink::Relayed(pipe, relay) => {
-            drop(pipe);
-            if !relay.finish(deadline) {
-                relay.stop();
-            }
-            relay.copied().min(at as u64) as usize
-        }
-        _ => at,
-    }
+    at
 }
 
 /// Whether `fd` can take data within `left` (poll's POLLOUT; an error or hang-up counts as no).

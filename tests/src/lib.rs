@@ -826,8 +826,9 @@ impl Drop for PrivateParent {
 
 /// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
 /// writes never complete — nor, once `stall` has been looked up, their attributes: a request its
-/// server never answers holds the caller in the kernel, past SIGKILL. Dropping it kills the
-/// server (every held request then fails) and unmounts it.
+/// server never answers holds the caller in the kernel, past SIGKILL — and `slow`, which keeps
+/// what is written to it, each write answered after 0.3 s. Dropping it kills the server (every
+/// held request then fails) and unmounts it.
 pub struct Stalling {
     dir: Scratch,
     server: std::process::Child,
@@ -838,6 +839,7 @@ import errno, stat, sys, threading
 from fusepy import FUSE, Operations, FuseOSError
 
 stalled = threading.Event()
+slow = bytearray()
 
 class S(Operations):
     def getattr(self, path, fh=None):
@@ -847,16 +849,26 @@ class S(Operations):
             if stalled.is_set():
                 threading.Event().wait()
             return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=4096)
+        if path == '/slow':
+            return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=len(slow))
         if path == '/stall':
             stalled.set()
         raise FuseOSError(errno.ENOENT)
     def readdir(self, path, fh):
-        return ['.', '..', 'in', 'out']
+        return ['.', '..', 'in', 'out', 'slow']
     def open(self, path, flags):
         return 0
+    def truncate(self, path, length, fh=None):
+        return 0
     def read(self, path, size, offset, fh):
+        if path == '/slow':
+            return bytes(slow[offset:offset + size])
         threading.Event().wait()
     def write(self, path, data, offset, fh):
+        if path == '/slow':
+            threading.Event().wait(0.3)
+            slow[offset:offset + len(data)] = data
+            return len(data)
         threading.Event().wait()
 
 FUSE(S(), sys.argv[1], foreground=True, direct_io=True, attr_timeout=0, entry_timeout=0)

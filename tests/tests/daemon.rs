@@ -262,6 +262,20 @@ fn a_launch_through_the_daemon_is_the_one_shot_launch() {
         assert_eq!(rv[k], rd[k], "{k}");
     }
     assert_eq!(rv["observed"]["fds"], json!([0, 1, 2]));
+    // The command's output reaches the client as it comes, not when the command is over.
+    let started = Instant::now();
+    let mut slow = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", "echo first; exec sleep 2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(slow.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first, "first\n");
+    assert!(started.elapsed() < Duration::from_millis(1500), "the first line came after {:?}", started.elapsed());
+    assert!(slow.wait().unwrap().success());
     // The launch ran in a child of the daemon's launcher, not in a process of the client's.
     let own = |r: &Value| r["cgroup"]["paths"][0].as_str().unwrap().rsplit('-').nth(1).unwrap().to_string();
     assert_ne!(own(&rv), own(&rd));
@@ -918,6 +932,7 @@ fn a_launch_turned_away_at_its_gate_never_runs_its_command() {
     let (first, out) = send("late-2", noted.clone(), true);
     let (note, hello) = (out.find("is not writable by uid 65534"), out.find("hello"));
     assert!(note.is_some() && hello.is_some() && note < hello, "{first}: {out}");
+    assert_eq!(out.matches("is not writable").count(), 1, "{out}");
     let (again, out) = send("late-2", noted, false);
     assert_eq!(again["record"], first["record"], "{again}");
     assert_eq!(out, "", "a repeat turned away at its gate wrote its note");
@@ -1243,6 +1258,13 @@ fn the_repository_leg_through_the_daemon() {
     let out = leg(&["export", "--state", "ws", "--out", "bundle"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(std::fs::read_to_string(dir.join("bundle/changes.patch")).unwrap().contains("+    return a + b"));
+    // What the launch process says (here the command's output, as `execute` prints it) can be
+    // more than a pipe holds: a client that reads as it comes gets all of it.
+    let big = leg(
+        &["execute", "--state", "ws", "--operation-key", "k-big", "--", "head -c 300000 /dev/zero | tr '\\0' x"],
+        None,
+    );
+    assert_eq!((big.status.code(), big.stdout.len()), (Some(0), 300_000), "{}", text(&big.stderr));
     // A usage error is clap's, as the one-shot form gives it.
     assert_eq!(leg(&["execute", "--state", "ws"], None).status.code(), Some(2));
     // An execute's cage is the one its spare made ahead (its init, in the pid namespace that
@@ -1386,6 +1408,29 @@ fn the_repository_leg_through_the_daemon() {
     let out = with_input(&["status", "--state", "ws", "--json"], &input);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(input.stream_position().unwrap(), 0, "status read the client's stdin");
+    // `serve` answers each request as it comes (its stdout is the client's own).
+    let mut serve = Command::new(chio())
+        .current_dir(&dir.0)
+        .args(["repository", "--supervisor", s(&d.socket), "serve", "--state", "ws"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_serve = serve.stdin.take().unwrap();
+    to_serve.write_all(requests.lines().next().unwrap().as_bytes()).unwrap();
+    to_serve.write_all(b"\n").unwrap();
+    let from_serve = serve.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(from_serve).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let reply = rx.recv_timeout(Duration::from_secs(10));
+    drop(to_serve);
+    assert!(serve.wait().unwrap().success());
+    let reply = reply.expect("serve did not answer a request before its input ended");
+    assert!(reply.contains("protocolVersion"), "{reply}");
     let out = with_input(&["serve", "--state", "ws"], &input);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let replies: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -1917,6 +1962,7 @@ fn a_descriptor_that_may_never_complete_is_refused_and_the_client_relays_it() {
     // (Opened before the attributes stall: a lookup would then hold this test too.)
     let (out, input, for_control, for_client) =
         (fs.open("out", true), fs.open("in", false), fs.open("out", true), fs.open("out", true));
+    let slow = fs.open("slow", true);
     fs.stall();
     let mut control = Command::new("/bin/sh").args(["-c", "echo x"]).stdout(for_control).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -1969,6 +2015,20 @@ fn a_descriptor_that_may_never_complete_is_refused_and_the_client_relays_it() {
     let err = text(&done.stderr);
     // (The relay holds the first line, its write never done; the second waits in its pipe.)
     assert!(err.contains("9 bytes of the command's stdout could not be written"), "{err}");
+    // A destination that is only slow (each write 0.3 s) gets everything: the relay has the
+    // drain time after the answer to finish what it holds.
+    let done = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", "echo one; echo two"])
+        .stdin(Stdio::null())
+        .stdout(slow)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
+    assert!(!text(&done.stderr).contains("could not be written"), "{}", text(&done.stderr));
+    let mut written = String::new();
+    fs.open("slow", false).read_to_string(&mut written).unwrap();
+    assert_eq!(written, "one\ntwo\n");
     drop(fs);
     let _ = control.wait();
 }
@@ -2021,12 +2081,15 @@ fn a_client_that_reads_nothing_holds_no_launch() {
     let null = std::fs::File::open("/dev/null").unwrap();
     let (r, w) = std::io::pipe().unwrap();
     let w = std::fs::File::from(std::os::fd::OwnedFd::from(w));
+    let asked = Instant::now();
     let answer = raw_with_fds(&d.socket, launch_line("read", bad_args.clone()).as_bytes(), &[&null, &w]);
     assert_eq!(answer["exit_status"], 2, "{answer}");
+    assert!(asked.elapsed() < Duration::from_secs(5), "a reading client waited {:?}", asked.elapsed());
     drop(w);
     let mut said = String::new();
     std::fs::File::from(std::os::fd::OwnedFd::from(r)).read_to_string(&mut said).unwrap();
-    assert!(said.contains("unexpected argument '--no-such-flag'"), "{said}");
+    assert_eq!(said.matches("unexpected argument '--no-such-flag'").count(), 1, "{said}");
+    assert!(!d.log().contains("dropped"), "nothing was dropped for a client that reads: {}", d.log());
     // Fill a pipe, then put its description back to blocking, as a client would hand it over.
     let (r, w) = std::io::pipe().unwrap();
     let w = std::fs::File::from(std::os::fd::OwnedFd::from(w));

@@ -414,8 +414,10 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
         // SAFETY: leaving without running the launcher's destructors.
         unsafe { libc::_exit(0) }
     };
-    // Whatever the job said goes out before its answer (never waiting on the client for long).
-    let (said, dropped) = said::flush();
+    // Whatever the job said goes out before its answer (never waiting on the client for long),
+    // and the client's stdout and stderr are let go: its readers see EOF by the time it has
+    // its answer.
+    let (said, dropped) = said::finish();
     // The answer goes to the client first, then what it got and the answer to the daemon.
     let sending = word.is_some_and(|w| nix::unistd::write(&w, &[answer::SENDING]) == Ok(1));
     let sent = answered.id.as_deref().filter(|_| sending).map_or(0, |id| {
@@ -428,9 +430,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     drop(out);
     let _ = nix::unistd::write(&launcher, &root_word(ANSWERED, answered.root.as_ref()));
     drop(launcher);
-    // The client has its answer: let go of its descriptors (whoever reads its output sees EOF
-    // now), then wind the cage down.
-    said::let_go();
+    // The client has its answer: let go of its stdin, then wind the cage down.
     let to_log = match (log, std::fs::File::open("/dev/null")) {
         (Some(log), Ok(null)) => nix::unistd::dup2_stdin(&null)
             .and_then(|_| nix::unistd::dup2_stdout(&null))

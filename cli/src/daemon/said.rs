@@ -47,11 +47,11 @@ pub fn take(out: OwnedFd, err: OwnedFd) -> io::Result<()> {
 
 /// The client's stdout and stderr, for the command's output (None in the one-shot form).
 ///
-/// The descriptors stay open until [`let_go`], which only the launch process's end calls.
+/// The descriptors stay open until [`finish`], which only the launch process's end calls.
 pub fn client_outputs() -> Option<(BorrowedFd<'static>, BorrowedFd<'static>)> {
     HELD.with(|h| {
         h.borrow().as_ref().map(|[o, e]| {
-            // SAFETY: held open in HELD until let_go, called once the launch is over.
+            // SAFETY: held open in HELD until finish, called once the launch is over.
             unsafe { (BorrowedFd::borrow_raw(o.client.as_raw_fd()), BorrowedFd::borrow_raw(e.client.as_raw_fd())) }
         })
     })
@@ -70,6 +70,9 @@ pub fn flush() -> (u64, u64) {
         let (mut said, mut dropped) = (0, 0);
         for s in streams.iter_mut() {
             let text = unflushed(s);
+            if text.is_empty() {
+                continue;
+            }
             let written = chio_cage::supervise::write_within(s.client.as_fd(), &text, deadline) as u64;
             said += text.len() as u64;
             dropped += text.len() as u64 - written;
@@ -110,7 +113,10 @@ pub fn direct() -> io::Result<()> {
     })
 }
 
-/// Close the client's descriptors (its readers see EOF once the command's output is closed too).
-pub fn let_go() {
+/// The last [`flush`], after which the client's descriptors are closed: its readers see EOF by
+/// the time it has its answer. Returns the bytes said and dropped.
+pub fn finish() -> (u64, u64) {
+    let said = flush();
     HELD.with(|h| drop(h.borrow_mut().take()));
+    said
 }
