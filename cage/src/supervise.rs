@@ -361,9 +361,8 @@ fn writable_within(fd: BorrowedFd<'_>, left: Duration) -> bool {
     let ms = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX);
     let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
     match poll(&mut fds, ms) {
-        Ok(n) if n > 0 => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLOUT)),
-        Err(Errno::EINTR) => true,
-        _ => false,
+        Ok(_) => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLOUT)),
+        Err(e) => e == Errno::EINTR,
     }
 }
 

@@ -8,8 +8,10 @@
 //! not taken by the deadline is dropped, and the daemon's log says how much.
 
 use std::cell::RefCell;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -17,11 +19,11 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 /// How long one flush waits for a client to take what was said.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(10);
 
-/// One stream: the client's descriptor, and how far this process's memfd for it (its fd 1 or
-/// 2) has been written out.
+/// One stream: the client's descriptor, this process's memfd for it (also its fd 1 or 2), and
+/// how far that has been written out.
 struct Stream {
     client: OwnedFd,
-    fd: i32,
+    memfd: File,
     flushed: u64,
 }
 
@@ -38,8 +40,8 @@ pub fn take(out: OwnedFd, err: OwnedFd) -> io::Result<()> {
     nix::unistd::dup2_stdout(&said_out)?;
     nix::unistd::dup2_stderr(&said_err)?;
     let streams = [
-        Stream { client: out, fd: libc::STDOUT_FILENO, flushed: 0 },
-        Stream { client: err, fd: libc::STDERR_FILENO, flushed: 0 },
+        Stream { client: out, memfd: File::from(said_out), flushed: 0 },
+        Stream { client: err, memfd: File::from(said_err), flushed: 0 },
     ];
     HELD.with(|h| *h.borrow_mut() = Some(streams));
     Ok(())
@@ -82,20 +84,13 @@ pub fn flush() -> (u64, u64) {
     })
 }
 
-/// What stream `s`'s memfd holds past what was flushed.
+/// What stream `s`'s memfd holds past what was flushed (nothing if it cannot be read).
 fn unflushed(s: &Stream) -> Vec<u8> {
-    // SAFETY: fd 1 and 2 are this process's own memfds while HELD holds the streams.
-    let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
-    let end = nix::sys::stat::fstat(fd).map_or(0, |st| st.st_size as u64);
+    let end = s.memfd.metadata().map_or(0, |m| m.len());
     let mut text = vec![0u8; end.saturating_sub(s.flushed) as usize];
-    let mut at = 0;
-    while at < text.len() {
-        match nix::sys::uio::pread(fd, &mut text[at..], (s.flushed + at as u64) as i64) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => at += n,
-        }
+    if s.memfd.read_exact_at(&mut text, s.flushed).is_err() {
+        text.clear();
     }
-    text.truncate(at);
     text
 }
 
