@@ -246,6 +246,7 @@ mod tests {
     /// the list (procfs here) goes through a relay, named by its file system.
     #[test]
     fn what_may_stall() {
+        use std::os::unix::fs::OpenOptionsExt;
         let (r, w) = nix::unistd::pipe().expect("pipe");
         assert!(!may_stall(r.as_fd()) && !may_stall(w.as_fd()));
         let null = std::fs::OpenOptions::new().write(true).open("/dev/null").expect("/dev/null");
@@ -256,6 +257,43 @@ mod tests {
         let memfd = nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).expect("memfd");
         assert!(!may_stall(memfd.as_fd()));
         assert_eq!(mount_type(u64::MAX), None);
+        // Files of the local file systems are written directly: tmpfs, and the disk the
+        // workspace is on (files without a name, gone with their descriptor).
+        for dir in ["/dev/shm", env!("CARGO_MANIFEST_DIR")] {
+            let f =
+                std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(dir).expect(dir);
+            assert_eq!(stalls(f.as_fd()), None, "{dir}");
+        }
+    }
+
+    /// A file on a mount this process cannot see (another mount namespace's: what a client in
+    /// a container may pass) counts as stalling, whatever its file system — here a tmpfs.
+    #[test]
+    fn a_file_of_another_mount_namespace_may_stall() {
+        use nix::mount::{mount, MsFlags};
+        use std::os::unix::fs::OpenOptionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs the unit tests as root");
+            eprintln!("SKIP a_file_of_another_mount_namespace_may_stall: mounting takes root");
+            return;
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/other-ns");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let at = dir.clone();
+        // A thread of its own, unshared: this process's other threads keep the host's mounts.
+        let file = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare");
+            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+                .expect("private");
+            mount(Some("tmpfs"), &at, Some("tmpfs"), MsFlags::empty(), None::<&str>).expect("tmpfs");
+            std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(&at).expect("file")
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(stalls(file.as_fd()).as_deref(), Some("a file on a mount this process cannot see"));
+        drop(file);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     /// Devices: a terminal (a pty's master) is polled; `/dev/fuse` (a character device whose
