@@ -826,8 +826,9 @@ impl Drop for PrivateParent {
 
 /// A FUSE file system (fusepy, under the system python3) holding `in` and `out`, whose reads and
 /// writes never complete — nor, once `stall` has been looked up, their attributes: a request its
-/// server never answers holds the caller in the kernel, past SIGKILL — and `slow`, which keeps
-/// what is written to it, each write answered after 0.3 s. Dropping it kills the server (every
+/// server never answers holds the caller in the kernel, past SIGKILL — `half`, which takes its
+/// first write and never answers another, and `slow`, which keeps what is written to it, each
+/// write answered after 0.3 s. Dropping it kills the server (every
 /// held request then fails) and unmounts it.
 pub struct Stalling {
     dir: Scratch,
@@ -840,6 +841,7 @@ from fusepy import FUSE, Operations, FuseOSError
 
 stalled = threading.Event()
 slow = bytearray()
+half = threading.Event()
 
 class S(Operations):
     def getattr(self, path, fh=None):
@@ -851,11 +853,13 @@ class S(Operations):
             return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=4096)
         if path == '/slow':
             return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=len(slow))
+        if path == '/half':
+            return dict(st_mode=stat.S_IFREG | 0o666, st_nlink=1, st_size=0)
         if path == '/stall':
             stalled.set()
         raise FuseOSError(errno.ENOENT)
     def readdir(self, path, fh):
-        return ['.', '..', 'in', 'out', 'slow']
+        return ['.', '..', 'in', 'out', 'slow', 'half']
     def open(self, path, flags):
         return 0
     def truncate(self, path, length, fh=None):
@@ -868,6 +872,9 @@ class S(Operations):
         if path == '/slow':
             threading.Event().wait(0.3)
             slow[offset:offset + len(data)] = data
+            return len(data)
+        if path == '/half' and not half.is_set():
+            half.set()
             return len(data)
         threading.Event().wait()
 

@@ -238,6 +238,13 @@ fn the_deadline_fires_whatever_a_file_system_does() {
             std::process::Stdio::from(fs.open("out", true)),
         ),
         ("stdin", &["-i"][..], &["read-stdin"][..], fs.open("in", false).into(), std::process::Stdio::null()),
+        (
+            "half",
+            &[][..],
+            &["flood", "1"][..],
+            std::process::Stdio::null(),
+            std::process::Stdio::from(fs.open("half", true)),
+        ),
     ];
     let (control_in, control_out) = (fs.open("in", false), fs.open("out", true));
     // What chio asks of a descriptor before it knows how to write it must not be a request the
@@ -256,6 +263,13 @@ fn the_deadline_fires_whatever_a_file_system_does() {
         if what == "stdout" {
             // Nothing reached the file: everything the command wrote counts as dropped.
             assert_eq!(outcome["stdout_bytes"], 0, "{outcome}");
+            assert!(outcome["stdout_dropped"].as_u64().unwrap() > 0, "{outcome}");
+        }
+        if what == "half" {
+            // What the relay wrote before the file stopped answering counts as written, the
+            // rest as dropped.
+            let written = outcome["stdout_bytes"].as_u64().unwrap();
+            assert!(written > 0 && written <= 64 << 10, "{outcome}");
             assert!(outcome["stdout_dropped"].as_u64().unwrap() > 0, "{outcome}");
         }
     }
