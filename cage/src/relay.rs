@@ -266,15 +266,24 @@ mod tests {
         }
     }
 
+    /// Whether this test runs as root; without, it skips saying `why` — except under CI, which
+    /// runs the unit tests as root, where that fails.
+    fn as_root(test: &str, why: &str) -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        assert!(std::env::var("CI").is_err(), "{test}: CI runs the unit tests as root");
+        eprintln!("SKIP {test}: {why}");
+        false
+    }
+
     /// A file on a mount this process cannot see (another mount namespace's: what a client in
     /// a container may pass) counts as stalling, whatever its file system — here a tmpfs.
     #[test]
     fn a_file_of_another_mount_namespace_may_stall() {
         use nix::mount::{mount, MsFlags};
         use std::os::unix::fs::OpenOptionsExt;
-        if !nix::unistd::geteuid().is_root() {
-            assert!(std::env::var("CI").is_err(), "CI runs the unit tests as root");
-            eprintln!("SKIP a_file_of_another_mount_namespace_may_stall: mounting takes root");
+        if !as_root("a_file_of_another_mount_namespace_may_stall", "mounting takes root") {
             return;
         }
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp/other-ns");
@@ -302,9 +311,7 @@ mod tests {
     #[test]
     fn which_devices_may_stall() {
         use std::os::unix::fs::OpenOptionsExt;
-        if !nix::unistd::geteuid().is_root() {
-            assert!(std::env::var("CI").is_err(), "CI runs the unit tests as root");
-            eprintln!("SKIP which_devices_may_stall: opening the devices takes root");
+        if !as_root("which_devices_may_stall", "opening the devices takes root") {
             return;
         }
         let rw =

@@ -49,7 +49,10 @@ pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
 /// Say what a relay of ours could not write (never on a stderr that could not be written).
 fn say_dropped(whose: &str, left: Vec<(&str, u64)>) {
     for (name, n) in left.into_iter().filter(|(name, _)| *name != "stderr") {
-        eprintln!("chio: {n} bytes of {whose} {name} could not be written within 1 s of its end, and were dropped");
+        let drain_s = chio_cage::supervise::DRAIN_MS / 1000;
+        eprintln!(
+            "chio: {n} bytes of {whose} {name} could not be written within {drain_s} s of its end, and were dropped"
+        );
     }
 }
 
