@@ -1,9 +1,12 @@
 //! One cgroup per launch, on cgroup v2 (unified) or v1 (one directory per controller hierarchy),
 //! detected at run time. Ceilings are written before the cage's first process joins; at the end
 //! everything in it is killed and the directories removed. On v1 the launch cgroup nests under the
-//! supervisor's own cgroup in each hierarchy so host accounting still covers it; on v2 it goes
-//! under a configurable root (default `/sys/fs/cgroup/chio`) because v2 forbids processes in
-//! inner nodes.
+//! supervisor's own cgroup in each hierarchy so host accounting still covers it. On v2 it goes
+//! under a configurable root (`CHIO_CGROUP_V2_ROOT`); else, when a service manager delegated the
+//! supervisor's cgroup to it (systemd's `Delegate=yes`), under that cgroup's `launches`, so that
+//! the unit's accounting, limits and final kill cover its cages ([`Delegation`]); else under
+//! `/sys/fs/cgroup/chio`. v2 forbids processes in a cgroup that hands controllers to children,
+//! so a supervisor in its delegated cgroup itself first moves into the leaf `supervisor` there.
 
 use std::fs;
 use std::io;
@@ -73,6 +76,8 @@ pub struct LaunchCgroup {
     dirs: Vec<(Controller, PathBuf)>,
     /// Ceilings that could not be applied because the controller is missing.
     pub missing: Vec<String>,
+    /// Why they are missing, when that is known and something an operator can change.
+    pub missing_why: Option<String>,
 }
 
 fn statfs_magic(p: &Path) -> Option<i64> {
@@ -129,16 +134,31 @@ pub enum Hierarchy {
 }
 
 impl Hierarchy {
-    /// The host's hierarchy; `v2_root` forces v2 under that directory (a delegated subtree,
-    /// or a private cgroup2 mount in tests).
+    /// The host's hierarchy; `v2_root` forces v2 under that directory (the operator's, or a
+    /// private cgroup2 mount in tests). Without one, v2 launch cgroups go under the delegation
+    /// this process runs in ([`Delegation::launches`]), else under `/sys/fs/cgroup/chio`.
     pub fn detect(v2_root: Option<&Path>) -> Hierarchy {
         if let Some(root) = v2_root {
             return Hierarchy::V2(root.to_path_buf());
         }
-        match statfs_magic(Path::new("/sys/fs/cgroup")) {
-            Some(CGROUP2_SUPER_MAGIC) => Hierarchy::V2(PathBuf::from("/sys/fs/cgroup/chio")),
+        match statfs_magic(Path::new(CGROUP_MOUNT)) {
+            Some(CGROUP2_SUPER_MAGIC) => {
+                Hierarchy::V2(Delegation::find().map_or_else(|| PathBuf::from(V2_DEFAULT_ROOT), |d| d.launches()))
+            }
             _ => Hierarchy::V1,
         }
+    }
+
+    /// [`Hierarchy::detect`], this process first moved out of its delegated cgroup into the
+    /// leaf there when it sits in that cgroup itself ([`Delegation::settle`]): what a launch
+    /// takes before it makes its cgroup.
+    pub fn take(v2_root: Option<&Path>) -> io::Result<Hierarchy> {
+        if v2_root.is_none() {
+            if let Some(d) = Delegation::find() {
+                d.settle()?;
+            }
+        }
+        Ok(Hierarchy::detect(v2_root))
     }
 
     /// Which of the ceilings' controllers (memory, pids, cpu) a launch cgroup here could not
@@ -157,6 +177,88 @@ impl Hierarchy {
                 .collect(),
         }
     }
+}
+
+/// Where the cgroup hierarchy is mounted.
+const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+/// Where v2 launch cgroups go when neither the operator nor a service manager says.
+const V2_DEFAULT_ROOT: &str = "/sys/fs/cgroup/chio";
+
+/// A cgroup v2 subtree handed to this process by a service manager: systemd's `Delegate=yes`
+/// marks the unit's cgroup with the extended attribute `trusted.delegate` = `1` (only a
+/// privileged process can set a `trusted.` attribute). Launch cgroups then go under its
+/// `launches`, inside the unit: the unit's accounting and limits count its cages, and the
+/// manager's stop and final SIGKILL reach them — a cage made outside the unit is a process its
+/// manager neither sees nor ends.
+///
+/// Taken only when the delegated cgroup and every one above it belong to root: whoever owns a
+/// cgroup's `cgroup.procs` or `cgroup.subtree_control` can move a cage's processes out of its
+/// launch cgroup or take a controller (and with it a ceiling) away from the ones below. systemd
+/// gives a `User=` unit's delegated cgroup to that user; a root chio there uses the default root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delegation {
+    /// The delegated cgroup (the unit's).
+    pub dir: PathBuf,
+    /// This process's own cgroup, `dir` or below it.
+    pub own: PathBuf,
+}
+
+impl Delegation {
+    /// The delegation this process runs in: the nearest cgroup at or above its own v2 cgroup
+    /// with the mark, if the hierarchy at `/sys/fs/cgroup` is v2 and that cgroup is root's.
+    pub fn find() -> Option<Delegation> {
+        if statfs_magic(Path::new(CGROUP_MOUNT)) != Some(CGROUP2_SUPER_MAGIC) {
+            return None;
+        }
+        let own = own_v2_cgroup()?;
+        let mount = Path::new(CGROUP_MOUNT);
+        let dir = own.ancestors().take_while(|d| *d != mount).find(|d| marked_delegated(d))?;
+        let mut roots = dir.ancestors().take_while(|d| d.starts_with(mount));
+        roots.all(roots_own).then(|| Delegation { dir: dir.to_path_buf(), own: own.clone() })
+    }
+
+    /// Where this delegation's launch cgroups go: its `launches`.
+    pub fn launches(&self) -> PathBuf {
+        self.dir.join("launches")
+    }
+
+    /// Move this process into the leaf `supervisor` of the delegated cgroup when it sits in
+    /// that cgroup itself. cgroup v2 hands controllers to a cgroup's children only while it
+    /// holds no process of its own, so the launch cgroups' ceilings need the unit's cgroup
+    /// empty. (A process of the unit that is not chio's keeps it from being so; the launch then
+    /// finds the controllers missing and says why.)
+    pub fn settle(&self) -> io::Result<()> {
+        if self.own != self.dir {
+            return Ok(());
+        }
+        let leaf = self.dir.join("supervisor");
+        match fs::create_dir(&leaf) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io::Error::new(e.kind(), format!("creating {}: {e}", leaf.display())))
+            }
+            _ => {}
+        }
+        write(&leaf.join("cgroup.procs"), "0")
+    }
+}
+
+/// This process's own cgroup on the v2 hierarchy mounted at `/sys/fs/cgroup`.
+pub fn own_v2_cgroup() -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(Path::new(CGROUP_MOUNT).join(rel.trim_start_matches('/')))
+}
+
+/// Whether a service manager marked `dir` delegated.
+fn marked_delegated(dir: &Path) -> bool {
+    xattr::get(dir, "trusted.delegate").ok().flatten().as_deref() == Some(b"1")
+}
+
+/// Whether `dir` and the files that move processes and hand controllers are root's.
+fn roots_own(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let root = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.uid() == 0);
+    root(dir) && root(&dir.join("cgroup.procs")) && root(&dir.join("cgroup.subtree_control"))
 }
 
 /// The controllers the ceilings use.
@@ -231,10 +333,20 @@ impl LaunchCgroup {
         }
         let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         let wanted = CEILINGS;
-        // Enabling in the parent first lets the root expose them; failures leave them missing.
+        // Enabling in the parent first lets the root expose them; failures leave them missing,
+        // and a parent that holds processes is the failure an operator can do something about.
+        let mut why = None;
         for c in wanted.iter().filter(|c| !available.split_whitespace().any(|a| a == **c)) {
             if let Some(parent) = root.parent() {
-                let _ = write(&parent.join("cgroup.subtree_control"), &format!("+{c}"));
+                let busy = write(&parent.join("cgroup.subtree_control"), &format!("+{c}"))
+                    .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY));
+                if busy {
+                    why = Some(format!(
+                        "{} holds processes of its own, and cgroup v2 hands controllers only to the children of a \
+                         cgroup that holds none (run them in a cgroup below it, e.g. systemd's DelegateSubgroup=)",
+                        parent.display()
+                    ));
+                }
             }
         }
         let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
@@ -251,12 +363,14 @@ impl LaunchCgroup {
             version: "v2",
             dirs: vec![(Controller::Cpuacct, dir.clone())],
             missing: Vec::new(),
+            missing_why: None,
         };
         for &c in controllers.iter().filter(|c| **c != Controller::Cpuacct) {
             if has(c) {
                 cg.dirs.push((c, dir.clone()));
             } else {
                 cg.missing.push(c.name().to_string());
+                cg.missing_why.clone_from(&why);
             }
         }
         Ok(cg)
@@ -281,7 +395,13 @@ impl LaunchCgroup {
 
     fn make_v1(name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
         let own = fs::read_to_string("/proc/self/cgroup")?;
-        let mut cg = LaunchCgroup { name: name.to_string(), version: "v1", dirs: Vec::new(), missing: Vec::new() };
+        let mut cg = LaunchCgroup {
+            name: name.to_string(),
+            version: "v1",
+            dirs: Vec::new(),
+            missing: Vec::new(),
+            missing_why: None,
+        };
         for &c in controllers {
             let mount = Path::new("/sys/fs/cgroup").join(c.name());
             if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
@@ -754,6 +874,7 @@ mod tests {
             version: "v2",
             dirs: dirs.iter().map(|c| (*c, dir.clone())).collect(),
             missing: Vec::new(),
+            missing_why: None,
         };
         let applied = cg.apply(&ceilings());
         let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());

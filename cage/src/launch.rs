@@ -379,6 +379,7 @@ fn make_cgroup<'h>(
     let cg = made.map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
     rec.cgroup = Some(CgroupFacts { version: cg.version.to_string(), paths: cg.paths() });
     let missing = cg.missing.clone();
+    let why = cg.missing_why.as_ref().map(|w| format!(": {w}")).unwrap_or_default();
     let version = cg.version;
     let cg = held.cgroup.insert(cg);
     require(
@@ -388,7 +389,7 @@ fn make_cgroup<'h>(
         stop(
             Stage::Cgroup,
             "cgroup_controller_missing",
-            format!("the host's cgroup {version} lacks controllers {missing:?} needed for the ceilings"),
+            format!("the host's cgroup {version} lacks controllers {missing:?} needed for the ceilings{why}"),
         ),
     )?;
     Ok(cg)
@@ -480,7 +481,8 @@ fn launch_cage(
     abi: u32,
     held: &mut Held,
 ) -> Result<(), Stop> {
-    let hierarchy = Hierarchy::detect(plan.cgroup_v2_root.as_deref());
+    let hierarchy =
+        Hierarchy::take(plan.cgroup_v2_root.as_deref()).map_err(|e| stop(Stage::Cgroup, "cgroup_failed", e))?;
     // One that does not fit this plan is killed here (before its cgroup is made over).
     let pre = held.ahead_init.take().filter(|_| ahead_init_fits(plan, &hierarchy, held));
     inject(plan, Stage::Namespaces)?;

@@ -39,6 +39,17 @@ pub fn may_stall(fd: BorrowedFd<'_>) -> bool {
 /// attributes the kernel holds (`AT_STATX_DONT_SYNC`), the file system from the mount table.
 /// Unknown counts as stalling.
 pub fn stalls(fd: BorrowedFd<'_>) -> Option<String> {
+    stalls_for(fd, None)
+}
+
+/// [`stalls`] for a descriptor a process `peer` passed: its mount is looked for in that
+/// process's mount table too. A daemon in a mount namespace of its own (systemd's
+/// `PrivateTmp=`) sees none of its clients' mounts by id — a namespace's copy of a mount is
+/// another mount — and a client in a container or a unit's namespace has mounts the daemon has
+/// no copy of. A mount's id is the kernel's for as long as the mount lives, and the descriptor
+/// held here keeps it alive, so any table that lists the id describes that mount; a table
+/// that does not (the peer gone, its pid another process's) leaves it unknown: stalling.
+pub fn stalls_for(fd: BorrowedFd<'_>, peer: Option<libc::pid_t>) -> Option<String> {
     let stx = match held_attributes(fd) {
         Ok(stx) => stx,
         Err(e) => return Some(format!("a descriptor whose kind cannot be read ({e})")),
@@ -46,7 +57,7 @@ pub fn stalls(fd: BorrowedFd<'_>) -> Option<String> {
     match u32::from(stx.stx_mode) & libc::S_IFMT {
         libc::S_IFREG => {
             let mount = (stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id);
-            match mount.and_then(mount_type) {
+            match mount.and_then(|m| mount_type(m, "self").or_else(|| mount_type(m, &peer?.to_string()))) {
                 Some(t) if COMPLETING.contains(&t.as_str()) => None,
                 Some(t) => Some(format!("a file on {t}")),
                 None if mount.is_some() && mount == memfd_mount() => None,
@@ -85,9 +96,10 @@ fn memfd_mount() -> Option<u64> {
     })
 }
 
-/// The file system type of mount `id` (from `/proc/self/mountinfo`: after the ` - `).
-fn mount_type(id: u64) -> Option<String> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+/// The file system type of mount `id` in the mount table of process `pid` (`self` too:
+/// `/proc/PID/mountinfo`, after the ` - `).
+fn mount_type(id: u64, pid: &str) -> Option<String> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
     let line = table.lines().find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
     let (_, after) = line.split_once(" - ")?;
     after.split(' ').next().map(str::to_string)
@@ -256,7 +268,7 @@ mod tests {
         // A memfd's mount is in no mount table, and it is memory.
         let memfd = nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).expect("memfd");
         assert!(!may_stall(memfd.as_fd()));
-        assert_eq!(mount_type(u64::MAX), None);
+        assert_eq!(mount_type(u64::MAX, "self"), None);
         // Files of the local file systems are written directly: tmpfs, and the disk the
         // workspace is on (files without a name, gone with their descriptor).
         for dir in ["/dev/shm", env!("CARGO_MANIFEST_DIR")] {
@@ -278,7 +290,8 @@ mod tests {
     }
 
     /// A file on a mount this process cannot see (another mount namespace's: what a client in
-    /// a container may pass) counts as stalling, whatever its file system — here a tmpfs.
+    /// a container may pass) counts as stalling, whatever its file system — here a tmpfs —
+    /// unless the process that passed it sees it: then its file system decides.
     #[test]
     fn a_file_of_another_mount_namespace_may_stall() {
         use nix::mount::{mount, MsFlags};
@@ -290,17 +303,24 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         let at = dir.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
         // A thread of its own, unshared: this process's other threads keep the host's mounts.
-        let file = std::thread::spawn(move || {
+        let peer = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare");
             mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
                 .expect("private");
             mount(Some("tmpfs"), &at, Some("tmpfs"), MsFlags::empty(), None::<&str>).expect("tmpfs");
-            std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(&at).expect("file")
-        })
-        .join()
-        .expect("thread");
+            let f = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(&at);
+            tx.send((f.expect("file"), nix::unistd::gettid().as_raw())).expect("send");
+            let _ = wait.recv();
+        });
+        let (file, tid) = rx.recv().expect("the thread's file");
         assert_eq!(stalls(file.as_fd()).as_deref(), Some("a file on a mount this process cannot see"));
+        assert_eq!(stalls_for(file.as_fd(), Some(tid)), None, "the thread sees its tmpfs");
+        assert_eq!(stalls_for(file.as_fd(), Some(1)).as_deref(), Some("a file on a mount this process cannot see"));
+        drop(done);
+        peer.join().expect("thread");
         drop(file);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }

@@ -97,7 +97,11 @@ pub fn platform(require_enforcement: bool) -> Finding {
         f.raise(Severity::Fatal, format!("the environment's launch settings: {e}"));
         return f;
     }
-    cgroups(&mut f, &Hierarchy::detect(plan.cgroup_v2_root.as_deref()));
+    let hierarchy = Hierarchy::detect(plan.cgroup_v2_root.as_deref());
+    cgroups(&mut f, &hierarchy);
+    if plan.cgroup_v2_root.is_none() && hierarchy != Hierarchy::V1 {
+        delegation(&mut f);
+    }
     ptrace_scope(&mut f);
     let rec = trial_launch(&plan);
     f.note("trial_launch", format!("{:?}", rec.state));
@@ -179,6 +183,28 @@ fn cgroups(f: &mut Finding, hierarchy: &Hierarchy) {
                 f.raise(Severity::Error, format!("cgroup v1 hierarchies {missing:?} are not mounted"));
             }
         }
+    }
+}
+
+/// Whether the launch cgroups go inside this process's service unit (a delegated cgroup v2
+/// subtree) or outside it, where its manager neither counts nor ends the cages.
+fn delegation(f: &mut Finding) {
+    use chio_cage::cgroup::{own_v2_cgroup, Delegation};
+    if let Some(d) = Delegation::find() {
+        f.note("cgroup_delegated", d.dir.display().to_string());
+        return;
+    }
+    f.note("cgroup_delegated", "no");
+    // The root cgroup is no unit's.
+    if let Some(own) = own_v2_cgroup().filter(|o| o != std::path::Path::new("/sys/fs/cgroup")) {
+        f.raise(
+            Severity::Warning,
+            format!(
+                "launch cgroups go under /sys/fs/cgroup/chio, outside this process's cgroup {}: the service manager \
+                 that put it there neither counts nor ends its cages (Delegate=yes on a root unit puts them inside)",
+                own.display()
+            ),
+        );
     }
 }
 

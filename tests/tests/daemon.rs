@@ -1945,6 +1945,121 @@ fn on_cgroup_v2_the_launch_takes_the_init_cloned_into_the_cgroup_made_ahead() {
     drop(d);
 }
 
+/// `script` run by sh (with `args`) in a mount namespace of its own where `/sys/fs/cgroup` is a
+/// cgroup2 mount: this host's is a v1 hybrid, production hosts run v2. Its stdout.
+fn on_v2(script: &str, args: &[&str]) -> String {
+    let full = format!("mount -t cgroup2 none /sys/fs/cgroup\n{script}");
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &full, "sh"])
+        .args(args)
+        .output()
+        .unwrap();
+    text(&out.stdout)
+}
+
+/// A cgroup v2 subtree of this test's, marked delegated as systemd marks a unit's cgroup under
+/// `Delegate=yes` (`trusted.delegate`); removed with whatever the daemon left in it.
+struct Delegated(String);
+
+impl Delegated {
+    fn new(tag: &str) -> Delegated {
+        let d = Delegated(format!("chio-test-{tag}-{}", std::process::id()));
+        let mark = r#"python3 -c 'import os, sys; os.setxattr(sys.argv[1], "trusted.delegate", b"1")'"#;
+        on_v2(&format!(r#"mkdir "/sys/fs/cgroup/$1" && {mark} "/sys/fs/cgroup/$1""#), &[&d.0]);
+        d
+    }
+
+    /// The launch cgroups under its `launches`.
+    fn launches(&self) -> String {
+        on_v2(r#"ls "/sys/fs/cgroup/$1/launches" | grep '^chio-' || true"#, &[&self.0])
+    }
+}
+
+impl Drop for Delegated {
+    fn drop(&mut self) {
+        on_v2(r#"find "/sys/fs/cgroup/$1" -depth -type d -exec rmdir {} +"#, &[&self.0]);
+    }
+}
+
+/// A daemon that systemd runs with `Delegate=yes` on cgroup v2 (its unit's cgroup marked
+/// delegated) moves into that cgroup's leaf `supervisor` before it forks anything, and every
+/// launch cgroup — the spare's made ahead, the launch's — goes under its `launches`, inside the
+/// unit: the unit's accounting and final kill cover the cages. At its stop none is left.
+#[test]
+fn a_daemon_in_a_delegated_cgroup_keeps_its_cages_inside_it() {
+    if !privileged("daemon_delegated") {
+        return;
+    }
+    let dir = Scratch::new("daemon-delegated");
+    let cg = Delegated::new("deleg-daemon");
+    let script = r#"mount -t cgroup2 none /sys/fs/cgroup && echo 0 > "/sys/fs/cgroup/$1/cgroup.procs"
+shift; exec "$@""#;
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", script, "sh", &cg.0, s(&chio())]);
+    let d = Daemon::spawn(&dir, config(json!({})), cmd);
+    let unit = format!("/sys/fs/cgroup/{}", cg.0);
+    assert!(d.log().contains(&format!("cgroup {unit} is delegated to it")), "{}", d.log());
+    let own = |pid: u32| {
+        let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        lines.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default().to_string()
+    };
+    assert_eq!(own(d.pid()), format!("/{}/supervisor", cg.0));
+    let init = d.init_ahead();
+    assert!(own(init).starts_with(&format!("/{}/launches/chio-", cg.0)), "the init waits in {}", own(init));
+    let out = d.run(None, &["--memory", "none", "--pids", "none", "--cpus", "none", "--json", "--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rec = record(&out);
+    assert_eq!(rec["state"], "FullyEnforced", "{rec}");
+    let path = rec["cgroup"]["paths"][0].as_str().unwrap();
+    assert!(path.starts_with(&format!("{unit}/launches/chio-")), "{path}");
+    drop(d);
+    assert_eq!(cg.launches(), "", "launch cgroups left in the unit's");
+}
+
+/// A daemon in a mount namespace of its own — systemd gives the shipped unit one
+/// (`PrivateTmp=yes`) — has its own copy of every mount, under other ids: a client's file on
+/// the disk is on no mount of the daemon's table. The daemon looks for the mount in the client's
+/// table too, and takes the client's stdout and stderr, files on the disk, directly (before, it
+/// refused every file as "on a mount this process cannot see"). A file on FUSE, mounted after
+/// the daemon started and so in the client's table alone, is still refused by name.
+#[test]
+fn a_daemon_in_its_own_mount_namespace_takes_its_clients_files() {
+    if !privileged("daemon_own_mounts") {
+        return;
+    }
+    let dir = Scratch::new("daemon-own-mounts");
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private"]).arg(chio());
+    let d = Daemon::spawn(&dir, config(json!({"max_launches": 1})), cmd);
+    let (out, err) = (dir.join("out"), dir.join("err"));
+    let status = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", "echo to-out; echo to-err >&2"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .status()
+        .unwrap();
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    assert_eq!(status.code(), Some(0), "{}", read(&err));
+    assert_eq!((read(&out).as_str(), read(&err).as_str()), ("to-out\n", "to-err\n"));
+    let fs = Stalling::mount();
+    let stalled = fs.open("out", true);
+    fs.stall();
+    let c = UnixStream::connect(&d.socket).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    send_with_fds(
+        &c,
+        launch_line("fuse-err", json!(["--no-such-flag", "--", "/bin/true"])).as_bytes(),
+        &[&null, &stalled],
+    );
+    let mut answer = String::new();
+    BufReader::new(&c).read_line(&mut answer).expect("no answer in 10 s");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    let why = answer["error"].as_str().unwrap_or_else(|| panic!("{answer}"));
+    assert!(why.contains("the client's stderr is a file on fuse"), "{why}");
+}
+
 /// A client's descriptor whose writes or reads may never complete — a file on FUSE or a hard
 /// NFS mount, a block device — would hold the launch process in the kernel past SIGKILL, and
 /// its launch slot with it: one refused argument is enough, its usage message written to such a

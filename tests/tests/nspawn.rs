@@ -256,3 +256,59 @@ fn credentials_under_a_current_systemd() {
     assert_eq!(get("nobody"), "session-s3cret", "{}", err("nobody"));
     assert_eq!(get("root"), "session-s3cret", "{}", err("root"));
 }
+
+/// What a booted systemd on cgroup v2 runs: preflight (its failure ignored: this container's v2
+/// hierarchy lacks the ceilings' controllers, which the host keeps on v1), then the daemon and
+/// one long launch through it, and where each sits in the cgroup tree.
+const V2_SCRIPT: &str = r#"set -u
+dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
+mkdir -p /etc/systemd/system/chio-preflight.service.d
+printf '[Service]\nExecStart=\nExecStart=-/bin/sh -c "/usr/bin/chio security preflight --json > /results/preflight.json"\n' \
+  > /etc/systemd/system/chio-preflight.service.d/test.conf
+systemctl daemon-reload
+echo '{"schema":"chio.supervisor-config.v1","stop_grace_s":2}' > /etc/chio/supervisor.json
+systemctl start chio-supervisor.service
+echo "supervisor=$(systemctl is-active chio-supervisor.service)"
+U=$(systemctl show -p ControlGroup --value chio-supervisor.service)
+echo "unit=$U"
+echo "daemon=$(grep '^0::' /proc/$(systemctl show -p MainPID --value chio-supervisor.service)/cgroup)"
+chio cage run --supervisor /run/chio/supervisor.sock --memory none --pids none --cpus none -- \
+  /bin/sh -c 'sleep 60; : long-launch' >/dev/null 2>/results/launch.err &
+caged() { for f in $(grep -l '[l]ong-launch' /proc/[0-9]*/cmdline 2>/dev/null); do [ "$(cat ${f%/cmdline}/comm 2>/dev/null)" != chio ] && echo ${f%/cmdline}; done; }
+for i in $(seq 100); do [ -n "$(caged)" ] && break; sleep 0.05; done
+echo "cage=$(grep -h '^0::' $(caged | head -1)/cgroup)"
+systemctl stop chio-supervisor.service
+echo "stopped=$(systemctl is-active chio-supervisor.service)"
+echo "left=$(caged | wc -l)"
+echo "launches=$(ls /sys/fs/cgroup$U/launches 2>/dev/null | grep -c '^chio-')"
+echo "outside=$(ls /sys/fs/cgroup | grep -c '^chio')"
+echo "preflight=$(grep -o '"cgroup_delegated": *"[^"]*"' /results/preflight.json | sed 's/.*: *//')"
+echo "done=1"
+systemctl start --no-block poweroff.target
+"#;
+
+/// Under a real systemd on cgroup v2 (Debian trixie's, in a unified hierarchy of the
+/// container's own) with the shipped `Delegate=yes`: the daemon runs in its unit's leaf
+/// `supervisor`, its cage in the unit's `launches` — where systemd accounts for it and its stop
+/// reaches it — and `systemctl stop` leaves no cage and no launch cgroup; the preflight unit
+/// finds its own cgroup delegated by the mark systemd puts on it.
+#[test]
+fn the_daemons_cages_stay_in_its_unit_on_cgroup_v2() {
+    let Some(image) = bootable("nspawn_v2", "trixie") else { return };
+    let results = Scratch::new("nspawn-v2");
+    stage(&results, V2_SCRIPT);
+    let mut nspawn = Command::new("systemd-nspawn");
+    nspawn.arg("--capability=all").env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1").env("SYSTEMD_SECCOMP", "0");
+    let out = boot(nspawn, &image, &results);
+    let get = |k: &str| printed(&out, k);
+    let err = std::fs::read_to_string(results.join("launch.err")).unwrap_or_default();
+    assert_eq!((get("done"), get("installed")), ("1".into(), "0".into()), "{out}");
+    assert_eq!(get("supervisor"), "active", "{out}");
+    let unit = get("unit");
+    assert_eq!(unit, "/system.slice/chio-supervisor.service", "{out}");
+    assert_eq!(get("daemon"), format!("0::{unit}/supervisor"), "{out}");
+    assert!(get("cage").starts_with(&format!("0::{unit}/launches/chio-")), "{out}\n{err}");
+    assert_eq!((get("stopped"), get("left"), get("launches")), ("inactive".into(), "0".into(), "0".into()), "{out}");
+    assert_eq!(get("outside"), "0", "a launch cgroup outside the units: {out}");
+    assert_eq!(get("preflight"), "\"/sys/fs/cgroup/system.slice/chio-preflight.service\"", "{out}");
+}

@@ -182,6 +182,46 @@ fn cgroups_are_judged_as_a_launch_judges_them() {
     assert!(stderr.contains("REMOVED"), "the trial left a cgroup in the launch root: {stderr}");
 }
 
+/// On cgroup v2 the platform probe says where launch cgroups go: inside the cgroup a service
+/// manager delegated to chio (marked `trusted.delegate`, as systemd marks a `Delegate=yes`
+/// unit's), under its `launches`; else under `/sys/fs/cgroup/chio`, with the note that this
+/// process's own cgroup is not delegated. (A private cgroup2 mount over `/sys/fs/cgroup`; the
+/// cgroup, named for this test's scratch directory, is removed afterwards.)
+#[test]
+fn where_v2_launch_cgroups_go_is_said() {
+    if !privileged("preflight_delegated") {
+        return;
+    }
+    let scratch = Scratch::new("preflight-deleg");
+    let sub = scratch.0.file_name().unwrap().to_str().unwrap().to_string();
+    for marked in [true, false] {
+        let mark = if marked {
+            r#"python3 -c 'import os, sys; os.setxattr(sys.argv[1], "trusted.delegate", b"1")' "$D""#
+        } else {
+            ":"
+        };
+        let script = format!(
+            "mount -t cgroup2 none /sys/fs/cgroup\nD=/sys/fs/cgroup/{sub}\nmkdir \"$D\"\n{mark}\n\
+             code=0\n(echo 0 > \"$D/cgroup.procs\"; exec \"$@\") || code=$?\n\
+             find \"$D\" -depth -type d -exec rmdir {{}} +\nrmdir /sys/fs/cgroup/chio 2>/dev/null\nexit $code"
+        );
+        let wrapper = ["unshare", "-m", "--propagation", "private", "sh", "-c", &script, "sh"];
+        let (_, doc) = preflight_under(&wrapper, &[], &[]);
+        let p = finding(&doc, "security.platform");
+        let unit = format!("/sys/fs/cgroup/{sub}");
+        let (delegated, root) = if marked {
+            (unit.clone(), format!("{unit}/launches"))
+        } else {
+            ("no".into(), "/sys/fs/cgroup/chio".into())
+        };
+        assert_eq!(p["context"]["cgroup"], "v2", "{p}");
+        assert_eq!(
+            (&p["context"]["cgroup_delegated"], &p["context"]["cgroup_root"]),
+            (&delegated.into(), &root.into())
+        );
+    }
+}
+
 /// Yama's ptrace_scope 3 forbids ptrace altogether: fatal, since the exec observation is ptrace;
 /// 2 (admin only) is what a root supervisor works under.
 #[test]

@@ -27,6 +27,9 @@ pub struct Job {
     pub uid: u32,
     /// The peer's primary gid.
     pub gid: u32,
+    /// The peer's pid as SO_PEERCRED gave it at connect (0: not in this pid namespace). Its
+    /// mount table describes the mounts of the files it passes ([`chio_cage::relay::stalls_for`]).
+    pub pid: i32,
     /// The request.
     pub request: Request,
     /// The daemon's side: nothing here comes from the client.
@@ -233,7 +236,8 @@ fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
     let cwd = if want.cwd { it.next() } else { None };
     let stdin = if want.stdin { it.next() } else { None };
     for (name, fd) in [("stdout", Some(&out)), ("stderr", Some(&err)), ("stdin", stdin.as_ref())] {
-        if let Some(kind) = fd.and_then(|f| chio_cage::relay::stalls(f.as_fd())) {
+        let peer = (job.pid > 0).then_some(job.pid);
+        if let Some(kind) = fd.and_then(|f| chio_cage::relay::stalls_for(f.as_fd(), peer)) {
             return Err(stalling(name, &kind));
         }
     }

@@ -93,6 +93,7 @@ fn serve(a: &ServeArgs) -> Result<i32> {
         // A bad key or a foreign store stops the daemon here, not each launch later.
         crate::receipt_cmd::LaunchReceipts::open(&daemon.receipt_db, seed)?;
     }
+    settle_in_delegation()?;
     let (unknown, cgroups) = recover(&daemon.receipt_db)?;
     eprintln!(
         "chio supervisor: recovered: {unknown} launch(es) dispatched without an outcome are outcome_unknown, {cgroups} cgroup(s) removed"
@@ -123,6 +124,29 @@ fn recover(receipt_db: &Path) -> Result<(usize, usize)> {
         .with_context(|| format!("the supervisor's store {}", receipt_db.display()))?;
     let (unknown, _) = store.op_recover().context("recovering the request journal")?;
     Ok((unknown, chio_cage::cgroup::sweep(&hierarchy())))
+}
+
+/// Under a service manager that delegated the daemon's cgroup to it (`Delegate=yes` on cgroup
+/// v2), move into that cgroup's leaf `supervisor` and put every launch cgroup under its
+/// `launches` — the unit's own subtree, which its manager accounts for and ends
+/// ([`chio_cage::cgroup::Delegation`]). Before the launcher is forked: every process of the
+/// daemon follows, and each launch process takes the root from `CHIO_CGROUP_V2_ROOT`. An
+/// operator's `CHIO_CGROUP_V2_ROOT` decides instead.
+fn settle_in_delegation() -> Result<()> {
+    if std::env::var_os("CHIO_CGROUP_V2_ROOT").is_some() {
+        return Ok(());
+    }
+    let Some(d) = chio_cage::cgroup::Delegation::find() else { return Ok(()) };
+    d.settle().with_context(|| format!("leaving the delegated cgroup {} for its leaf", d.dir.display()))?;
+    eprintln!(
+        "chio supervisor: cgroup {} is delegated to it: the daemon runs in its supervisor, launch cgroups go under {}",
+        d.dir.display(),
+        d.launches().display()
+    );
+    // Each launch would find the same by the same walk up its cgroups; this spares it that.
+    // SAFETY (set_var): the daemon is single-threaded until its launcher and runtime start.
+    std::env::set_var("CHIO_CGROUP_V2_ROOT", d.launches());
+    Ok(())
 }
 
 /// Where the daemon's launch cgroups go: where its launches' plans put them (the operator's

@@ -267,8 +267,8 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
         let _ = reply(&mut stream, &refusal(None, why, 75)).await;
         return;
     };
-    let (uid, gid) = match stream.peer_cred() {
-        Ok(c) => (c.uid(), c.gid()),
+    let (uid, gid, pid) = match stream.peer_cred() {
+        Ok(c) => (c.uid(), c.gid(), c.pid().unwrap_or(0)),
         Err(e) => return eprintln!("chio supervisor: peer credentials: {e}"),
     };
     let Some(role) = s.config.role_of(uid, gid) else {
@@ -303,7 +303,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             Ok(r) => r,
             Err(e) => return drop(reply(&mut stream, &refusal(None, format!("not a request: {e}"), 2)).await),
         };
-        let (reply, settling) = answer(&s, req, fds, Peer { uid, gid, role }, &stream).await;
+        let (reply, settling) = answer(&s, req, fds, Peer { uid, gid, pid, role }, &stream).await;
         let replied = match reply {
             Reply::Line { text, from } => reply_text(&mut stream, text, from).await,
             Reply::Hangup => Err(std::io::Error::other("the launch child ended while answering")),
@@ -331,6 +331,8 @@ async fn settle(s: Settling) -> Option<Result<(), String>> {
 struct Peer {
     uid: u32,
     gid: u32,
+    /// 0 when SO_PEERCRED names no pid of this pid namespace.
+    pid: i32,
     role: Role,
 }
 
@@ -410,7 +412,7 @@ async fn dispatch(
     peer: Peer,
     conn: OwnedFd,
 ) -> Result<(Answer, Settling), String> {
-    let Peer { uid, gid, role } = peer;
+    let Peer { uid, gid, pid, role } = peer;
     let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
@@ -423,7 +425,7 @@ async fn dispatch(
     };
     let mut daemon = s.daemon.clone();
     daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
-    let job = Job { role: role.name().into(), uid, gid, request: req, daemon };
+    let job = Job { role: role.name().into(), uid, gid, pid, request: req, daemon };
     let submitted = submit(s, &job, fds, &conn);
     drop(conn);
     let begun = match begin.await.map_err(|e| e.to_string()).and_then(|r| r) {
