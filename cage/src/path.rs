@@ -118,19 +118,35 @@ pub fn read_dir_names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
 /// descriptor limit or stack allows (`while mkdir a && cd a; do :; done`), and the host must
 /// still be able to remove it: `std::fs::remove_dir_all` holds a descriptor and a stack frame a
 /// level. Each way back up is through `..`, checked against the device and inode seen on the
-/// way down, so a tree moved meanwhile stops the removal instead of taking it elsewhere.
+/// way down, so a tree moved meanwhile stops the removal instead of taking it elsewhere. It
+/// never crosses into another mount (`rm --one-file-system`): a mount point in the tree — a bind
+/// of a host directory — stops the removal, naming it, before anything of that mount is touched.
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     use std::os::fd::AsFd;
-    let open = |at: BorrowedFd<'_>, n: &std::ffi::CStr| {
-        sys::openat(at, n, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+    let mount = sys::mount_id(parent)?;
+    let open = |at: BorrowedFd<'_>, n: &std::ffi::CStr, path: &dyn Fn() -> String| {
+        let fd = sys::openat(at, n, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+        if sys::mount_id(fd.as_fd())? != mount {
+            return Err(io::Error::other(format!(
+                "{}: a mount point; removing a tree does not cross into another mount (unmount it first)",
+                path()
+            )));
+        }
+        Ok(fd)
     };
     let top = cstring(name)?;
     // The names walked down through, each with the identity of the directory that holds it.
     let mut down: Vec<(CString, (u64, u64))> = Vec::new();
-    let mut cur = open(parent, &top)?;
+    let mut cur = open(parent, &top, &|| Path::new(name).display().to_string())?;
     loop {
         if let Some(child) = clear(cur.as_fd())? {
-            let next = open(cur.as_fd(), &child)?;
+            let next = open(cur.as_fd(), &child, &|| {
+                let names = down.iter().map(|(n, _)| n.as_c_str()).chain([child.as_c_str()]);
+                names
+                    .fold(Path::new(name).to_path_buf(), |p, n| p.join(OsStr::from_bytes(n.to_bytes())))
+                    .display()
+                    .to_string()
+            })?;
             down.push((child, identity(cur.as_fd())?));
             cur = next;
             continue;
@@ -138,7 +154,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
         let Some((child, id)) = down.pop() else { break };
         #[cfg(test)]
         tests::BEFORE_CLIMB.with_borrow_mut(|hook| hook.as_mut().map(|f| f()));
-        let up = open(cur.as_fd(), c"..")?;
+        let up = open(cur.as_fd(), c"..", &|| "..".into())?;
         if identity(up.as_fd())? != id {
             return Err(io::Error::other(format!(
                 "{}: a directory moved while its tree was removed",
@@ -176,7 +192,10 @@ fn clear(dir: BorrowedFd<'_>) -> io::Result<Option<CString>> {
         }
         match unlinkat(dir, name, UnlinkatFlags::RemoveDir) {
             Ok(()) => {}
-            Err(nix::errno::Errno::ENOTEMPTY | nix::errno::Errno::EEXIST) => return Ok(Some(name.to_owned())),
+            // Not empty; or busy — a mount point, which the walk down names and stops at.
+            Err(nix::errno::Errno::ENOTEMPTY | nix::errno::Errno::EEXIST | nix::errno::Errno::EBUSY) => {
+                return Ok(Some(name.to_owned()))
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -199,6 +199,21 @@ pub fn openat2(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32, resolve:
     }
 }
 
+/// The id of the mount `fd`'s file is on, as the kernel holds it (raw statx: nix has none).
+pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: a zeroed plain-data struct of ours for statx to fill.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
+    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, libc::STATX_MNT_ID, &mut stx) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::other("the kernel reported no mount id"));
+    }
+    Ok(stx.stx_mnt_id)
+}
+
 /// Plain `openat`, close-on-exec (used with `O_NOFOLLOW` by the per-component walk).
 pub fn openat(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let flags = OFlag::from_bits_retain(flags) | OFlag::O_CLOEXEC;

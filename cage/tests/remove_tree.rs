@@ -48,3 +48,49 @@ fn a_tree_deeper_than_the_descriptor_limit_is_removed() {
     assert_eq!(std::fs::read_to_string(d.join("inner/kept")).unwrap(), "host");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A mount point in the tree — a bind of a host directory, such as an operator may leave under
+/// a workspace's `tmp` — or the tree itself one stops the removal, naming it, before anything on
+/// that mount is touched. The control: `std::fs::remove_dir_all` goes through the bind and
+/// deletes the host's file. (In a thread's own mount namespace, which ends with the thread.)
+#[test]
+fn a_mount_in_the_tree_stops_the_removal() {
+    use nix::mount::{mount, MsFlags};
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var("CI").is_err(), "CI runs the tests as root");
+        eprintln!("SKIP a_mount_in_the_tree_stops_the_removal: mounting takes root");
+        return;
+    }
+    let d = std::env::temp_dir().join(format!("chio-remove-tree-mount-{}", std::process::id()));
+    let at = d.clone();
+    let result = std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+        // (tree, the bind's place in it, the host directory bound there)
+        let cases = [("tree", "tree/a/b", "host"), ("top", "top", "host-of-top"), ("control", "control/a/b", "host-c")];
+        for (tree, place, host) in cases {
+            std::fs::create_dir_all(at.join(tree).join("a/b")).unwrap();
+            std::fs::write(at.join(tree).join("a/file"), "tree").unwrap();
+            std::fs::create_dir_all(at.join(host)).unwrap();
+            std::fs::write(at.join(host).join("kept"), "host").unwrap();
+            mount(Some(&at.join(host)), &at.join(place), None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        }
+        let parent = std::fs::File::open(&at).unwrap();
+        let errors = ["tree", "top"].map(|t| remove_tree(parent.as_fd(), OsStr::new(t)).unwrap_err().to_string());
+        let kept = ["host", "host-of-top"].map(|h| std::fs::read_to_string(at.join(h).join("kept")).ok());
+        let control = std::fs::remove_dir_all(at.join("control"));
+        let control_kept = at.join("host-c/kept").exists();
+        for (_, place, _) in cases {
+            nix::mount::umount2(&at.join(place), nix::mount::MntFlags::MNT_DETACH).unwrap();
+        }
+        (errors, kept, control.is_err(), control_kept)
+    })
+    .join()
+    .unwrap();
+    std::fs::remove_dir_all(&d).unwrap();
+    let (errors, kept, control_failed, control_kept) = result;
+    assert!(errors[0].contains("tree/a/b: a mount point"), "{}", errors[0]);
+    assert!(errors[1].starts_with("top: a mount point"), "{}", errors[1]);
+    assert_eq!(kept, [Some("host".into()), Some("host".into())], "the host's files behind the binds");
+    assert!(control_failed && !control_kept, "control: remove_dir_all deletes through the bind, then fails");
+}

@@ -309,25 +309,37 @@ fn killed_mid_command(tag: &str, janitor: bool) -> Option<Value> {
 }
 
 /// A mount point below the state directory is none of chio's: `recover` leaves it in place and
-/// says so (exit 3), naming it. Run in a mount namespace of its own, which takes the mount away
-/// with it; the same recover without the mount is clean.
+/// says so (exit 3), naming it as it is named (a space in it, which the mount table writes as
+/// `\040`) — and one where recover removes temporaries, in `tmp`, is left with what is on it:
+/// before, the host directory bound there was emptied. Run in a mount namespace of its own,
+/// which takes the mounts away with it; the same recover without the mounts is clean.
 #[test]
 fn recover_names_a_mount_it_did_not_make() {
     if !privileged("recover_mount") {
         return;
     }
     let f = fixture("recover-mount");
-    std::fs::create_dir(f.state.join("extra")).unwrap();
-    let script = "mount -t tmpfs chio-test \"$1/extra\" && exec \"$2\" repository recover --state \"$1\"";
+    let host = f.state.with_extension("host");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("kept"), "host").unwrap();
+    for dir in ["extra", "tmp/left over"] {
+        std::fs::create_dir(f.state.join(dir)).unwrap();
+    }
+    let script = "mount -t tmpfs chio-test \"$1/extra\" && mount --bind \"$3\" \"$1/tmp/left over\" && \
+                  exec \"$2\" repository recover --state \"$1\"";
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh", s(&f.state)])
         .arg(chio_bin(&PathBuf::from(PROBE)))
+        .arg(&host)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     let report = json(&out);
-    let mount = format!("mount point {}: not made by chio; unmount it yourself", f.state.join("extra").display());
-    assert_eq!(report["left_in_place"], serde_json::json!([mount]), "{report}");
+    let mount = |m: &str| format!("mount point {}: not made by chio; unmount it yourself", f.state.join(m).display());
+    assert_eq!(report["left_in_place"], serde_json::json!([mount("extra"), mount("tmp/left over")]), "{report}");
+    assert_eq!(std::fs::read_to_string(host.join("kept")).unwrap(), "host", "the bound host directory");
+    std::fs::remove_dir_all(&host).unwrap();
+    std::fs::remove_dir(f.state.join("tmp/left over")).unwrap();
     // Control: the same recover, no mount.
     let out = run(&["repository", "recover", "--state", s(&f.state)]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

@@ -14,7 +14,8 @@
 //! left in place and reported.
 
 use std::fs;
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 use chio_kernel::receipt::Kind;
 use chio_kernel::store::{Filter, Store};
@@ -47,8 +48,11 @@ pub fn recover(ws: &Workspace) -> Result<RecoverReport, RepoError> {
     let mut store = ws.store(&key)?;
     let mut report = RecoverReport::default();
     reclaim_cgroups(ws, &store, &mut report)?;
-    report.left_in_place.extend(mounts_below(&ws.dir));
-    report.temporary_removed = remove_temporaries(ws)?;
+    let mounts = mounts_below(&ws.dir);
+    report
+        .left_in_place
+        .extend(mounts.iter().map(|m| format!("mount point {}: not made by chio; unmount it yourself", m.display())));
+    report.temporary_removed = remove_temporaries(ws, &mounts)?;
     let committed = last_committed(ws, &store)?;
     let head = ws.head()?;
     if head != committed {
@@ -101,22 +105,47 @@ fn each_body(store: &Store, kind: Kind, mut f: impl FnMut(&str, &serde_json::Val
 }
 
 /// Mount points at or below `dir` (none is ever made there; one would be someone else's).
-fn mounts_below(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().into_owned();
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| *m == prefix || m.starts_with(&format!("{prefix}/")))
-        .map(|m| format!("mount point {m}: not made by chio; unmount it yourself"))
+        .map(|m| PathBuf::from(std::ffi::OsString::from_vec(unescaped(m))))
+        .filter(|m| m.starts_with(dir))
         .collect()
 }
 
-/// Remove `tmp/*`, `objects/*/.tmp-*`, and `*.tmp` beside the state files.
-fn remove_temporaries(ws: &Workspace) -> Result<usize, RepoError> {
+/// A mount point as `/proc/self/mountinfo` writes it — space, tab, newline and backslash as
+/// `\NNN` in octal — back to its bytes.
+fn unescaped(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal.and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok()) {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Remove `tmp/*`, `objects/*/.tmp-*`, and `*.tmp` beside the state files — but a directory of
+/// `tmp` that is or holds one of `mounts`, which is left in place with what is on it.
+fn remove_temporaries(ws: &Workspace, mounts: &[PathBuf]) -> Result<usize, RepoError> {
     let mut n = 0;
     for e in fs::read_dir(ws.dir.join("tmp"))?.flatten() {
         let p = e.path();
+        if mounts.iter().any(|m| m.starts_with(&p)) {
+            continue;
+        }
         if e.file_type()?.is_dir() {
             // A restore's old tree, the command's, may be here: removed however deep it nests.
             super::workspace::remove_tree(&p)?
@@ -161,4 +190,18 @@ fn last_committed(ws: &Workspace, store: &Store) -> Result<String, RepoError> {
     // The snapshot must be there, whole.
     ws.snapshot(&head)?;
     Ok(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mount point whose name holds a space, a tab, a newline or a backslash is matched
+    /// under a workspace named with them (the table writes each as `\NNN`).
+    #[test]
+    fn mount_points_are_read_as_the_table_escapes_them() {
+        assert_eq!(unescaped(r"/srv/my\040work\011x\012y\134z"), b"/srv/my work\tx\ny\\z");
+        assert_eq!(unescaped(r"/a\04"), b"/a\\04", "a cut escape stays as it is");
+        assert_eq!(unescaped(r"/a\999"), b"/a\\999");
+    }
 }
