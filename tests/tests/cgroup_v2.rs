@@ -93,7 +93,8 @@ fn v2_without_the_memory_controller_is_unsupported_when_a_ceiling_is_asked() {
 /// Run `chio cage run` on a cgroup v2 hierarchy as a service manager's delegation leaves it:
 /// in a mount namespace of its own `/sys/fs/cgroup` is a cgroup2 mount, and chio starts in the
 /// cgroup `sub` (or `sub/inner` with `inner`), marked delegated as systemd marks it (`mark`:
-/// `trusted.delegate`), its `cgroup.procs` given to nobody with `foreign`. Returns the run, the
+/// `trusted.delegate`), its `cgroup.procs` given to nobody with `foreign`, its leaf `supervisor`
+/// made already (a daemon restarted in its unit) with `leaf`. Returns the run, the
 /// directories left under `sub` once chio is gone, and (`foreign`) whether nobody could pull a
 /// root process out of a cgroup below `sub` ("1"; "missing" without `foreign`).
 fn run_delegated(sub: &str, setup: &[&str], argv: &[&str]) -> (CageRun, String, String) {
@@ -104,6 +105,7 @@ sub="$1"; setup="$2"; shift 2
 mount -t cgroup2 none /sys/fs/cgroup
 D=/sys/fs/cgroup/$sub
 mkdir "$D" "$D/inner"
+case "$setup" in *leaf*) mkdir "$D/supervisor";; esac
 case "$setup" in *mark*) python3 -c 'import os, sys; os.setxattr(sys.argv[1], "trusted.delegate", b"1")' "$D";; esac
 case "$setup" in *foreign*)
   chown 65534 "$D/cgroup.procs" "$D/inner/cgroup.procs"
@@ -155,6 +157,7 @@ fn v2_launch_cgroups_go_inside_a_delegated_cgroup_that_root_owns() {
     for (i, (case, setup, root, tree)) in [
         ("delegated", &["mark"][..], "launches", "./inner ./launches ./supervisor"),
         ("delegated, chio below it", &["mark", "inner"][..], "launches", "./inner ./launches"),
+        ("delegated, its leaf there", &["mark", "leaf"][..], "launches", "./inner ./launches ./supervisor"),
         ("not delegated", &[][..], "/sys/fs/cgroup/chio", "./inner"),
         ("delegated, another user's", &["mark", "foreign"][..], "/sys/fs/cgroup/chio", "./inner"),
     ]
