@@ -322,8 +322,12 @@ fn recover_names_a_mount_it_did_not_make() {
     let host = f.state.with_extension("host");
     std::fs::create_dir(&host).unwrap();
     std::fs::write(host.join("kept"), "host").unwrap();
-    for dir in ["extra", "tmp/left over"] {
-        std::fs::create_dir(f.state.join(dir)).unwrap();
+    for dir in ["extra", "tmp/left over", "tmp/restore/deep"] {
+        std::fs::create_dir_all(f.state.join(dir)).unwrap();
+    }
+    // What a crash leaves beside the mount: removed, and counted.
+    for file in ["tmp/restore/deep/f", "tmp/git-scratch", "head.tmp", "snapshots/s.tmp"] {
+        std::fs::write(f.state.join(file), "half").unwrap();
     }
     let script = "mount -t tmpfs chio-test \"$1/extra\" && mount --bind \"$3\" \"$1/tmp/left over\" && \
                   exec \"$2\" repository recover --state \"$1\"";
@@ -338,6 +342,10 @@ fn recover_names_a_mount_it_did_not_make() {
     let mount = |m: &str| format!("mount point {}: not made by chio; unmount it yourself", f.state.join(m).display());
     assert_eq!(report["left_in_place"], serde_json::json!([mount("extra"), mount("tmp/left over")]), "{report}");
     assert_eq!(std::fs::read_to_string(host.join("kept")).unwrap(), "host", "the bound host directory");
+    assert_eq!(report["temporary_removed"], 4, "{report}");
+    for gone in ["tmp/restore", "tmp/git-scratch", "head.tmp", "snapshots/s.tmp"] {
+        assert!(!f.state.join(gone).exists(), "{gone} is left");
+    }
     std::fs::remove_dir_all(&host).unwrap();
     std::fs::remove_dir(f.state.join("tmp/left over")).unwrap();
     // Control: the same recover, no mount.
