@@ -51,7 +51,9 @@ impl Janitor {
         reap_released();
         match (shut, n, b[0]) {
             (Ok(()), Ok(1), REMOVED) => Ok(()),
-            (Ok(()), Ok(1), _) => Err(io::Error::other("the janitor could not remove the launch cgroup")),
+            (Ok(()), Ok(1), _) => Err(io::Error::other(
+                "the janitor could not remove the launch cgroup within 5 s of killing what was in it",
+            )),
             _ => Err(io::Error::other("the janitor ended without reporting the cgroup's removal")),
         }
     }

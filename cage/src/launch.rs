@@ -338,7 +338,7 @@ impl Held {
             Some(j) => j.finish(),
             None => cg.remove(),
         };
-        removed.map_err(|e| e.to_string())
+        removed.map_err(|e| format!("{e} ({})", cg.paths().join(", ")))
     }
 }
 

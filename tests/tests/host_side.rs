@@ -719,3 +719,61 @@ fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A launch cgroup that cannot be removed is said in the record, never reported clean. Here a
+/// host process is moved into the launch cgroup while the command runs (what anyone who can
+/// write the hierarchy could do) and sits in a FUSE write its server never answers, where
+/// SIGKILL does not reach it: the janitor tries for 5 s, and the record's `not_confined` says
+/// `cgroup_not_removed`, naming the directory. Once the server is gone the writer dies, and the
+/// directory goes with this test.
+#[test]
+fn a_launch_cgroup_that_cannot_be_removed_is_said() {
+    let Some(e) = env("cgroup_not_removed") else { return };
+    let fs = Stalling::mount();
+    let err = Scratch::new("not-removed");
+    let mut chio = std::process::Command::new(&e.chio)
+        .args(["cage", "run", "--json", "--timeout", "2s", "--rootfs"])
+        .arg(e.rootfs)
+        .args(["--", "/probe", "sleeper", "x"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(err.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    // Its launch cgroup in the pids hierarchy, nested under this process's own.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let own = own.lines().find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string())).unwrap();
+    let parent = std::path::Path::new("/sys/fs/cgroup/pids").join(own.trim_start_matches('/'));
+    let prefix = format!("chio-{}-", chio.id());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let launch = loop {
+        let found = std::fs::read_dir(&parent)
+            .unwrap()
+            .flatten()
+            .map(|d| d.path())
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)));
+        if let Some(dir) = found {
+            break dir;
+        }
+        assert!(std::time::Instant::now() < until, "no launch cgroup under {}", parent.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut writer = std::process::Command::new("/bin/sh")
+        .args(["-c", "sleep 0.5; echo held"])
+        .stdout(fs.open("out", true))
+        .spawn()
+        .unwrap();
+    std::fs::write(launch.join("cgroup.procs"), writer.id().to_string()).unwrap();
+    let status = chio.wait().unwrap();
+    let stderr = std::fs::read_to_string(err.join("stderr")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap_or_default()).unwrap();
+    let stuck = writer.try_wait().unwrap().is_none();
+    drop(fs);
+    writer.wait().unwrap();
+    std::fs::remove_dir(&launch).unwrap();
+    assert!(stuck, "the writer was not held: the test shows nothing");
+    assert_eq!(status.code(), Some(137), "{stderr}");
+    let said = rec["not_confined"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect::<Vec<_>>();
+    let line = said.iter().find(|s| s.starts_with("cgroup_not_removed")).unwrap_or_else(|| panic!("{rec}"));
+    assert!(line.contains(&launch.display().to_string()), "{line}");
+}
