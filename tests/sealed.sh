@@ -5,7 +5,10 @@
 # are. For runs that may hold broken code — a mutation run turns checks off one by one, and one
 # such mutant of a path walk, run unsealed as root, once deleted this machine's /etc. The run
 # has a UTS namespace of its own too: a mutant that names the host where it should name a cage
-# (`sethostname` outside the cage's namespace) once renamed this machine "chio".
+# (`sethostname` outside the cage's namespace) once renamed this machine "chio". And a pid
+# namespace of its own, with its own /proc: a mutant that cloned a cage's init without its own
+# pid namespace once sealed every memfd of this machine (the init writes vm.memfd_noexec, which
+# is per pid namespace, through its procfs); nor can a mutant signal a host process by pid.
 #
 #   sudo tests/sealed.sh COMMAND ARGS...
 set -eu
@@ -15,7 +18,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 export CHIO_SEALED=1
-exec unshare --mount --uts --propagation private sh -eu -c '
+exec unshare --mount --uts --pid --fork --mount-proc --propagation private sh -eu -c '
     for w in "$PWD" /tmp /var/tmp /run "${CARGO_HOME:-$HOME/.cargo}" /etc/hosts; do
         mount --bind "$w" "$w"
     done
@@ -28,4 +31,7 @@ exec unshare --mount --uts --propagation private sh -eu -c '
         echo "tests/sealed.sh: / is still writable; not running" >&2
         exit 2
     fi
-    exec "$@"' sealed "$@"
+    # Not exec: this shell is PID 1 of the run'"'"'s pid namespace, and reaps what is orphaned in it
+    # while it waits (a command that does not would leave zombies that "no process left"
+    # checks count).
+    "$@"' sealed "$@"

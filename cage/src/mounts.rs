@@ -621,8 +621,15 @@ impl Prepared {
 /// vm.memfd_noexec is per pid namespace (Linux 6.3+): 2 makes every memfd of the cage
 /// non-executable and sealed, so code written to memory cannot be exec'd as a new program —
 /// the same rule noexec gives /tmp. Written through the cage's procfs before it is sealed
-/// read-only; kernels without the knob have no file to write.
+/// read-only; kernels without the knob have no file to write. Only by PID 1 of a pid namespace
+/// (the cage's init): a procfs mounted by anyone else is its caller's namespace's — the host's,
+/// for an init cloned without its own — and the write would seal every memfd there.
 fn seal_memfds(proc: BorrowedFd<'_>) -> io::Result<()> {
+    if std::process::id() != 1 {
+        return Err(io::Error::other(
+            "not the init of a pid namespace of its own: this procfs is another namespace's (the host's?)",
+        ));
+    }
     match sys::openat(proc, c"sys/vm/memfd_noexec", libc::O_WRONLY, 0) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
@@ -674,6 +681,22 @@ fn attach_nested(root: BorrowedFd<'_>, n: &NestedBind) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// Only the init of a pid namespace of its own seals memfds through a procfs: from any
+    /// other process the procfs is another namespace's — the host's, whose memfds a write
+    /// would seal for every process on it (a mutant that cloned the init without its own pid
+    /// namespace once did that to this machine). Refused, naming why, with nothing written: a
+    /// stand-in directory with the sysctl's file takes the place of a procfs, so a write would
+    /// land there and not on the host.
+    #[test]
+    fn only_a_namespaces_init_seals_its_memfds() {
+        let d = Dir::new("memfd-standin");
+        std::fs::create_dir_all(d.0.join("sys/vm")).unwrap();
+        std::fs::write(d.0.join("sys/vm/memfd_noexec"), "0").unwrap();
+        let err = seal_memfds(d.fd().as_fd()).unwrap_err();
+        assert!(err.to_string().contains("not the init of a pid namespace of its own"), "{err}");
+        assert_eq!(std::fs::read_to_string(d.0.join("sys/vm/memfd_noexec")).unwrap(), "0");
+    }
 
     /// A scratch directory under target/ (not /tmp), removed when dropped.
     struct Dir(PathBuf);
