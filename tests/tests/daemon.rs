@@ -1803,6 +1803,37 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
     assert_ne!(seen[0], seen[1], "each launch has an init of its own");
 }
 
+/// An init cloned ahead that its launch cannot use — here the plan, with 70 KiB of arguments,
+/// is too big for the one message that hands it over — is killed and reaped at once, and the
+/// launch clones its own and runs: no zombie of it waits out the launch under the launch
+/// process (a mutation run found nothing showed that the unused init was ever killed).
+#[test]
+fn an_init_made_ahead_that_its_launch_cannot_use_is_reaped() {
+    if !privileged("daemon_init_unused") {
+        return;
+    }
+    let dir = Scratch::new("daemon-init-unused");
+    let d = Daemon::start(&dir, config(json!({})));
+    let init = d.init_ahead();
+    let big = "x".repeat(70 * 1024);
+    let mut client = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", "sleep 2; echo ran", "sh", &big])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Path::new(&format!("/proc/{init}")).exists() {
+        let state = std::fs::read_to_string(format!("/proc/{init}/stat")).unwrap_or_default();
+        assert!(Instant::now() < until, "the unused init is still there while its launch runs: {state}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(client.try_wait().unwrap().is_none(), "the launch ended before the check");
+    let out = client.wait_with_output().unwrap();
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "ran\n".into()), "{}", text(&out.stderr));
+}
+
 /// Wait (5 s at most) until process `pid` has the whole of its program's executable mapping
 /// in its page tables (Rss = Size in its smaps).
 fn wait_text_mapped(pid: u32) {
