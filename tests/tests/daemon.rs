@@ -1936,7 +1936,8 @@ struct V2Root(PathBuf, String);
 
 impl Drop for V2Root {
     fn drop(&mut self) {
-        let script = r#"mount -t cgroup2 none "$1" && rmdir "$1/$2""#;
+        // With whatever a failed test left in it (a launch cgroup a broken build did not remove).
+        let script = r#"mount -t cgroup2 none "$1" && find "$1/$2" -depth -type d -exec rmdir {} +"#;
         let _ = Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(&self.0), &self.1])
             .status();
