@@ -92,17 +92,39 @@ fn verify(bundle: &Path, checkout: &Path, rev: &str, paths: &[&str], key: &Path)
     }
     args.extend(["--kernel-key", s(key)]);
     // Its scratch directory (the recipient's baseline, objects, a git repository) goes, whatever
-    // the verdict.
+    // the verdict; so do those a killed verify-export of this user left (its process gone) —
+    // but not one of a live process, another user's, or a link.
     let tmp = checkout.with_extension("verify-tmp");
     std::fs::create_dir_all(&tmp).unwrap();
+    let gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    drop(gone.wait_with_output());
+    let stale = tmp.join(format!("chio-verify-{dead}-aa"));
+    std::fs::create_dir_all(stale.join("import")).unwrap();
+    std::fs::write(stale.join("import/source.py"), "private").unwrap();
+    let kept = [format!("chio-verify-{}-bb", std::process::id()), format!("chio-verify-{dead}-cc")];
+    for k in &kept {
+        std::fs::create_dir(tmp.join(k)).unwrap();
+    }
+    std::os::unix::fs::chown(tmp.join(&kept[1]), Some(65534), None).unwrap();
+    let target = checkout.with_extension("verify-target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("kept"), "host").unwrap();
+    std::os::unix::fs::symlink(&target, tmp.join(format!("chio-verify-{dead}-dd"))).unwrap();
     let out = Command::new(chio_bin(&PathBuf::from(PROBE)))
         .args(&args)
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert!(left.is_empty(), "verify-export left {left:?} in its TMPDIR");
+    let mut left: Vec<String> =
+        std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    let link = format!("chio-verify-{dead}-dd");
+    assert_eq!(left, [kept[0].clone(), kept[1].clone(), link.clone()], "verify-export's TMPDIR afterwards");
+    assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "host", "the link's target");
+    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::remove_dir_all(&target).unwrap();
     let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (out.status.code().unwrap(), v, String::from_utf8_lossy(&out.stderr).into())
 }

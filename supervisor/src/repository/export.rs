@@ -66,13 +66,34 @@ impl Drop for Scratch {
     }
 }
 
+/// A new scratch directory `chio-WHAT-PID-RANDOM` in `parent` (the pid: see [`sweep_stale`]).
 fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
     let mut rnd = [0u8; 8];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut rnd)?;
-    let dir = parent.join(format!("chio-{what}-{}", chio_kernel::keys::hex(&rnd)));
+    let dir = parent.join(format!("chio-{what}-{}-{}", std::process::id(), chio_kernel::keys::hex(&rnd)));
     // Private: it holds the recipient's own baseline (its source, perhaps not public) in /tmp.
     std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(&dir)?;
     Ok(Scratch(dir))
+}
+
+/// Remove the `chio-WHAT-PID-…` directories in `parent` that a chio killed before its scratch
+/// directory's drop left: those of this user (never another's: `/tmp` is everyone's) whose
+/// process is gone. They hold a recipient's baseline — its source, perhaps not public.
+fn sweep_stale(parent: &Path, what: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let prefix = format!("chio-{what}-");
+    let Ok(entries) = fs::read_dir(parent) else { return };
+    let me = nix::unistd::geteuid().as_raw();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|r| r.split_once('-'));
+        let Some(pid) = pid.and_then(|(p, _)| p.parse::<u32>().ok()) else { continue };
+        // (DirEntry::metadata does not follow a link.)
+        let ours = e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if ours && !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = super::workspace::remove_tree(&e.path());
+        }
+    }
 }
 
 fn mismatch(m: impl Into<String>) -> RepoError {
@@ -305,6 +326,8 @@ fn read_bundle(r: &VerifyRequest, name: &str) -> Result<Vec<u8>, RepoError> {
 }
 
 fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoError> {
+    // What an earlier verify of this user, killed, left: whatever this one's verdict.
+    sweep_stale(&std::env::temp_dir(), "verify");
     let config = Config::parse(&read_bundle(r, "workspace.json")?)?;
     if config.kernel_public_key != r.kernel_key {
         return Err(mismatch(format!(
