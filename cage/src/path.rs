@@ -140,6 +140,8 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     let mut cur = open(parent, &top, &|| Path::new(name).display().to_string())?;
     loop {
         if let Some(child) = clear(cur.as_fd())? {
+            #[cfg(test)]
+            tests::BEFORE_DESCENT.with_borrow_mut(|hook| hook.as_mut().map(|f| f()));
             let next = open(cur.as_fd(), &child, &|| {
                 let names = down.iter().map(|(n, _)| n.as_c_str()).chain([child.as_c_str()]);
                 names
@@ -305,6 +307,9 @@ mod tests {
         /// Run before each climb of `remove_tree` back up through `..` (this thread's only).
         pub(super) static BEFORE_CLIMB: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
             const { std::cell::RefCell::new(None) };
+        /// Run before each descent of `remove_tree` into a directory it found not empty.
+        pub(super) static BEFORE_DESCENT: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+            const { std::cell::RefCell::new(None) };
     }
 
     /// A tree moved while `remove_tree` removes it: the climb back up from the moved directory
@@ -338,6 +343,40 @@ mod tests {
         // b (climbed into a, which holds it still) went; a, in its new place, did not.
         assert!(d.join("elsewhere/a").is_dir() && !d.join("elsewhere/a/b").exists());
         assert!(d.join("t").is_dir(), "the removal went on past the move");
+    }
+
+    /// A directory swapped for a link to a host directory between its listing and the walk
+    /// down into it: the walk never follows the link (the host's file stays) and the removal
+    /// stops there, naming nothing of the host. Control: the link, followed, leads to the file.
+    #[test]
+    fn remove_tree_never_follows_a_directory_swapped_for_a_link() {
+        struct Gone(std::path::PathBuf);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let gone = Gone(tempdir("swapped"));
+        let d = &gone.0;
+        std::fs::create_dir_all(d.join("t/a")).unwrap();
+        std::fs::write(d.join("t/a/file"), "x").unwrap();
+        std::fs::write(d.join("inner/kept"), "host").unwrap();
+        let (a, aside, host) = (d.join("t/a"), d.join("aside"), d.join("inner"));
+        let mut once = true;
+        BEFORE_DESCENT.set(Some(Box::new(move || {
+            if std::mem::take(&mut once) {
+                std::fs::rename(&a, &aside).unwrap();
+                symlink(&host, &a).unwrap();
+            }
+        })));
+        let parent = open_host(d, libc::O_DIRECTORY).unwrap();
+        let err = remove_tree(parent.as_fd(), OsStr::new("t"));
+        BEFORE_DESCENT.set(None);
+        // ENOTDIR: O_DIRECTORY with O_NOFOLLOW finds a link, not a directory.
+        let errno = err.unwrap_err().raw_os_error();
+        assert!(matches!(errno, Some(libc::ENOTDIR | libc::ELOOP)), "{errno:?}");
+        assert_eq!(std::fs::read_to_string(d.join("inner/kept")).unwrap(), "host", "the host's file");
+        assert_eq!(std::fs::read_to_string(d.join("t/a/kept")).unwrap(), "host", "control: the link leads there");
     }
 
     fn tempdir(tag: &str) -> std::path::PathBuf {
