@@ -153,12 +153,13 @@ impl Hierarchy {
     /// leaf there when it sits in that cgroup itself ([`Delegation::settle`]): what a launch
     /// takes before it makes its cgroup.
     pub fn take(v2_root: Option<&Path>) -> io::Result<Hierarchy> {
-        if v2_root.is_none() {
-            if let Some(d) = Delegation::find() {
+        match v2_root.is_none().then(Delegation::find).flatten() {
+            Some(d) => {
                 d.settle()?;
+                Ok(Hierarchy::V2(d.launches()))
             }
+            None => Ok(Hierarchy::detect(v2_root)),
         }
-        Ok(Hierarchy::detect(v2_root))
     }
 
     /// Which of the ceilings' controllers (memory, pids, cpu) a launch cgroup here could not

@@ -317,13 +317,6 @@ mod tests {
     /// directory the tree was moved into.
     #[test]
     fn remove_tree_stops_when_the_tree_moves() {
-        /// Removed however the test ends (it runs under mutation, where it fails).
-        struct Gone(std::path::PathBuf);
-        impl Drop for Gone {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
         let gone = Gone(tempdir("moved"));
         let d = &gone.0;
         std::fs::create_dir_all(d.join("t/a/b")).unwrap();
@@ -350,12 +343,6 @@ mod tests {
     /// stops there, naming nothing of the host. Control: the link, followed, leads to the file.
     #[test]
     fn remove_tree_never_follows_a_directory_swapped_for_a_link() {
-        struct Gone(std::path::PathBuf);
-        impl Drop for Gone {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
         let gone = Gone(tempdir("swapped"));
         let d = &gone.0;
         std::fs::create_dir_all(d.join("t/a")).unwrap();
@@ -377,6 +364,15 @@ mod tests {
         assert!(matches!(errno, Some(libc::ENOTDIR | libc::ELOOP)), "{errno:?}");
         assert_eq!(std::fs::read_to_string(d.join("inner/kept")).unwrap(), "host", "the host's file");
         assert_eq!(std::fs::read_to_string(d.join("t/a/kept")).unwrap(), "host", "control: the link leads there");
+    }
+
+    /// A test's directory, removed however the test ends (these run under mutation, where they
+    /// fail).
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     fn tempdir(tag: &str) -> std::path::PathBuf {

@@ -72,17 +72,9 @@ pub fn stalls_for(fd: BorrowedFd<'_>, peer: Option<libc::pid_t>) -> Option<Strin
     }
 }
 
-/// `fd`'s type and mount as the kernel holds them, asking no file system (`AT_STATX_DONT_SYNC`).
+/// `fd`'s type and mount as the kernel holds them, asking no file system.
 fn held_attributes(fd: BorrowedFd<'_>) -> io::Result<libc::statx> {
-    // SAFETY: statx into a zeroed struct of ours (raw: nix has no statx).
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
-    let mask = libc::STATX_TYPE | libc::STATX_MNT_ID;
-    // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
-    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, mask, &mut stx) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(stx)
+    sys::statx_held(fd, libc::STATX_TYPE | libc::STATX_MNT_ID)
 }
 
 /// The mount every memfd lives on — the kernel's own tmpfs, in no mount table — learnt once

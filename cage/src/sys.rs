@@ -199,15 +199,23 @@ pub fn openat2(dir: BorrowedFd<'_>, path: &CStr, flags: i32, mode: u32, resolve:
     }
 }
 
-/// The id of the mount `fd`'s file is on, as the kernel holds it (raw statx: nix has none).
-pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+/// `fd`'s attributes in `mask` as the kernel holds them, asking no file system
+/// (`AT_STATX_DONT_SYNC`: a FUSE server that never answers would hold the question itself).
+/// Raw statx: nix has none.
+pub fn statx_held(fd: BorrowedFd<'_>, mask: u32) -> io::Result<libc::statx> {
     // SAFETY: a zeroed plain-data struct of ours for statx to fill.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
     // SAFETY: a valid fd, an empty path with AT_EMPTY_PATH, our own buffer.
-    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, libc::STATX_MNT_ID, &mut stx) } != 0 {
+    if unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), flags, mask, &mut stx) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(stx)
+}
+
+/// The id of the mount `fd`'s file is on.
+pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let stx = statx_held(fd, libc::STATX_MNT_ID)?;
     if stx.stx_mask & libc::STATX_MNT_ID == 0 {
         return Err(io::Error::other("the kernel reported no mount id"));
     }
