@@ -30,6 +30,13 @@ StandardError=inherit\n[Install]\nWantedBy=multi-user.target\n";
 /// overlay of it.
 fn systemd_image(suite: &str) -> Option<PathBuf> {
     let dir = repo().join(format!("target/test-images/systemd-{suite}"));
+    // The suite's tests run in parallel and more than one boots this image: on a fresh checkout
+    // the first builds it while the others wait on the lock, then find it complete.
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    let lock = std::fs::File::create(dir.with_extension("lock")).unwrap();
+    // SAFETY: flock on our own open file, released when `lock` is dropped at the return (raw
+    // libc: std's File::lock is newer than the workspace's MSRV).
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
     if dir.join(".complete").exists() {
         return Some(dir);
     }
