@@ -92,21 +92,27 @@ fn verify(bundle: &Path, checkout: &Path, rev: &str, paths: &[&str], key: &Path)
     }
     args.extend(["--kernel-key", s(key)]);
     // Its scratch directory (the recipient's baseline, objects, a git repository) goes, whatever
-    // the verdict; so do those a killed verify-export of this user left (its process gone) —
-    // but not one of a live process, another user's, or a link.
+    // the verdict; so do those a killed verify-export of this user left, which no process holds
+    // locked, whatever pid their name carries — but not one a live verify-export holds (here this
+    // test, as one in another pid namespace whose pid is not to be seen), one still being made
+    // (its dotted name), another user's, or a link.
     let tmp = checkout.with_extension("verify-tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     let gone = Command::new("true").spawn().unwrap();
     let dead = gone.id();
     drop(gone.wait_with_output());
-    let stale = tmp.join(format!("chio-verify-{dead}-aa"));
-    std::fs::create_dir_all(stale.join("import")).unwrap();
-    std::fs::write(stale.join("import/source.py"), "private").unwrap();
-    let kept = [format!("chio-verify-{}-bb", std::process::id()), format!("chio-verify-{dead}-cc")];
+    for stale in [format!("chio-verify-{dead}-aa"), format!("chio-verify-{}-ee", std::process::id())] {
+        std::fs::create_dir_all(tmp.join(&stale).join("import")).unwrap();
+        std::fs::write(tmp.join(&stale).join("import/source.py"), "private").unwrap();
+    }
+    let kept = [format!(".chio-verify-{dead}-ff"), format!("chio-verify-{dead}-bb"), format!("chio-verify-{dead}-cc")];
     for k in &kept {
         std::fs::create_dir(tmp.join(k)).unwrap();
     }
-    std::os::unix::fs::chown(tmp.join(&kept[1]), Some(65534), None).unwrap();
+    let held = std::fs::File::open(tmp.join(&kept[1])).unwrap();
+    // SAFETY: flock on our own open directory, released when `held` is dropped.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) }, 0);
+    std::os::unix::fs::chown(tmp.join(&kept[2]), Some(65534), None).unwrap();
     let target = checkout.with_extension("verify-target");
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(target.join("kept"), "host").unwrap();
@@ -121,7 +127,8 @@ fn verify(bundle: &Path, checkout: &Path, rev: &str, paths: &[&str], key: &Path)
         std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     left.sort();
     let link = format!("chio-verify-{dead}-dd");
-    assert_eq!(left, [kept[0].clone(), kept[1].clone(), link.clone()], "verify-export's TMPDIR afterwards");
+    assert_eq!(left, [kept[0].clone(), kept[1].clone(), kept[2].clone(), link], "verify-export's TMPDIR afterwards");
+    drop(held);
     assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "host", "the link's target");
     std::fs::remove_dir_all(&tmp).unwrap();
     std::fs::remove_dir_all(&target).unwrap();

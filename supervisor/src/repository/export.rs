@@ -7,10 +7,12 @@
 //! key it chose itself: the bundle is evidence, never authority.
 
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use chio_kernel::receipt::{self, Kind, Verified, GENESIS};
 use chio_kernel::store::{Filter, Store};
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::archive;
@@ -57,40 +59,65 @@ pub struct ExportReport {
     pub final_digest: String,
 }
 
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
+/// A scratch directory removed when dropped, held under a lock (`flock`) while it lives: the
+/// lock, not its pid, is how [`sweep_stale`] knows a live chio still uses it.
+struct Scratch {
+    dir: PathBuf,
+    _lock: Flock<fs::File>,
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
-/// A new scratch directory `chio-WHAT-PID-RANDOM` in `parent` (the pid: see [`sweep_stale`]).
+/// A new scratch directory `chio-WHAT-PID-RANDOM` in `parent`, locked (the pid is for the
+/// operator who finds one; see [`sweep_stale`]). It is made and locked under a name no sweep
+/// matches and only then renamed: a sweep never sees it unlocked.
 fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
     let mut rnd = [0u8; 8];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut rnd)?;
-    let dir = parent.join(format!("chio-{what}-{}-{}", std::process::id(), chio_kernel::keys::hex(&rnd)));
+    let name = format!("chio-{what}-{}-{}", std::process::id(), chio_kernel::keys::hex(&rnd));
+    let (making, dir) = (parent.join(format!(".{name}")), parent.join(name));
     // Private: it holds the recipient's own baseline (its source, perhaps not public) in /tmp.
-    std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(&dir)?;
-    Ok(Scratch(dir))
+    std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(&making)?;
+    let locked = fs::File::open(&making)
+        .and_then(|f| Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| io::Error::from(e)))
+        .and_then(|lock| {
+            let (at, no_replace) = (nix::fcntl::AT_FDCWD, nix::fcntl::RenameFlags::RENAME_NOREPLACE);
+            nix::fcntl::renameat2(at, &making, at, &dir, no_replace).map(|()| lock).map_err(io::Error::from)
+        });
+    match locked {
+        Ok(lock) => Ok(Scratch { dir, _lock: lock }),
+        Err(e) => {
+            let _ = fs::remove_dir(&making);
+            Err(e.into())
+        }
+    }
 }
 
-/// Remove the `chio-WHAT-PID-…` directories in `parent` that a chio killed before its scratch
-/// directory's drop left: those of this user (never another's: `/tmp` is everyone's) whose
-/// process is gone. They hold a recipient's baseline — its source, perhaps not public.
+/// Remove the `chio-WHAT-…` directories in `parent` that a chio killed before its scratch
+/// directory's drop left: those of this user (never another's: `/tmp` is everyone's) that no
+/// process holds locked. They hold a recipient's baseline — its source, perhaps not public. The
+/// lock, not the pid in the name: a verify-export in another pid namespace sharing this `/tmp`
+/// has a pid this one cannot see, and a dead one's pid may be reused.
 fn sweep_stale(parent: &Path, what: &str) {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let prefix = format!("chio-{what}-");
     let Ok(entries) = fs::read_dir(parent) else { return };
     let me = nix::unistd::geteuid().as_raw();
     for e in entries.flatten() {
-        let name = e.file_name();
-        let pid = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|r| r.split_once('-'));
-        let Some(pid) = pid.and_then(|(p, _)| p.parse::<u32>().ok()) else { continue };
-        // (DirEntry::metadata does not follow a link.)
-        let ours = e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == me);
-        if ours && !Path::new("/proc").join(pid.to_string()).exists() {
+        if !e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+            continue;
+        }
+        // Never through a link; the directory checked is the one opened.
+        let open = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(e.path());
+        let Ok(dir) = open else { continue };
+        if !dir.metadata().is_ok_and(|m| m.uid() == me) {
+            continue;
+        }
+        if let Ok(_unused) = Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
             let _ = super::workspace::remove_tree(&e.path());
         }
     }
@@ -236,7 +263,7 @@ fn write_bundle(
     archive::write(baseline, &ws.objects, &out.join("baseline.tar"))?;
     archive::write(last, &ws.objects, &out.join("final.tar"))?;
     let tmp = scratch(&ws.dir.join("tmp"), "export")?;
-    let trees = Trees::create(&tmp.0.join("trees.git"))?;
+    let trees = Trees::create(&tmp.dir.join("trees.git"))?;
     let a = trees.import(baseline, |sha| ws.objects.get(sha))?;
     let b = trees.import(last, |sha| ws.objects.get(sha))?;
     fs::write(out.join("changes.patch"), trees.diff(&a, &b)?)?;
@@ -351,9 +378,9 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
     // (the configuration's digest), not by the size of a file the sender chose.
     let ceilings = config.ceilings;
     let tmp = scratch(&std::env::temp_dir(), "verify")?;
-    let objects = Objects::open(&tmp.0.join("objects"))?;
+    let objects = Objects::open(&tmp.dir.join("objects"))?;
     // The recipient's own baseline, from its own checkout.
-    let import_dir = tmp.0.join("import");
+    let import_dir = tmp.dir.join("import");
     fs::create_dir(&import_dir)?;
     let (commit, own) =
         git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &config.ceilings, &import_dir)
@@ -395,7 +422,7 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
     // The patch: inside the scope, and exactly the baseline-to-final difference.
     check_scope(&r.source_paths, &own, &last)
         .map_err(|e| mismatch(format!("the final snapshot leaves the scope: {e}")))?;
-    let trees = Trees::create(&tmp.0.join("trees.git"))?;
+    let trees = Trees::create(&tmp.dir.join("trees.git"))?;
     let base = trees.import(&own, |sha| objects.get(sha))?;
     let fin = trees.import(&last, |sha| objects.get(sha))?;
     let applied =
