@@ -1,7 +1,8 @@
 //! One cgroup per launch, on cgroup v2 (unified) or v1 (one directory per controller hierarchy),
 //! detected at run time. Ceilings are written before the cage's first process joins; at the end
 //! everything in it is killed and the directories removed. On v1 the launch cgroup nests under the
-//! supervisor's own cgroup in each hierarchy so host accounting still covers it. On v2 it goes
+//! supervisor's own cgroup in each hierarchy so host accounting still covers it (or higher, where
+//! that one is not root's: [`v1_parent`]). On v2 it goes
 //! under a configurable root (`CHIO_CGROUP_V2_ROOT`); else, when a service manager delegated the
 //! supervisor's cgroup to it (systemd's `Delegate=yes`), under that cgroup's `launches`, so that
 //! the unit's accounting, limits and final kill cover its cages ([`Delegation`]); else under
@@ -255,11 +256,33 @@ fn marked_delegated(dir: &Path) -> bool {
     xattr::get(dir, "trusted.delegate").ok().flatten().as_deref() == Some(b"1")
 }
 
-/// Whether `dir` and the files that move processes and hand controllers are root's.
+/// Whether v2 cgroup `dir` and its files that move processes and hand controllers are root's.
 fn roots_own(dir: &Path) -> bool {
+    roots_own_files(dir, &["cgroup.procs", "cgroup.subtree_control"])
+}
+
+/// Whether `dir` and each of its `files` belong to root.
+fn roots_own_files(dir: &Path, files: &[&str]) -> bool {
     use std::os::unix::fs::MetadataExt;
     let root = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.uid() == 0);
-    root(dir) && root(&dir.join("cgroup.procs")) && root(&dir.join("cgroup.subtree_control"))
+    root(dir) && files.iter().all(|f| root(&dir.join(f)))
+}
+
+/// Where v1 launch cgroups go in `controller`'s hierarchy, mounted at `mount`: under this
+/// process's own cgroup there (`proc_cgroup` is its `/proc/self/cgroup`), so the host's
+/// accounting covers them — or, when that cgroup or one above it is not root's, under the
+/// parent of the highest such. Whoever owns a v1 cgroup's `cgroup.procs` or `tasks` moves
+/// processes of their own uid between the cgroups below it: a cage running as that uid could be
+/// pulled out of its launch cgroup and its ceilings (the v2 rule is [`Delegation`]'s).
+fn v1_parent(mount: &Path, proc_cgroup: &str, controller: Controller) -> PathBuf {
+    let rel = own_path_v1(proc_cgroup, controller.name()).unwrap_or_default();
+    let own = mount.join(rel.trim_start_matches('/'));
+    let chain: Vec<&Path> = own.ancestors().take_while(|d| d.starts_with(mount)).collect();
+    match chain.iter().rposition(|d| !roots_own_files(d, &["cgroup.procs", "tasks"])) {
+        // (A hierarchy's root that is not root's leaves nothing better than the root.)
+        Some(i) => chain.get(i + 1).map_or(mount.to_path_buf(), |d| d.to_path_buf()),
+        None => own,
+    }
 }
 
 /// The controllers the ceilings use.
@@ -409,10 +432,9 @@ impl LaunchCgroup {
                 cg.missing.push(c.name().to_string());
                 continue;
             }
-            let rel = own_path_v1(&own, c.name()).unwrap_or_default();
             // Co-mounted hierarchies (cpu,cpuacct) reach one directory through two names.
             let mount = fs::canonicalize(&mount)?;
-            let dir = mount.join(rel.trim_start_matches('/')).join(name);
+            let dir = v1_parent(&mount, &own, c).join(name);
             if cg.dirs.iter().any(|(_, d)| *d == dir) {
                 cg.dirs.push((c, dir));
                 continue;
@@ -585,7 +607,7 @@ pub fn sweep(hierarchy: &Hierarchy) -> usize {
             let mut removed = 0;
             for c in [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu] {
                 let Ok(mount) = fs::canonicalize(Path::new("/sys/fs/cgroup").join(c.name())) else { continue };
-                let parent = mount.join(own_path_v1(&own, c.name()).unwrap_or_default().trim_start_matches('/'));
+                let parent = v1_parent(&mount, &own, c);
                 if !seen.contains(&parent) {
                     removed += sweep_orphans(&parent);
                     seen.push(parent);

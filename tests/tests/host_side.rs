@@ -777,3 +777,78 @@ fn a_launch_cgroup_that_cannot_be_removed_is_said() {
     let line = said.iter().find(|s| s.starts_with("cgroup_not_removed")).unwrap_or_else(|| panic!("{rec}"));
     assert!(line.contains(&launch.display().to_string()), "{line}");
 }
+
+/// On cgroup v1 a launch cgroup nests under the supervisor's own cgroup — but never under one
+/// another user owns: whoever owns a v1 cgroup's `cgroup.procs` moves processes of their own uid
+/// between the cgroups below it, and a cage running as that uid would leave its launch cgroup
+/// and its ceilings. chio started in a cgroup of the pids hierarchy that 65534 owns puts its
+/// launch cgroup beside it, in the root-owned parent; started in one root owns, under it. The
+/// control: 65534, owning that cgroup, pulls its own process out of a root-made cgroup below.
+#[test]
+fn a_v1_launch_cgroup_never_nests_below_a_cgroup_another_user_owns() {
+    let Some(e) = env("v1_owned_parent") else { return };
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let own = own.lines().find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string())).unwrap();
+    let base = std::path::Path::new("/sys/fs/cgroup/pids").join(own.trim_start_matches('/'));
+    let give = |dir: &std::path::Path| {
+        for p in [dir.to_path_buf(), dir.join("cgroup.procs"), dir.join("tasks")] {
+            std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+        }
+    };
+    for owner in [0, 65534] {
+        let parent = base.join(format!("owned-{}-{owner}", std::process::id()));
+        std::fs::create_dir(&parent).unwrap();
+        if owner != 0 {
+            give(&parent);
+        }
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$@\""])
+            .arg(&parent)
+            .arg(&e.chio)
+            .args(["cage", "run", "--json", "--rootfs"])
+            .arg(e.rootfs)
+            .args(["--", "/probe", "euid"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        // The launch's janitor, which started in it too, may outlive chio for a moment.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::remove_dir(&parent).is_err() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!parent.exists(), "{} is left", parent.display());
+        let run = chio_tests::parse(out);
+        assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+        let paths = run.record["cgroup"]["paths"].as_array().unwrap();
+        let pids = paths.iter().filter_map(|p| p.as_str()).find(|p| p.starts_with("/sys/fs/cgroup/pids/")).unwrap();
+        let within = std::path::Path::new(pids).parent().unwrap();
+        assert_eq!(within, if owner == 0 { parent.as_path() } else { base.as_path() }, "owner {owner}");
+    }
+    // Control: the owner moves its own process out of a cgroup root made below its own.
+    let parent = base.join(format!("owned-{}-control", std::process::id()));
+    let launch = parent.join("launch");
+    std::fs::create_dir_all(&launch).unwrap();
+    give(&parent);
+    let mut held = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    std::fs::write(launch.join("cgroup.procs"), held.id().to_string()).unwrap();
+    let cgroup = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let before = cgroup(held.id());
+    let pulled = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "/bin/sh", "-c"])
+        .arg(format!("echo {} > \"$0\"/cgroup.procs", held.id()))
+        .arg(&parent)
+        .status()
+        .unwrap();
+    let after = cgroup(held.id());
+    held.kill().unwrap();
+    held.wait().unwrap();
+    std::fs::remove_dir(&launch).unwrap();
+    std::fs::remove_dir(&parent).unwrap();
+    assert!(before.contains("-control/launch\n"), "{before}");
+    assert!(pulled.success(), "the owner could not move its process");
+    let pids = after.lines().find(|l| l.contains(":pids:")).unwrap_or_default().to_string();
+    assert!(pids.ends_with(&format!("owned-{}-control", std::process::id())), "{after}");
+}
