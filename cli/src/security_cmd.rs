@@ -128,6 +128,9 @@ fn preflight(a: &PreflightArgs) -> Result<i32> {
     } else {
         for f in &findings {
             println!("{:<8} {}: {}", format!("{:?}", f.severity).to_lowercase(), f.probe, f.summary);
+            for p in f.others() {
+                println!("           also {}: {}", format!("{:?}", p.severity).to_lowercase(), p.summary);
+            }
             for (k, v) in &f.context {
                 println!("           {k}: {v}");
             }
@@ -204,16 +207,20 @@ fn trial(a: &PreflightArgs, mut f: Finding, plan: &chio_cage::CagePlan) -> Findi
     f.context.insert("mode".into(), format!("{:?}", plan.mode));
     if plan.mode == Mode::Shadow {
         let s = if a.require_enforcement { Severity::Error } else { Severity::Warning };
-        f.severity = s;
-        f.summary = "the policy is in shadow mode: violations are recorded, not refused".into();
+        f.raise(s, "the policy is in shadow mode: violations are recorded, not refused");
     } else if rec.state != State::FullyEnforced {
-        f.severity = Severity::Error;
-        f.summary = match &rec.failure {
-            Some(x) => {
-                format!("the trial launch did not reach FullyEnforced: {} at {}: {}", x.code, x.stage.name(), x.detail)
-            }
-            None => format!("the trial launch ended {:?}", rec.state),
-        };
+        f.raise(
+            Severity::Error,
+            match &rec.failure {
+                Some(x) => format!(
+                    "the trial launch did not reach FullyEnforced: {} at {}: {}",
+                    x.code,
+                    x.stage.name(),
+                    x.detail
+                ),
+                None => format!("the trial launch ended {:?}", rec.state),
+            },
+        );
     }
     f
 }

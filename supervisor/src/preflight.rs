@@ -54,24 +54,60 @@ pub struct Finding {
     pub summary: String,
     /// What was checked and what was found.
     pub context: BTreeMap<String, String>,
+    /// Every problem found, in the order found, the summary's among them: a lesser one found
+    /// beside a worse is still said.
+    pub problems: Vec<Problem>,
+}
+
+/// One problem a probe found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// How bad.
+    pub severity: Severity,
+    /// What to act on.
+    pub summary: String,
 }
 
 impl Finding {
-    /// A finding with no context yet.
+    /// A finding with no context yet (a warning or worse is its first problem).
     pub fn new(probe: &'static str, severity: Severity, summary: impl Into<String>) -> Finding {
-        Finding { probe, severity, summary: summary.into(), context: BTreeMap::new() }
+        let mut f = Finding {
+            probe,
+            severity: Severity::Ok,
+            summary: summary.into(),
+            context: BTreeMap::new(),
+            problems: Vec::new(),
+        };
+        if severity >= Severity::Warning {
+            f.raise(severity, f.summary.clone());
+        }
+        f.severity = severity;
+        f
     }
 
     fn note(&mut self, key: &str, value: impl Into<String>) {
         self.context.insert(key.to_string(), value.into());
     }
 
-    /// Raise the severity to `s` (never lower it), keeping the first summary of that level.
-    fn raise(&mut self, s: Severity, summary: impl Into<String>) {
+    /// Record a problem of severity `s` and raise the finding's to it (never lower it); the
+    /// summary is the first problem of the worst level.
+    pub fn raise(&mut self, s: Severity, summary: impl Into<String>) {
+        let summary = summary.into();
         if s > self.severity {
             self.severity = s;
-            self.summary = summary.into();
+            self.summary.clone_from(&summary);
         }
+        self.problems.push(Problem { severity: s, summary });
+    }
+
+    /// The problems other than the one the summary says.
+    pub fn others(&self) -> impl Iterator<Item = &Problem> {
+        let mut said = false;
+        self.problems.iter().filter(move |p| {
+            let this = !said && p.severity == self.severity && p.summary == self.summary;
+            said |= this;
+            !this
+        })
     }
 }
 
@@ -341,6 +377,22 @@ mod tests {
             let shown = serde_json::to_string(&f).unwrap();
             assert!(!shown.contains("same") || why != "share one value", "a value was printed: {shown}");
         }
+    }
+
+    #[test]
+    fn a_lesser_problem_beside_a_worse_is_still_said() {
+        let mut f = Finding::new("p", Severity::Ok, "fine");
+        f.raise(Severity::Warning, "w1");
+        f.raise(Severity::Error, "e1");
+        f.raise(Severity::Warning, "w2");
+        f.raise(Severity::Error, "e2");
+        assert_eq!((f.severity, f.summary.as_str()), (Severity::Error, "e1"));
+        let others: Vec<&str> = f.others().map(|p| p.summary.as_str()).collect();
+        assert_eq!(others, ["w1", "w2", "e2"]);
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["problems"].as_array().map(Vec::len), Some(4), "{json}");
+        let two = durable_stores(&[PathBuf::from("/nonexistent/a.db"), PathBuf::from("/")]);
+        assert_eq!(two.others().map(|p| p.summary.as_str()).collect::<Vec<_>>(), ["/: not a regular file"]);
     }
 
     #[test]

@@ -392,4 +392,19 @@ fn receipt_stores_absent_foreign_corrupt_and_healthy() {
         assert_eq!((code, &f["severity"]), (1, &Value::from("error")), "{why}: {f}");
         assert!(f["context"][s(&path)].as_str().unwrap().starts_with(why), "{why}: {f}");
     }
+    // A lesser problem beside a worse is still said: the warning of the store moved out of WAL
+    // next to an absent store's error, in the document and in the text.
+    let absent = dir.join("absent.db");
+    let both = ["--receipt-db", s(&absent), "--receipt-db", s(&rollback)];
+    let (code, doc) = preflight(&both, &[]);
+    let f = finding(&doc, "security.durable_stores");
+    assert_eq!((code, &f["severity"]), (1, &Value::from("error")), "{f}");
+    assert_eq!(f["summary"], format!("{}: absent", s(&absent)), "{f}");
+    let warned = f["problems"].as_array().unwrap().iter().any(|p| {
+        p["severity"] == "warning" && p["summary"].as_str().unwrap().starts_with(&format!("{}: ", s(&rollback)))
+    });
+    assert!(warned, "{f}");
+    let text = Command::new(&chio).args(["security", "preflight"]).args(both).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("also warning: {}: ", s(&rollback))), "{text}");
 }
