@@ -775,6 +775,33 @@ fn mcp_server_runs_the_execute_tool_and_survives_bad_input() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    // A line of 192 MiB is answered with an error and skipped, never held: the server's peak
+    // memory stays far below it, and the next request is answered.
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..192 {
+        stdin.write_all(&chunk).unwrap();
+    }
+    writeln!(stdin, "\n{}", r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#).unwrap();
+    let mut answer = || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
+    };
+    assert_eq!(answer()["error"]["code"], -32600);
+    assert_eq!(answer()["result"], serde_json::json!({}));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(peak_kib < 64 << 10, "the server's peak memory: {peak_kib} KiB");
     let requests = [
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
@@ -784,15 +811,14 @@ fn mcp_server_runs_the_execute_tool_and_survives_bad_input() {
         r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute","arguments":{"command":"echo hi > package/hi.txt; cat package/hi.txt","operation_key":"m1","timeout":30}}}"#,
         r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"execute","arguments":{"command":"echo x > outside.txt"}}}"#,
     ];
-    let mut stdin = child.stdin.take().unwrap();
     for r in requests {
         writeln!(stdin, "{r}").unwrap();
     }
     drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let replies: Vec<Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let replies: Vec<Value> = rest.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(replies.len(), 6, "{replies:?}");
     assert_eq!(replies[0]["result"]["protocolVersion"], "2025-06-18");
     assert_eq!(replies[1]["result"]["tools"][0]["name"], "execute");

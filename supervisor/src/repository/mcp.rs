@@ -59,9 +59,7 @@ pub fn serve(state: &Path, input: impl BufRead, mut output: impl Write) -> std::
             return Ok(());
         }
         let response = if line.len() as u64 > MAX_LINE {
-            // Skip the rest of the oversized line.
-            let mut rest = Vec::new();
-            input.read_until(b'\n', &mut rest)?;
+            skip_line(&mut input)?;
             Some(error(Value::Null, INVALID_REQUEST, format!("a request longer than {MAX_LINE} bytes")))
         } else if line.iter().all(u8::is_ascii_whitespace) {
             None
@@ -71,6 +69,21 @@ pub fn serve(state: &Path, input: impl BufRead, mut output: impl Write) -> std::
         if let Some(r) = response {
             writeln!(output, "{r}")?;
             output.flush()?;
+        }
+    }
+}
+
+/// Skip the rest of a line, holding none of it: an oversized request may never end.
+fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
+    loop {
+        let buf = input.fill_buf()?;
+        let (used, ended) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), buf.is_empty()),
+        };
+        input.consume(used);
+        if ended {
+            return Ok(());
         }
     }
 }
