@@ -783,7 +783,7 @@ fn mcp_server_runs_the_execute_tool_and_survives_bad_input() {
     for _ in 0..192 {
         stdin.write_all(&chunk).unwrap();
     }
-    writeln!(stdin, "\n{}", r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#).unwrap();
+    stdin.write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"ping\"}\n").unwrap();
     let mut answer = || {
         let mut line = String::new();
         std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
