@@ -1067,3 +1067,63 @@ fn scratch_paths_are_kept_but_never_evidence() {
     assert_eq!((code, r["transition"].as_str()), (3, Some("refused")), "{r}");
     assert!(r["reason"].as_str().unwrap().contains("FIFO"), "{r}");
 }
+
+/// A source that would hold git, or chio, forever: a FIFO planted as a ref and another as the
+/// commit's root tree (a loose object), where a read waits for a writer that never comes. chio
+/// reads refs itself without waiting on one (the ref is simply not there), and git, which
+/// would wait, is stopped at its deadline (cut to 1.5 s here by a test hook): init ends well
+/// within 30 s, refused with the reason, and leaves no state. The control: git on its own
+/// waits on both.
+#[test]
+fn a_source_that_would_hold_git_ends_at_its_deadline() {
+    if !privileged("git_deadline") {
+        return;
+    }
+    let dir = Scratch::new("repo-fifo");
+    let repo = calculator(&dir.0);
+    let tree = git(&repo, &["rev-parse", "HEAD^{tree}"]);
+    let object = repo.join(".git/objects").join(&tree[..2]).join(&tree[2..]);
+    std::fs::remove_file(&object).unwrap();
+    for fifo in [object, repo.join(".git/refs/heads/held")] {
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+    let keydir = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&keydir)]).status.success());
+    let seed = keydir.join("signing.seed");
+    for (rev, said) in
+        [("held", "refused: revision \"held\""), ("HEAD", "git did not finish within 1.5 s and was stopped")]
+    {
+        let state = dir.join(&format!("ws-{rev}"));
+        let args = ["repository", "init", "--state", s(&state), "--repository", s(&repo), "--revision", rev];
+        let mut child = Command::new(chio_bin(&PathBuf::from(PROBE)))
+            .args(args)
+            .args(["--source-path", "package", "--kernel-key", s(&seed)])
+            .env("CHIO_TEST_GIT_DEADLINE_MS", "1500")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let held = child.try_wait().unwrap().is_none();
+        if held {
+            child.kill().unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!held, "init of {rev} was still running after 30 s");
+        assert_eq!(out.status.code(), Some(3), "{rev}: {err}");
+        assert!(err.contains(said), "{rev}: {err}");
+        assert!(std::fs::read_dir(&state).map_or(true, |mut d| d.next().is_none()), "{rev}: init left state");
+    }
+    // Control: git itself waits on either FIFO.
+    for args in [&["rev-parse", "held"][..], &["ls-tree", "HEAD"][..]] {
+        let waited = Command::new("timeout").arg("2").arg("git").arg("-C").arg(&repo).args(args).output().unwrap();
+        assert_eq!(waited.status.code(), Some(124), "git {args:?} did not wait");
+    }
+}

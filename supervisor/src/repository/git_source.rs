@@ -6,9 +6,15 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
+use super::bounded::{self, Watchdog};
 use super::snapshot::{self, Ceilings, Index, Node, Objects, SnapshotError};
+
+/// Longest ref, `.git` or `commondir` file read.
+const SMALL_FILE: u64 = 4096;
+/// Longest `packed-refs` read (a repository with a great many tags keeps tens of MiB there).
+const PACKED_REFS: u64 = 256 << 20;
 
 /// Most source paths one workspace may select.
 pub const MAX_SOURCE_PATHS: usize = 64;
@@ -103,12 +109,31 @@ pub(crate) fn git(git_dir: &Path) -> Command {
     c
 }
 
+/// Run git to its end (or its deadline: [`super::bounded`]) and take its output.
 pub(crate) fn run(mut c: Command, what: &str) -> Result<Vec<u8>, SourceError> {
-    let out = c.stderr(Stdio::piped()).stdout(Stdio::piped()).output()?;
+    let (child, watchdog) = spawn_watched(c.stderr(Stdio::piped()).stdout(Stdio::piped()))?;
+    let out = child.wait_with_output();
+    if watchdog.disarm() {
+        return Err(refused(bounded::overran(what)));
+    }
+    let out = out?;
     if !out.status.success() {
         return Err(refused(format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(out.stdout)
+}
+
+/// Spawn `c` under a [`Watchdog`]; a child that cannot be watched is not left running.
+pub(crate) fn spawn_watched(c: &mut Command) -> Result<(Child, Watchdog), SourceError> {
+    let mut child = c.spawn()?;
+    match Watchdog::arm(&child) {
+        Ok(w) => Ok((child, w)),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e.into())
+        }
+    }
 }
 
 /// Where a source repository keeps its objects and refs.
@@ -138,7 +163,7 @@ fn source_dirs(repo: &Path) -> Result<SourceDirs, SourceError> {
 /// — a directory listed under its common repository's `worktrees/` — so a planted `.git` file
 /// cannot point the reader at some other repository on the host.
 fn linked_worktree(repo: &Path, dot: &Path) -> Result<SourceDirs, SourceError> {
-    let text = std::fs::read_to_string(dot)?;
+    let text = bounded::read_small(dot, SMALL_FILE)?;
     let target = text
         .strip_prefix("gitdir: ")
         .map(str::trim)
@@ -151,7 +176,7 @@ fn linked_worktree(repo: &Path, dot: &Path) -> Result<SourceDirs, SourceError> {
         ))
     };
     let git_dir = std::fs::canonicalize(repo.join(target)).map_err(|_| not_worktree())?;
-    let common_rel = std::fs::read_to_string(git_dir.join("commondir")).map_err(|_| not_worktree())?;
+    let common_rel = bounded::read_small(&git_dir.join("commondir"), SMALL_FILE).map_err(|_| not_worktree())?;
     let common = std::fs::canonicalize(git_dir.join(common_rel.trim())).map_err(|_| not_worktree())?;
     if git_dir.parent() != Some(common.join("worktrees").as_path()) {
         return Err(not_worktree());
@@ -174,9 +199,9 @@ fn read_ref(d: &SourceDirs, name: &str, depth: u32) -> Option<String> {
         return None;
     }
     let base = if name.starts_with("refs/") { &d.common } else { &d.git_dir };
-    let value = match std::fs::read_to_string(base.join(name)) {
+    let value = match bounded::read_small(&base.join(name), SMALL_FILE) {
         Ok(v) => v.trim().to_string(),
-        Err(_) => std::fs::read_to_string(d.common.join("packed-refs")).ok()?.lines().find_map(|l| {
+        Err(_) => bounded::read_small(&d.common.join("packed-refs"), PACKED_REFS).ok()?.lines().find_map(|l| {
             let (oid, r) = l.split_once(' ')?;
             (r == name && !l.starts_with('#') && !l.starts_with('^')).then(|| oid.to_string())
         })?,
@@ -278,7 +303,7 @@ fn read_blobs(
     }
     let mut c = git(reader);
     c.args(["cat-file", "--batch"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = c.spawn()?;
+    let (mut child, watchdog) = spawn_watched(&mut c)?;
     let mut stdin = child.stdin.take().ok_or_else(|| refused("git cat-file has no stdin"))?;
     let requests: String = oids.iter().map(|o| format!("{o}\n")).collect();
     let writer = std::thread::spawn(move || stdin.write_all(requests.as_bytes()));
@@ -306,6 +331,9 @@ fn read_blobs(
     let _ = child.kill();
     let _ = child.wait();
     let _ = writer.join();
+    if watchdog.disarm() {
+        return Err(refused(bounded::overran("reading the tree's files")));
+    }
     result
 }
 

@@ -113,12 +113,16 @@ impl Trees {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut child = c.spawn()?;
+        let (mut child, watchdog) = super::git_source::spawn_watched(&mut c)?;
         let mut stdin =
             child.stdin.take().ok_or_else(|| SourceError::Refused("git fast-import has no stdin".into()))?;
         let writer = std::thread::spawn(move || stdin.write_all(&stream));
-        let out = child.wait_with_output()?;
+        let out = child.wait_with_output();
         let _ = writer.join();
+        if watchdog.disarm() {
+            return Err(SourceError::Refused(super::bounded::overran("git fast-import")));
+        }
+        let out = out?;
         if !out.status.success() {
             return Err(SourceError::Refused(format!(
                 "git fast-import: {}",
