@@ -34,11 +34,10 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    /// Watch `child` for [`git_deadline`].
-    pub(crate) fn arm(child: &Child) -> io::Result<Watchdog> {
+    /// Watch `child` for `limit`.
+    pub(crate) fn arm(child: &Child, limit: Duration) -> io::Result<Watchdog> {
         let pidfd = chio_cage::sys::pidfd_open(child.id() as libc::pid_t)?;
         let (disarm, disarmed) = mpsc::channel::<()>();
-        let limit = git_deadline();
         let thread = std::thread::spawn(move || {
             let fired = disarmed.recv_timeout(limit) == Err(mpsc::RecvTimeoutError::Timeout);
             if fired {
@@ -78,17 +77,79 @@ pub(crate) fn overran(what: &str) -> String {
 /// The text of the small regular file at `path` (a ref, `.git`, `commondir`): at most `max`
 /// bytes, opened without waiting (a FIFO is refused, not waited on).
 pub(crate) fn read_small(path: &Path, max: u64) -> io::Result<String> {
+    String::from_utf8(read_regular(path, max)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display())))
+}
+
+/// The bytes of the regular file at `path`, at most `max` of them: the file is opened without
+/// waiting (`O_NONBLOCK`: a FIFO is refused, not waited on) and checked on the descriptor read,
+/// so a file swapped after a check by path is never the one read.
+pub(crate) fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
     if !f.metadata()?.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a regular file", path.display())));
     }
-    let mut text = String::new();
-    f.take(max + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > max {
+    let mut bytes = Vec::new();
+    f.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} is longer than {max} bytes", path.display()),
         ));
     }
-    Ok(text)
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::time::Instant;
+
+    #[test]
+    fn a_child_past_its_deadline_is_killed_and_one_within_it_is_not() {
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let started = Instant::now();
+        let dog = Watchdog::arm(&slow, Duration::from_millis(200)).unwrap();
+        let status = slow.wait().unwrap();
+        assert!(dog.disarm(), "the deadline did not fire");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let mut quick = Command::new("true").spawn().unwrap();
+        let dog = Watchdog::arm(&quick, Duration::from_secs(30)).unwrap();
+        assert!(quick.wait().unwrap().success());
+        let started = Instant::now();
+        assert!(!dog.disarm(), "a child that ended in time was counted as killed");
+        assert!(started.elapsed() < Duration::from_secs(1), "disarming waited for the deadline");
+    }
+
+    #[test]
+    fn only_a_bounded_regular_file_is_read_and_a_fifo_is_never_waited_on() {
+        let dir = std::env::temp_dir().join(format!("chio-bounded-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("ref");
+        std::fs::write(&file, "0123456789").unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path in our own directory.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || tx.send(read_regular(&f, 10).map_err(|e| e.kind())));
+        let on_fifo = rx.recv_timeout(Duration::from_secs(5));
+        if on_fifo.is_err() {
+            // Free the waiting reader before failing.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        let results = (
+            read_regular(&file, 10).ok(),
+            read_regular(&file, 9).map_err(|e| e.kind()).err(),
+            read_regular(&dir, 10).map_err(|e| e.kind()).err(),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(on_fifo, Ok(Err(io::ErrorKind::InvalidInput)), "a FIFO was waited on or read");
+        assert_eq!(results.0.as_deref(), Some(&b"0123456789"[..]));
+        assert_eq!(results.1, Some(io::ErrorKind::InvalidData));
+        assert_eq!(results.2, Some(io::ErrorKind::InvalidInput));
+    }
 }

@@ -126,7 +126,7 @@ pub(crate) fn run(mut c: Command, what: &str) -> Result<Vec<u8>, SourceError> {
 /// Spawn `c` under a [`Watchdog`]; a child that cannot be watched is not left running.
 pub(crate) fn spawn_watched(c: &mut Command) -> Result<(Child, Watchdog), SourceError> {
     let mut child = c.spawn()?;
-    match Watchdog::arm(&child) {
+    match Watchdog::arm(&child, bounded::git_deadline()) {
         Ok(w) => Ok((child, w)),
         Err(e) => {
             let _ = child.kill();

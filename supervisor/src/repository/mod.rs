@@ -2,7 +2,7 @@
 //! in a cage over it, each transition checked and signed, and an export a recipient verifies.
 
 pub mod archive;
-mod bounded;
+pub(crate) mod bounded;
 pub mod execute;
 pub mod export;
 pub mod git_source;

@@ -113,11 +113,12 @@ fn usage(m: impl Into<String>) -> RepoError {
 }
 
 fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>, RepoError> {
-    let meta = fs::metadata(path).map_err(|e| usage(format!("{what} {}: {e}", path.display())))?;
-    if !meta.is_file() || meta.len() > max {
-        return Err(usage(format!("{what} {}: not a regular file of at most {max} bytes", path.display())));
-    }
-    fs::read(path).map_err(|e| usage(format!("{what} {}: {e}", path.display())))
+    crate::repository::bounded::read_regular(path, max).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+            usage(format!("{what} {}: not a regular file of at most {max} bytes", path.display()))
+        }
+        _ => usage(format!("{what} {}: {e}", path.display())),
+    })
 }
 
 /// Create a session: the workspace imported, the request written. Nothing runs.
