@@ -1121,6 +1121,40 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
         assert!(err.contains(said), "{rev}: {err}");
         assert!(std::fs::read_dir(&state).map_or(true, |mut d| d.next().is_none()), "{rev}: init left state");
     }
+    // chio killed while git waits: git goes with it (the deadline that would have ended it
+    // was chio's).
+    let state = dir.join("ws-killed");
+    let mut child = Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(["repository", "init", "--state", s(&state), "--repository", s(&repo), "--revision", "HEAD"])
+        .args(["--source-path", "package", "--kernel-key", s(&seed)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let waiting = || {
+        let mine = s(&state).to_string();
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.starts_with("git\0") && cmd.contains(&mine)
+        })
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !waiting() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let started = waiting();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while waiting() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left = waiting();
+    let _ = std::fs::remove_dir_all(&state);
+    assert!(started, "no git waited on the source");
+    assert!(!left, "git outlived the chio that ran it");
     // Control: git itself waits on either FIFO.
     for args in [&["rev-parse", "held"][..], &["ls-tree", "HEAD"][..]] {
         let waited = Command::new("timeout").arg("2").arg("git").arg("-C").arg(&repo).args(args).output().unwrap();

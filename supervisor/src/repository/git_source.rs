@@ -106,6 +106,14 @@ pub(crate) fn git(git_dir: &Path) -> Command {
         .arg(git_dir)
         .args(["-c", "core.hooksPath=/dev/null", "-c", "protocol.allow=never", "-c", "core.fsmonitor=false"])
         .stdin(Stdio::null());
+    // git dies with chio: a chio killed while git waits on a hostile source (which only the
+    // deadline in chio would have ended) leaves no git behind.
+    // SAFETY: between fork and exec only prctl, which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
     c
 }
 
