@@ -11,7 +11,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -79,6 +79,10 @@ pub struct LaunchCgroup {
     pub missing: Vec<String>,
     /// Why they are missing, when that is known and something an operator can change.
     pub missing_why: Option<String>,
+    /// Each directory held open under a shared lock while this launch lives (its janitor takes
+    /// its own): how a sweep tells a live launch from an orphan, whatever pid namespace the
+    /// launch runs in ([`sweep_orphans`]).
+    held: Vec<OwnedFd>,
 }
 
 fn statfs_magic(p: &Path) -> Option<i64> {
@@ -380,6 +384,13 @@ impl LaunchCgroup {
         sweep_orphans(root);
         let dir = root.join(name);
         fs::create_dir(&dir)?;
+        let held = match hold(&dir) {
+            Ok(fd) => vec![fd],
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
         let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
         let has = |c: Controller| c == Controller::Cpuacct || enabled.split_whitespace().any(|a| a == c.name());
         let mut cg = LaunchCgroup {
@@ -388,6 +399,7 @@ impl LaunchCgroup {
             dirs: vec![(Controller::Cpuacct, dir.clone())],
             missing: Vec::new(),
             missing_why: None,
+            held,
         };
         for &c in controllers.iter().filter(|c| **c != Controller::Cpuacct) {
             if has(c) {
@@ -425,6 +437,7 @@ impl LaunchCgroup {
             dirs: Vec::new(),
             missing: Vec::new(),
             missing_why: None,
+            held: Vec::new(),
         };
         for &c in controllers {
             let mount = Path::new("/sys/fs/cgroup").join(c.name());
@@ -446,7 +459,15 @@ impl LaunchCgroup {
                 let _ = cg.remove();
                 return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
             }
+            let held = hold(&dir);
             cg.dirs.push((c, dir));
+            match held {
+                Ok(fd) => cg.held.push(fd),
+                Err(e) => {
+                    let _ = cg.remove();
+                    return Err(e);
+                }
+            }
         }
         Ok(cg)
     }
@@ -571,6 +592,12 @@ impl LaunchCgroup {
         }
     }
 
+    /// Each directory held again by this process (the janitor's own hold, taken once it has
+    /// closed what it inherited); a directory already gone is skipped.
+    pub fn hold_again(&self) -> Vec<OwnedFd> {
+        self.unique_dirs().into_iter().filter_map(|d| hold(d).ok()).collect()
+    }
+
     /// Kill what is left, wait (bounded) for the cgroup to empty, and remove every directory.
     pub fn remove(&self) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -650,8 +677,8 @@ fn sweep_orphans(parent: &Path) -> usize {
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("chio-")).and_then(|r| r.split('-').next()) else {
             continue;
         };
-        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
-            let dir = e.path();
+        let dir = e.path();
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() && !held(&dir) {
             for p in procs(&dir) {
                 kill_listed_if(&dir, p, caged_from_here);
             }
@@ -659,6 +686,29 @@ fn sweep_orphans(parent: &Path) -> usize {
         }
     }
     removed
+}
+
+/// `dir` opened and locked shared (`flock`): a live launch's mark on its cgroup directory,
+/// kept by its supervisor and its janitor, released by the kernel when both are gone.
+fn hold(dir: &Path) -> io::Result<OwnedFd> {
+    let fd = OwnedFd::from(
+        fs::File::open(dir).map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", dir.display())))?,
+    );
+    // SAFETY: flock on our own open descriptor (raw: nix's Flock unlocks on drop, which would
+    // end the lock for every process sharing the descriptor).
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("locking {}: {e}", dir.display())));
+    }
+    Ok(fd)
+}
+
+/// Whether a live launch holds `dir` ([`hold`]). A lock that cannot be asked about counts as
+/// held: the directory stays.
+fn held(dir: &Path) -> bool {
+    let Ok(f) = fs::File::open(dir) else { return false };
+    // SAFETY: flock on our own open descriptor, released when `f` is closed.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
 /// The supervisor's own path in the v1 hierarchy that carries `controller`.
@@ -898,6 +948,7 @@ mod tests {
             dirs: dirs.iter().map(|c| (*c, dir.clone())).collect(),
             missing: Vec::new(),
             missing_why: None,
+            held: Vec::new(),
         };
         let applied = cg.apply(&ceilings());
         let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
@@ -944,16 +995,22 @@ mod tests {
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
     }
 
-    /// A launch cgroup whose supervisor is gone is swept, and counted.
+    /// A launch cgroup whose supervisor is gone is swept, and counted; one whose name's pid is
+    /// gone here but that a live launch still holds — its supervisor in another pid namespace,
+    /// where that pid means something else — is kept.
     #[test]
     fn the_sweep_removes_and_counts_orphans() {
         let mut dead = Command::new("/bin/true").spawn().unwrap();
         let pid = dead.id();
         dead.wait().unwrap();
         let name = format!("chio-{pid}-00112233aabbccdd");
-        let cg = Removed(LaunchCgroup::make(&name, &[Controller::Pids], &Hierarchy::V1).unwrap());
+        let mut cg = Removed(LaunchCgroup::make(&name, &[Controller::Pids], &Hierarchy::V1).unwrap());
         let dir = cg.0.unique_dirs()[0].to_path_buf();
+        sweep(&Hierarchy::V1);
+        let kept_while_held = dir.exists();
+        cg.0.held.clear();
         let swept = sweep(&Hierarchy::V1);
+        assert!(kept_while_held, "a held launch cgroup was swept");
         assert!(!dir.exists(), "the orphan is still there");
         assert!(swept >= 1, "swept {swept}");
     }

@@ -95,6 +95,9 @@ fn watch(sock: OwnedFd, cg: &LaunchCgroup) -> ! {
     // SAFETY: dup2 of our socket onto fd 3 (raw: nix's dup2 wants an owned target descriptor).
     unsafe { libc::dup2(sock.as_raw_fd(), 3) };
     let _ = sys::close_from(4);
+    // The cgroup held as a live launch's while this process watches it (see cgroup::hold): its
+    // supervisor's hold went with the descriptors just closed, and that supervisor may die first.
+    let _held = cg.hold_again();
     // SAFETY: fd 3 is the socket just put there; it lives until this process exits.
     let sock3 = unsafe { std::os::fd::BorrowedFd::borrow_raw(3) };
     let mut b = [0u8];
