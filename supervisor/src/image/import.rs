@@ -136,7 +136,8 @@ fn verified_blob(src: &Source, digest: &str, size: Option<u64>) -> Result<Vec<u8
         return Err(invalid(format!("{digest}: {actual}-byte document exceeds the limit")));
     }
     let mut data = Vec::with_capacity(actual as usize);
-    src.read(&name)?.read_to_end(&mut data)?;
+    // Never more than the size checked above (a layout's file is opened again to be read).
+    src.read(&name)?.take(actual).read_to_end(&mut data)?;
     if sha256_hex(&data) != hex {
         return Err(ImportError::Digest(format!("{digest}: content does not match its digest")));
     }
@@ -329,7 +330,7 @@ fn resolve_legacy(src: &Source, sel: &Selection) -> Result<Resolved, ImportError
         return Err(invalid("config too large"));
     }
     let mut data = Vec::new();
-    src.read(cfg_name)?.read_to_end(&mut data)?;
+    src.read(cfg_name)?.take(size).read_to_end(&mut data)?;
     let image_id = format!("sha256:{}", sha256_hex(&data));
     // The config's file name is its digest: check it.
     let named = cfg_name.trim_end_matches(".json").rsplit('/').next().unwrap_or_default();
