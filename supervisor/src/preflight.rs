@@ -71,18 +71,13 @@ pub struct Problem {
 impl Finding {
     /// A finding with no context yet (a warning or worse is its first problem).
     pub fn new(probe: &'static str, severity: Severity, summary: impl Into<String>) -> Finding {
-        let mut f = Finding {
-            probe,
-            severity: Severity::Ok,
-            summary: summary.into(),
-            context: BTreeMap::new(),
-            problems: Vec::new(),
+        let summary = summary.into();
+        let problems = if severity >= Severity::Warning {
+            vec![Problem { severity, summary: summary.clone() }]
+        } else {
+            Vec::new()
         };
-        if severity >= Severity::Warning {
-            f.raise(severity, f.summary.clone());
-        }
-        f.severity = severity;
-        f
+        Finding { probe, severity, summary, context: BTreeMap::new(), problems }
     }
 
     fn note(&mut self, key: &str, value: impl Into<String>) {

@@ -77,15 +77,17 @@ pub(crate) fn overran(what: &str) -> String {
 /// The text of the small regular file at `path` (a ref, `.git`, `commondir`): at most `max`
 /// bytes, opened without waiting (a FIFO is refused, not waited on).
 pub(crate) fn read_small(path: &Path, max: u64) -> io::Result<String> {
-    String::from_utf8(read_regular(path, max)?)
+    String::from_utf8(read_regular(path, max, 0)?)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display())))
 }
 
 /// The bytes of the regular file at `path`, at most `max` of them: the file is opened without
-/// waiting (`O_NONBLOCK`: a FIFO is refused, not waited on) and checked on the descriptor read,
-/// so a file swapped after a check by path is never the one read.
-pub(crate) fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
+/// waiting (`O_NONBLOCK`: a FIFO is refused, not waited on), with `flags` besides (`O_NOFOLLOW`
+/// for a file a cage wrote), and checked on the descriptor read, so a file swapped after a check
+/// by path is never the one read.
+pub(crate) fn read_regular(path: &Path, max: u64, flags: i32) -> io::Result<Vec<u8>> {
+    let flags = libc::O_NONBLOCK | libc::O_NOCTTY | flags;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path)?;
     if !f.metadata()?.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a regular file", path.display())));
     }
@@ -135,16 +137,16 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let (tx, rx) = mpsc::channel();
         let f = fifo.clone();
-        std::thread::spawn(move || tx.send(read_regular(&f, 10).map_err(|e| e.kind())));
+        std::thread::spawn(move || tx.send(read_regular(&f, 10, 0).map_err(|e| e.kind())));
         let on_fifo = rx.recv_timeout(Duration::from_secs(5));
         if on_fifo.is_err() {
             // Free the waiting reader before failing.
             let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
         }
         let results = (
-            read_regular(&file, 10).ok(),
-            read_regular(&file, 9).map_err(|e| e.kind()).err(),
-            read_regular(&dir, 10).map_err(|e| e.kind()).err(),
+            read_regular(&file, 10, 0).ok(),
+            read_regular(&file, 9, 0).map_err(|e| e.kind()).err(),
+            read_regular(&dir, 10, 0).map_err(|e| e.kind()).err(),
         );
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(on_fifo, Ok(Err(io::ErrorKind::InvalidInput)), "a FIFO was waited on or read");

@@ -113,7 +113,7 @@ fn usage(m: impl Into<String>) -> RepoError {
 }
 
 fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>, RepoError> {
-    crate::repository::bounded::read_regular(path, max).map_err(|e| match e.kind() {
+    crate::repository::bounded::read_regular(path, max, 0).map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
             usage(format!("{what} {}: not a regular file of at most {max} bytes", path.display()))
         }

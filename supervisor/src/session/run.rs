@@ -5,8 +5,8 @@
 //! directory for its trajectory (read-write), nothing else of the host.
 
 use std::ffi::OsString;
-use std::fs::{self, File};
-use std::io::{self, BufRead, BufReader, Read};
+use std::fs;
+use std::io::{self, BufRead, BufReader};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
@@ -231,16 +231,10 @@ fn workspace_image_store(s: &Session) -> Result<PathBuf, RepoError> {
 
 /// Read a file the worker wrote: no link followed, no FIFO waited on, a regular file only, bounded.
 pub fn read_worker_file(path: &Path, max: u64) -> Result<Vec<u8>, RepoError> {
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| RepoError::Refused(format!("{}: {e}", path.display())))?;
-    let meta = f.metadata()?;
-    if !meta.is_file() || meta.len() > max {
-        return Err(RepoError::Refused(format!("{}: not a regular file of at most {max} bytes", path.display())));
-    }
-    let mut bytes = Vec::new();
-    File::take(f, max).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    crate::repository::bounded::read_regular(path, max, libc::O_NOFOLLOW).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+            RepoError::Refused(format!("{}: not a regular file of at most {max} bytes", path.display()))
+        }
+        _ => RepoError::Refused(format!("{}: {e}", path.display())),
+    })
 }
