@@ -457,9 +457,10 @@ pub fn pty() -> (std::fs::File, std::fs::File) {
     }
 }
 
-/// Live cage inits (`chio-init`) whose parent is no longer a `chio` supervisor (a one-shot
-/// `chio` or the daemon's `chio-launch`): leaked cages
-/// (a dead one waiting to be reaped by the host's init is not).
+/// Live cage inits (`chio-init`) whose parent is no longer a supervisor — a one-shot `chio`,
+/// or a daemon's launch process (`chio-launch`) or spare (`chio-spare`, its init made ahead)
+/// still under that daemon's `chio-launcher`: leaked cages (a dead one waiting to be reaped by
+/// the host's init is not). Every daemon running beside the caller has a spare's init.
 pub fn orphaned_inits() -> Vec<u32> {
     let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     let ppid = |pid: u32| -> Option<u32> {
@@ -468,13 +469,18 @@ pub fn orphaned_inits() -> Vec<u32> {
         (fields.next()? != "Z").then_some(())?;
         fields.next()?.parse().ok()
     };
+    let supervised = |init: u32| {
+        let Some(parent) = ppid(init) else { return true };
+        match comm(parent).trim_end() {
+            "chio" | "chio-init" => true,
+            "chio-launch" | "chio-spare" => ppid(parent).is_some_and(|l| comm(l).trim_end() == "chio-launcher"),
+            _ => false,
+        }
+    };
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| {
-            comm(pid).trim_end() == "chio-init"
-                && ppid(pid).is_some_and(|p| !matches!(comm(p).trim_end(), "chio" | "chio-init" | "chio-launch"))
-        })
+        .filter(|&pid| comm(pid).trim_end() == "chio-init" && !supervised(pid))
         .collect()
 }
 

@@ -975,6 +975,26 @@ fn held_open(path: &Path) -> bool {
     })
 }
 
+/// `n` connections the daemon serves, each answered one ping and then idle. A connection made
+/// while the daemon has yet to see an earlier client's end is turned away (that one still
+/// holds its slot): it is dropped and another made.
+fn hold_connections(socket: &Path, n: usize) -> Vec<UnixStream> {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut held = Vec::new();
+    while held.len() < n {
+        assert!(Instant::now() < until, "the daemon served only {} connections", held.len());
+        let mut c = UnixStream::connect(socket).unwrap();
+        c.write_all(b"{\"id\":\"hold\",\"op\":\"ping\"}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&c).read_line(&mut line).unwrap();
+        match serde_json::from_str::<Value>(&line).unwrap()["role"].as_str() {
+            Some(_) => held.push(c),
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    held
+}
+
 #[test]
 fn hostile_requests_are_answered_and_stall_no_one() {
     if !privileged("daemon_hostile") {
@@ -1019,10 +1039,9 @@ fn hostile_requests_are_answered_and_stall_no_one() {
     let answer = raw_with_fds(&d.socket, b"{\"id\":\"p3\",\"op\":\"ping\"}\n", &[&null; 6]);
     assert!(answer["error"].as_str().unwrap().contains("more than 4 descriptors"), "{answer}");
     // Two idle clients hold both connection slots: a third is answered at once, not queued…
-    let idle: Vec<UnixStream> = (0..2).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(100));
+    let idle = hold_connections(&d.socket, 2);
     let answer = raw(&d.socket, &[&ping[..], b"\n"].concat());
-    assert!(answer["error"].as_str().unwrap().contains("limit of 2 connections"), "{answer}");
+    assert!(answer["error"].as_str().is_some_and(|e| e.contains("limit of 2 connections")), "{answer}");
     // …and the idle ones are dropped after the request timeout, freeing them.
     for mut c in idle {
         let mut s = String::new();

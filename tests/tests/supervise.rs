@@ -293,8 +293,8 @@ fn unix_socket_readiness_then_a_forwarded_sigterm() {
     let script = format!(
         "import os,socket,signal,sys,time\nn=os.environ.get('NOTIFY_SOCKET')\n\
          n and socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM).sendto(b'READY=1',n)\n\
-         time.sleep(0.4)\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(4)\n\
-         signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\ntime.sleep(60)\n",
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n\
+         time.sleep(0.4)\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(4)\ntime.sleep(60)\n",
         s(&ready_sock)
     );
     let started = Instant::now();
@@ -315,13 +315,19 @@ fn unix_socket_readiness_then_a_forwarded_sigterm() {
 fn the_stop_grace_ends_in_sigkill_and_the_signal_is_ours() {
     let dir = Scratch::new("supervise-grace");
     let notify = Notify::new(&dir);
-    let ignore = "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n";
+    // The command says when it ignores SIGTERM (a file); a SIGTERM before would end it at once.
+    let ignoring = dir.join("ignoring");
+    let ignore = "import signal,sys,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen(sys.argv[1],'w').close()\ntime.sleep(60)\n";
     let mut child = Group::spawn(supervise(
-        &["--stop-grace", "600ms", "--", "python3", "-c", ignore],
+        &["--stop-grace", "600ms", "--", "python3", "-c", ignore, s(&ignoring)],
         &[("NOTIFY_SOCKET", s(&notify.path))],
     ));
     notify.wait_for("READY=1");
-    std::thread::sleep(Duration::from_millis(300));
+    let until = Instant::now() + Duration::from_secs(20);
+    while !ignoring.exists() {
+        assert!(Instant::now() < until, "the command never came to ignore SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let sent = Instant::now();
     sigterm(&child);
     let status = child.wait();
