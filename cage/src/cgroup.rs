@@ -997,22 +997,28 @@ mod tests {
 
     /// A launch cgroup whose supervisor is gone is swept, and counted; one whose name's pid is
     /// gone here but that a live launch still holds — its supervisor in another pid namespace,
-    /// where that pid means something else — is kept.
+    /// where that pid means something else — is kept. In a parent of its own: every launch
+    /// cgroup made beside this test sweeps its own parent, and a child forked by another test
+    /// thread holds a copy of any lock taken here until it execs.
     #[test]
     fn the_sweep_removes_and_counts_orphans() {
+        let parent = Path::new("/sys/fs/cgroup/pids").join(format!("chio-test-sweep-{}", std::process::id()));
+        fs::create_dir(&parent).unwrap();
         let mut dead = Command::new("/bin/true").spawn().unwrap();
         let pid = dead.id();
         dead.wait().unwrap();
-        let name = format!("chio-{pid}-00112233aabbccdd");
-        let mut cg = Removed(LaunchCgroup::make(&name, &[Controller::Pids], &Hierarchy::V1).unwrap());
-        let dir = cg.0.unique_dirs()[0].to_path_buf();
-        sweep(&Hierarchy::V1);
-        let kept_while_held = dir.exists();
-        cg.0.held.clear();
-        let swept = sweep(&Hierarchy::V1);
-        assert!(kept_while_held, "a held launch cgroup was swept");
-        assert!(!dir.exists(), "the orphan is still there");
-        assert!(swept >= 1, "swept {swept}");
+        let (orphan, kept) = (parent.join(format!("chio-{pid}-00112233")), parent.join(format!("chio-{pid}-44556677")));
+        fs::create_dir(&orphan).unwrap();
+        fs::create_dir(&kept).unwrap();
+        let held = hold(&kept).unwrap();
+        let swept = sweep_orphans(&parent);
+        let left = (orphan.exists(), kept.exists());
+        drop(held);
+        for d in [&kept, &orphan, &parent] {
+            let _ = fs::remove_dir(d);
+        }
+        assert_eq!(left, (false, true), "(orphan, held) left");
+        assert_eq!(swept, 1);
     }
 
     #[test]
