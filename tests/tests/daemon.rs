@@ -1320,15 +1320,19 @@ fn the_repository_leg_through_the_daemon() {
     chio_tests::build_rootfs(&other_root, Path::new(PROBE));
     let other = d.run(None, &["--rootfs", s(&other_root), "--", "/probe", "cat", "/etc/hostname"], None);
     assert_eq!(other.status.code(), Some(0), "{}", text(&other.stderr));
-    let pre = leg(&["execute", "--state", "ws", "--operation-key", "k-pre", "--", "true"], None);
-    assert_eq!(pre.status.code(), Some(0), "{}", text(&pre.stderr));
-    let init = d.init_ahead();
-    let (_held, made) = held_ns(&init.to_string(), "pid");
-    let roots_ahead = mount_ids_held(init);
     let script = r#"readlink /proc/self/ns/pid; while read -r id _ _ _ at _; do [ "$at" = / ] && echo "$id"; done < /proc/self/mountinfo"#;
-    let out = leg(&["execute", "--state", "ws", "--operation-key", "k-ns", "--", script], None);
-    let lines: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
-    assert_eq!(lines.first(), Some(&made), "{}", text(&out.stderr));
+    let (made, roots_ahead, lines) = with_steady_mounts(|attempt| {
+        let key = format!("k-pre-{attempt}");
+        let pre = leg(&["execute", "--state", "ws", "--operation-key", &key, "--", "true"], None);
+        assert_eq!(pre.status.code(), Some(0), "{}", text(&pre.stderr));
+        let init = d.init_ahead();
+        let (_held, made) = held_ns(&init.to_string(), "pid");
+        let roots_ahead = mount_ids_held(init);
+        let key = format!("k-ns-{attempt}");
+        let out = leg(&["execute", "--state", "ws", "--operation-key", &key, "--", script], None);
+        (made, roots_ahead, text(&out.stdout).lines().map(String::from).collect::<Vec<String>>())
+    });
+    assert_eq!(lines.first(), Some(&made), "{lines:?}");
     assert!(lines.get(1).is_some_and(|root| roots_ahead.contains(root)), "the execute built its own root: {lines:?}");
     // The launch role may not drive the leg.
     let out = leg(&["status", "--state", "ws"], Some(65533));
@@ -1758,8 +1762,12 @@ fn the_next_launch_takes_the_root_made_ahead_for_the_last_ones() {
     let made_ahead = mount_ids_held(d.init_ahead());
     assert!(!made_ahead.contains(&root_mount(&[])), "a root made ahead for the default root served an image's");
     for _ in 0..2 {
-        let made_ahead = mount_ids_held(d.init_ahead());
-        assert!(made_ahead.contains(&root_mount(&[])), "the launch built its own root, not the one made ahead");
+        // The launch before leads the spare to make this root ahead, watched from there on.
+        let taken = with_steady_mounts(|_| {
+            root_mount(&[]);
+            mount_ids_held(d.init_ahead()).contains(&root_mount(&[]))
+        });
+        assert!(taken, "the launch built its own root, not the one made ahead");
     }
     // A bind over one of the image's top-level entries: that entry is not the image's in this
     // cage, so the root made ahead (which binds it) does not serve.
@@ -1800,6 +1808,25 @@ fn a_root_made_ahead_for_an_image_is_never_stale() {
 }
 
 /// The mount ids of the files process `pid` holds open (its fdinfo's `mnt_id`).
+/// `f` run until a run sees nothing mounted or unmounted on the host from its start to its end
+/// (20 runs at most): a root made ahead serves only while the host's mounts stay as they were
+/// (`mounts::RootAhead`), and tests beside this one mount and unmount file systems. The host's
+/// mount table is watched as the daemon watches it: POLLPRI on an open `/proc/self/mountinfo`.
+fn with_steady_mounts<T>(mut f: impl FnMut(usize) -> T) -> T {
+    use std::os::fd::AsRawFd;
+    for attempt in 0..20 {
+        let table = std::fs::File::open("/proc/self/mountinfo").unwrap();
+        let got = f(attempt);
+        let mut p = libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+        // SAFETY: one pollfd on a descriptor we hold, no wait.
+        assert!(unsafe { libc::poll(&mut p, 1, 0) } >= 0);
+        if p.revents & (libc::POLLPRI | libc::POLLERR) == 0 {
+            return got;
+        }
+    }
+    panic!("the host's mounts changed during each of 20 runs")
+}
+
 fn mount_ids_held(pid: u32) -> Vec<String> {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap();
     let info = fds.flatten().map(|e| std::fs::read_to_string(e.path()).unwrap_or_default());
