@@ -907,7 +907,9 @@ mod tests {
                 (removed, status)
             });
             let _ = fs::remove_dir(&root);
-            let _ = nix::mount::umount(&mnt);
+            // Detached: a child another test thread forks holds copies of our descriptors (the
+            // cgroup's locks among them) until it execs, and the mount is busy meanwhile.
+            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
             let _ = fs::remove_dir(&mnt);
             let (removed, status) = outcome.unwrap();
             removed.unwrap();

@@ -964,7 +964,17 @@ impl Overlay {
 
 impl Drop for Overlay {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.mnt()).status();
+        // Busy for a moment now and then while tests beside this one fork (a child holds copies
+        // of its parent's descriptors until it execs) or make mount namespaces; detached at last.
+        let umount =
+            || Command::new("umount").arg(self.mnt()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+        for _ in 0..50 {
+            if umount() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = Command::new("umount").arg("-l").arg(self.mnt()).status();
     }
 }
 
