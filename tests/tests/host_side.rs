@@ -147,12 +147,13 @@ fn dash_i_feeds_stdin_through_a_pipe() {
 }
 
 /// A reader that never reads chio's stdout (a full pipe, a stopped terminal) must not hold the
-/// supervisor past the deadline.
+/// supervisor past the deadline. What chio read but the reader never took is dropped, not
+/// counted as delivered: the record's `stdout_bytes` is what the pipe holds, to the byte.
 #[test]
 fn the_deadline_fires_whatever_the_output_side_does() {
     let Some(e) = env("deadline_output") else { return };
     let (master, slave) = chio_tests::pty();
-    let (pipe_r, pipe_w) = pipe();
+    let (mut pipe_r, pipe_w) = pipe();
     for (what, out) in [("unread pipe", std::process::Stdio::from(pipe_w)), ("unread terminal", slave.into())] {
         let flags = ["--output-limit", "256M"];
         let (status, took, rec) =
@@ -161,6 +162,14 @@ fn the_deadline_fires_whatever_the_output_side_does() {
         let hit = rec["outcome"]["limit_hit"].to_string();
         assert!(hit.contains("wall_time"), "{what}: {hit}");
         assert!(took < std::time::Duration::from_secs(8), "{what}: took {took:?}");
+        if what == "unread pipe" {
+            // Every writer is gone with chio: this reads what the pipe held, then EOF.
+            let mut held = Vec::new();
+            std::io::Read::read_to_end(&mut pipe_r, &mut held).unwrap();
+            let o = &rec["outcome"];
+            assert_eq!(o["stdout_bytes"], held.len(), "{what}: {o}");
+            assert!(o["stdout_dropped"].as_u64().is_some_and(|d| d > 0), "{what}: {o}");
+        }
     }
     drop((master, pipe_r));
 }
