@@ -1129,7 +1129,7 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
         .args(["--source-path", "package", "--kernel-key", s(&seed)])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let waiting = || {
@@ -1145,15 +1145,17 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let started = waiting();
+    let ended_first = child.try_wait().unwrap();
     child.kill().unwrap();
-    child.wait().unwrap();
+    let out = child.wait_with_output().unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while waiting() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let left = waiting();
     let _ = std::fs::remove_dir_all(&state);
-    assert!(started, "no git waited on the source");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(started, "no git waited on the source (chio ended first: {ended_first:?}): {err}");
     assert!(!left, "git outlived the chio that ran it");
     // Control: git itself waits on either FIFO.
     for args in [&["rev-parse", "held"][..], &["ls-tree", "HEAD"][..]] {

@@ -474,7 +474,8 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
     let repo = calculator_repo(&dir.0);
     const SLOW: &[&str] = &["echo step-zero > package/zero.txt", "sleep 61.25"];
     let provider = scripted_provider(SLOW);
-    let extra = json!({"agent": {"step_limit": 8, "wall_time_s": 8}});
+    // 15 s: the first step must be committed by then on a loaded machine (8 s was not, at 12 test threads).
+    let extra = json!({"agent": {"step_limit": 8, "wall_time_s": 15}});
     let Some(state) = prepared(&dir, &repo, &provider, &extra) else { return };
     let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
     assert_eq!(out.status.code(), Some(1), "not submitted: {}", String::from_utf8_lossy(&out.stderr));
