@@ -865,20 +865,22 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     }
     let target = find_target(plan)?;
     let mut fds = vec![target.exec_fd.as_raw_fd()];
-    if let Some(s) = &target.script_fd {
-        fds.push(s.as_raw_fd());
+    if let Some(s) = &target.script {
+        fds.extend([s.file.as_raw_fd(), s.copy.as_raw_fd()]);
     }
     let ready = CageMsg::Ready {
         reported,
         exec_path: target.exec_path.to_string_lossy().into_owned(),
-        script_path: target.script_path.as_ref().map(|p| p.to_string_lossy().into_owned()),
-        script_fd: target.script_fd.as_ref().map(|f| f.as_raw_fd()),
+        script_path: target.script.as_ref().map(|s| s.path.to_string_lossy().into_owned()),
+        script_fd: target.script.as_ref().map(|s| s.copy.as_raw_fd()),
     };
     channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
-    if let Some(script) = target.script_fd {
-        // Kept open across exec for the interpreter (its number is in argv): FD_CLOEXEC cleared.
-        fcntl(&script, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
-        let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script);
+    if let Some(script) = target.script {
+        // The sealed copy is kept open across exec for the interpreter (its number is in argv):
+        // FD_CLOEXEC cleared. The file it was copied from closes here.
+        fcntl(&script.copy, FcntlArg::F_SETFD(FdFlag::empty()))
+            .map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
+        let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script.copy);
     }
     // A test hook's other file is opened now: under the target's filter openat2 is ENOSYS.
     let swap = match &plan.test_hook {
@@ -985,9 +987,21 @@ fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Re
 struct Resolved {
     exec_fd: OwnedFd,
     exec_path: PathBuf,
-    script_fd: Option<OwnedFd>,
-    script_path: Option<PathBuf>,
+    script: Option<Script>,
     argv: Vec<OsString>,
+}
+
+/// A `#!` script: the file as opened, and the sealed copy its interpreter reads (see `sealed`).
+struct Script {
+    path: PathBuf,
+    file: OwnedFd,
+    copy: OwnedFd,
+}
+
+/// The most a script may hold: its copy is written under the cage's RLIMIT_FSIZE (a larger one
+/// would die by SIGXFSZ half-copied) and charged to its memory; never more than 64 MiB.
+fn script_limit(plan: &CagePlan) -> u64 {
+    plan.limits.fsize_bytes.min(64 << 20)
 }
 
 /// Open `p` inside the cage root (after pivot_root, "/" is the cage's root).
@@ -1015,7 +1029,7 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
     let n = nix::sys::uio::pread(&fd, &mut head, 0).unwrap_or(0);
     let head = &head[..n];
     if !head.starts_with(b"#!") {
-        return Ok(Resolved { exec_fd: fd, exec_path: p, script_fd: None, script_path: None, argv: plan.argv.clone() });
+        return Ok(Resolved { exec_fd: fd, exec_path: p, script: None, argv: plan.argv.clone() });
     }
     let (interp, arg) = parse_shebang(head)
         .ok_or_else(|| fail(Stage::Target, "target_not_executable", format!("{}: malformed #! line", p.display())))?;
@@ -1024,18 +1038,30 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
         detail: format!("{}: interpreter {}", p.display(), f.detail),
         ..f
     })?;
-    // The interpreter reads the script through the very fd that was hashed (`/dev/fd/<n>`, as
-    // the kernel does for an fexecve'd script), never by path: a file swapped in at the path
-    // after hashing is not what runs.
+    // The interpreter reads a sealed copy of the script through the very fd that is hashed
+    // (`/dev/fd/<n>`, as the kernel does for an fexecve'd script), never the file or its path:
+    // neither a file swapped in at the path nor the file rewritten in place while the
+    // interpreter runs is what runs.
+    let limit = script_limit(plan);
+    let copy = crate::sealed::copy(fd.as_fd(), c"chio-script", limit).map_err(|e| match e.raw_os_error() {
+        Some(libc::EFBIG) => fail(
+            Stage::Target,
+            "script_too_large",
+            format!(
+                "{}: larger than the {limit} bytes a script may have (its RLIMIT_FSIZE, at most 64 MiB)",
+                p.display()
+            ),
+        ),
+        _ => fail(Stage::Target, "script_copy_failed", format!("copying {} to a sealed memfd: {e}", p.display())),
+    })?;
     let mut argv = vec![interp.clone()];
     argv.extend(arg);
-    argv.push(format!("/dev/fd/{}", fd.as_raw_fd()).into());
+    argv.push(format!("/dev/fd/{}", copy.as_raw_fd()).into());
     argv.extend(plan.argv.iter().skip(1).cloned());
     Ok(Resolved {
         exec_fd: interp_fd,
         exec_path: PathBuf::from(interp),
-        script_fd: Some(fd),
-        script_path: Some(p),
+        script: Some(Script { path: p, file: fd, copy }),
         argv,
     })
 }

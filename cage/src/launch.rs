@@ -767,26 +767,47 @@ fn verify_traced(
     let exec_fd =
         fds.next().ok_or_else(|| stop(Stage::Target, "channel_failed", "the ready message carried no executable"))?;
     // What was hashed, with the identity it had *before* it was read, to be found unchanged at
-    // the exec stop (any write moves ctime): an identity taken after the hash would vouch for a
-    // write that landed while the file was being read.
-    let (mut target, id) = describe(&exec_fd, &exec_path, early, known)?;
-    let exe_id = (target.device, target.inode);
-    let mut hashed = vec![(id, exec_fd)];
-    let mut script = None;
-    if let (Some(fd), Some(sp), Some(n)) = (fds.next(), script_path, script_fd) {
-        let (s, id) = describe(&fd, &sp, early, known)?;
-        script = Some((n, s.device, s.inode));
-        target = Target { interpreter: Some(Box::new(target)), opened_as: Some(format!("/dev/fd/{n}")), ..s };
-        hashed.push((id, fd));
+    // the exec stop: an identity taken after the hash would vouch for a write that landed while
+    // the file was being read. A file only root can write is hashed now; any other is hashed at
+    // the exec stop (`Digest::AtExecStop`).
+    let exe = describe(exec_fd, &exec_path, early, known)?;
+    let exe_id = (exe.target.device, exe.target.inode);
+    let (mut target, mut settled, mut pending) = (exe.target, Vec::new(), None);
+    match exe.digest {
+        Digest::Settled(id) => settled.push((id, exe.fd)),
+        Digest::AtExecStop => pending = Some(exe.fd),
     }
-    let verified = verify_digest(plan, &target);
-    rec.target = Some(target);
-    verified.and_then(|_| inject(plan, Stage::Verify))?;
+    let mut script = None;
+    match ((fds.next(), fds.next()), script_path, script_fd) {
+        ((Some(file), Some(copy)), Some(sp), Some(n)) => {
+            let s = describe_script(&file, &copy, &sp)?;
+            script = Some((n, s.copy_device, s.copy_inode));
+            target =
+                Target { interpreter: Some(Box::new(target)), opened_as: Some(format!("/dev/fd/{n}")), ..s.target };
+        }
+        ((None, None), None, None) => {}
+        _ => {
+            return Err(stop(
+                Stage::Target,
+                "channel_failed",
+                "the ready message's script, its sealed copy and its fd number do not go together",
+            ))
+        }
+    }
+    // A digest still to be taken at the exec stop is checked there.
+    if pending.is_none() || script.is_some() {
+        let verified = verify_digest(plan, &target);
+        rec.target = Some(target);
+        verified?;
+    } else {
+        rec.target = Some(target);
+    }
+    inject(plan, Stage::Verify)?;
     if plan.hook(&TestHook::Touch) {
         // Test hook: tell the target its file's identity is taken; it changes the file now.
         let _ = channel::send_byte(sock.as_raw_fd(), GO);
     }
-    let traced = Traced { plan, host, tpid, exe: exe_id, script, hashed, sock };
+    let traced = Traced { plan, host, tpid, exe: exe_id, script, settled, pending, sock };
     traced.exec_and_observe(rec, hook)
 }
 
@@ -809,8 +830,11 @@ struct Traced<'a> {
     exe: (u64, u64),
     /// A script's fd number in the target and its device and inode.
     script: Option<(i32, u64, u64)>,
-    /// The hashed files (the supervisor's fds) and their identity before they were read.
-    hashed: Vec<(Identity, OwnedFd)>,
+    /// The files hashed before the exec (the supervisor's fds) and their identity before they
+    /// were read: each must still have it at the exec stop.
+    settled: Vec<(Identity, OwnedFd)>,
+    /// The executable when another uid than root could write it: hashed at the exec stop.
+    pending: Option<OwnedFd>,
     sock: &'a OwnedFd,
 }
 
@@ -843,8 +867,14 @@ impl Traced<'_> {
             script: self.script,
             inherited_filters: self.host.filters,
         };
+        // The executed inode is what `exe` names (checked below), and from this exec on the kernel
+        // refuses it to every writer (ETXTBSY; a writer still open would have failed the exec):
+        // its bytes now are the bytes that run.
+        if let Some(fd) = &self.pending {
+            self.hash_at_exec_stop(fd, rec)?;
+        }
         let mut problems = observe::violations(&observed, &expect);
-        for (then, fd) in &self.hashed {
+        for (then, fd) in &self.settled {
             if Some(*then) != prehash::identity_of(fd.as_fd()) {
                 problems.push("a file changed after it was hashed (its size, mtime or ctime moved)".into());
             }
@@ -882,6 +912,26 @@ impl Traced<'_> {
     }
 }
 
+impl Traced<'_> {
+    /// Hash the executable at the exec stop and check the plan's digest against it (the
+    /// target's, or for a script the interpreter's: the script's own digest was checked before).
+    fn hash_at_exec_stop(&self, fd: &OwnedFd, rec: &mut LaunchRecord) -> Result<(), Stop> {
+        let Some(target) = rec.target.as_mut() else {
+            return Err(stop(Stage::Verify, "hash_failed", "no target described before the exec"));
+        };
+        let exe = match target.interpreter.as_deref_mut() {
+            Some(interpreter) => interpreter,
+            None => target,
+        };
+        exe.sha256 = prehash::hash(fd.as_fd())
+            .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {} at its exec: {e}", exe.path)))?;
+        match self.script {
+            Some(_) => Ok(()),
+            None => verify_digest(self.plan, target),
+        }
+    }
+}
+
 /// Kill a tracee and consume its exit notification. Without this the cage's init could never
 /// finish tearing down its namespace: the zombie tracee waits for its tracer (us) first.
 fn release_tracee(tpid: libc::pid_t) {
@@ -901,32 +951,82 @@ fn release_tracee(tpid: libc::pid_t) {
     }
 }
 
-/// The file behind `fd` described and hashed, and its identity from before it was read (what the
-/// digest is valid for).
-fn describe(
-    fd: &OwnedFd,
-    path: &str,
-    early: Option<&Early>,
-    known: Option<Digests>,
-) -> Result<(Target, Identity), Stop> {
+/// When a described file's digest is taken.
+enum Digest {
+    /// Taken before the exec (only root can write the file): valid while it keeps this
+    /// identity, which it had before it was read.
+    Settled(Identity),
+    /// Taken at the exec stop, when the kernel denies every write to the executing inode.
+    AtExecStop,
+}
+
+/// A file the record names, as described before the exec.
+struct Described {
+    target: Target,
+    fd: OwnedFd,
+    digest: Digest,
+}
+
+/// The file behind `fd`, described; hashed now (or found among the early and shared digests)
+/// when only root can change it, otherwise left to be hashed at the exec stop.
+fn describe(fd: OwnedFd, path: &str, early: Option<&Early>, known: Option<Digests>) -> Result<Described, Stop> {
+    let st = regular(&fd, path)?;
+    let mut target = Target { path: path.to_string(), device: st.st_dev, inode: st.st_ino, ..Target::default() };
+    if !prehash::settled(fd.as_fd(), &st) {
+        return Ok(Described { target, fd, digest: Digest::AtExecStop });
+    }
+    let id = prehash::identity(&st);
+    let (sha256, share) = match (early, prehash::lookup(known, &id)) {
+        (_, Some(d)) => (d, false),
+        (Some(e), None) if e.matches(&st) => (e.sha256.clone(), true),
+        _ => (
+            prehash::hash(fd.as_fd())
+                .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?,
+            true,
+        ),
+    };
+    if share {
+        prehash::share(known, fd.as_fd(), &id, &sha256);
+    }
+    target.sha256 = sha256;
+    Ok(Described { target, fd, digest: Digest::Settled(id) })
+}
+
+/// A `#!` script as the record names it: the file as opened (path, device, inode) with the
+/// digest of its sealed copy, the bytes the interpreter reads; and the copy's device and inode,
+/// which the target must hold open at its exec.
+struct DescribedScript {
+    target: Target,
+    copy_device: u64,
+    copy_inode: u64,
+}
+
+fn describe_script(file: &OwnedFd, copy: &OwnedFd, path: &str) -> Result<DescribedScript, Stop> {
+    let st = regular(file, path)?;
+    let copied = regular(copy, path)?;
+    if !crate::sealed::is_sealed(copy.as_fd()) {
+        return Err(stop(
+            Stage::Verify,
+            "script_not_sealed",
+            format!("the copy of {path} its interpreter would read is not sealed against writes"),
+        ));
+    }
+    let sha256 = prehash::hash(copy.as_fd())
+        .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing the sealed copy of {path}: {e}")))?;
+    Ok(DescribedScript {
+        target: Target { path: path.to_string(), sha256, device: st.st_dev, inode: st.st_ino, ..Target::default() },
+        copy_device: copied.st_dev,
+        copy_inode: copied.st_ino,
+    })
+}
+
+/// The stat of `fd`, which must be a regular file.
+fn regular(fd: &OwnedFd, path: &str) -> Result<libc::stat, Stop> {
     let st = sys::fstat(fd.as_fd()).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(stop(Stage::Verify, "target_not_executable", format!("{path} is not a regular file")));
     }
-    let sha256 = match early {
-        Some(e) if e.matches(&st) => e.sha256.clone(),
-        _ => prehash::hash_known(fd.as_fd(), &prehash::identity(&st), known)
-            .map_err(|e| stop(Stage::Verify, "hash_failed", format!("hashing {path}: {e}")))?,
-    };
-    let target = Target {
-        path: path.to_string(),
-        sha256,
-        device: st.st_dev,
-        inode: st.st_ino,
-        opened_as: None,
-        interpreter: None,
-    };
-    Ok((target, prehash::identity(&st)))
+    Ok(st)
 }
 
 fn verify_digest(plan: &CagePlan, target: &Target) -> Result<(), Stop> {

@@ -21,6 +21,7 @@ pub mod plan;
 mod prehash;
 pub mod record;
 pub mod relay;
+pub mod sealed;
 pub mod seccomp;
 pub mod supervise;
 pub mod sys;

@@ -1,8 +1,13 @@
 //! The supervisor is idle while the cage sets itself up (~1.5 ms). It spends that time hashing
 //! the file the target will most likely execute, found from the host side. When the fd the cage
-//! later sends is that same inode, unchanged (size, mtime and ctime — any write moves ctime), the
-//! early digest stands; otherwise the cage's fd is hashed as before. Either way the digest is of
-//! the file the cage opened: this only moves work off the critical path.
+//! later sends is that same inode, unchanged (size, mtime and ctime), and no one but root can
+//! change it (see [`settled`]), the early digest stands; otherwise the cage's fd is hashed.
+//!
+//! Timestamps alone never vouch for bytes another uid can write: a write through a shared
+//! mapping whose pages are already dirty takes no fault, so neither mtime nor ctime moves. A file
+//! a non-root uid could write is therefore hashed at the exec stop, from the executing inode,
+//! when the kernel denies every write to it (see `launch`); only root-only files are hashed early
+//! and shared between launches.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -39,20 +44,59 @@ impl Early {
     }
 }
 
-/// The digest of the file behind `fd` with the identity `id`: from `known` when a launch of
-/// this supervisor already hashed that very file unchanged, otherwise hashed now (and shared).
-pub fn hash_known(fd: BorrowedFd<'_>, id: &Identity, known: Option<Digests>) -> std::io::Result<String> {
-    if let Some(d) = known.and_then(|k| k.get(id)) {
-        return Ok(crate::seccomp::hex(&d));
+/// True when only root may open the file `st` describes for writing: owned by uid 0, without a
+/// write bit for group or others, and without a POSIX ACL (which could grant one; an ACL that
+/// cannot be read counts as present). Only root can change any of these, and each change moves
+/// ctime, so this holds for as long as the file's identity does.
+pub fn only_root_writes(fd: BorrowedFd<'_>, st: &libc::stat) -> bool {
+    st.st_uid == 0 && st.st_mode & 0o022 == 0 && !has_acl(fd)
+}
+
+fn has_acl(fd: BorrowedFd<'_>) -> bool {
+    use xattr::FileExt;
+    let Ok(f) = fd.try_clone_to_owned().map(std::fs::File::from) else { return true };
+    match f.get_xattr("system.posix_acl_access") {
+        Ok(v) => v.is_some(),
+        // A file system without extended attributes has no ACLs.
+        Err(e) => e.raw_os_error() != Some(libc::EOPNOTSUPP),
     }
-    let d = sha256_fd(fd)?;
-    // Kept only if the file did not change while it was read.
-    if let (Some(k), Some(after)) = (known, identity_of(fd)) {
+}
+
+/// True when the digest of the file behind `fd` (an fd the cage opened, on the cage's own
+/// mount) may be taken before the exec and trusted while its identity holds: only root can
+/// write it, and the cage sees it on a read-only mount, so a cage running as uid 0 cannot either.
+/// Anything else is hashed at the exec stop.
+pub fn settled(fd: BorrowedFd<'_>, st: &libc::stat) -> bool {
+    only_root_writes(fd, st) && on_read_only_mount(fd)
+}
+
+fn on_read_only_mount(fd: BorrowedFd<'_>) -> bool {
+    nix::sys::statvfs::fstatvfs(fd).is_ok_and(|v| v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+}
+
+/// The digest `known` holds for a file of identity `id`.
+pub fn lookup(known: Option<Digests>, id: &Identity) -> Option<String> {
+    known.and_then(|k| k.get(id)).map(|d| crate::seccomp::hex(&d))
+}
+
+/// Put `sha256` (lowercase hex) into `known` for the file behind `fd`, if it still has the
+/// identity `id` it had before it was read. Only for [`settled`] files: the table is trusted by
+/// identity alone.
+pub fn share(known: Option<Digests>, fd: BorrowedFd<'_>, id: &Identity, sha256: &str) {
+    let mut d = [0u8; 32];
+    let parsed = sha256.len() == 64
+        && (0..32).all(|i| u8::from_str_radix(&sha256[2 * i..2 * i + 2], 16).map(|b| d[i] = b).is_ok());
+    if let (Some(k), true, Some(after)) = (known, parsed, identity_of(fd)) {
         if after == *id {
             k.put(id, &d);
         }
     }
-    Ok(crate::seccomp::hex(&d))
+}
+
+/// SHA-256 of the whole file behind `fd`, lowercase hex (pread from offset 0; the fd's offset is
+/// untouched).
+pub fn hash(fd: BorrowedFd<'_>) -> std::io::Result<String> {
+    sha256_fd(fd).map(|d| crate::seccomp::hex(&d))
 }
 
 /// SHA-256 of the whole file behind `fd` (pread from offset 0; the fd's offset is untouched).
@@ -127,7 +171,14 @@ pub fn guess(plan: &CagePlan, known: Option<Digests>) -> Option<Early> {
         if before.st_mode & libc::S_IFMT != libc::S_IFREG {
             continue;
         }
-        let sha256 = hash_known(fd.as_fd(), &identity(&before), known).ok()?;
+        // A file another uid could write is hashed at the exec stop whatever happens here.
+        if !only_root_writes(fd.as_fd(), &before) {
+            return None;
+        }
+        let sha256 = match lookup(known, &identity(&before)) {
+            Some(d) => d,
+            None => hash(fd.as_fd()).ok()?,
+        };
         let after = sys::fstat(fd.as_fd()).ok()?;
         // Changed while we read it: no early digest.
         return (identity(&before) == identity(&after)).then(|| Early { id: identity(&after), sha256 });
@@ -146,19 +197,55 @@ mod tests {
     fn a_digest_is_shared_only_for_the_file_as_read() {
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         let id = identity_of(f.as_fd()).unwrap();
-        let sha = crate::seccomp::hex(&sha256_fd(f.as_fd()).unwrap());
+        let sha = hash(f.as_fd()).unwrap();
         let known = Digests::new().unwrap();
-        assert_eq!(hash_known(f.as_fd(), &id, Some(known)).unwrap(), sha);
-        assert_eq!(known.get(&id).map(|d| crate::seccomp::hex(&d)), Some(sha.clone()));
+        share(Some(known), f.as_fd(), &id, &sha);
+        assert_eq!(lookup(Some(known), &id), Some(sha.clone()));
         let mut stale = id;
         stale[2] += 1;
         let other = Digests::new().unwrap();
-        assert_eq!(hash_known(f.as_fd(), &stale, Some(other)).unwrap(), sha);
+        share(Some(other), f.as_fd(), &stale, &sha);
         assert_eq!(other.get(&stale), None);
+    }
+
+    /// Only a file no one but root can open for writing is settled by its identity: a write bit
+    /// for group or others, another owner, or an ACL each make it a file to hash at the exec
+    /// stop. The mount part: a writable mount is never settled, a read-only one is.
+    #[test]
+    fn only_root_only_files_are_settled_by_identity() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = std::env::temp_dir().join(format!("chio-prehash-owner-{}", std::process::id()));
+        std::fs::write(&p, b"bytes").unwrap();
+        let check = |mode: u32, uid: u32| {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::os::unix::fs::chown(&p, Some(uid), None).unwrap();
+            let f = std::fs::File::open(&p).unwrap();
+            only_root_writes(f.as_fd(), &sys::fstat(f.as_fd()).unwrap())
+        };
+        if nix::unistd::geteuid().is_root() {
+            assert!(check(0o755, 0));
+            assert!(!check(0o775, 0), "group-writable");
+            assert!(!check(0o757, 0), "world-writable");
+            assert!(!check(0o755, 65534), "owned by another uid");
+            check(0o755, 0);
+            let acl = std::process::Command::new("setfacl").args(["-m", "u:65534:rw"]).arg(&p).status();
+            if acl.is_ok_and(|s| s.success()) {
+                let f = std::fs::File::open(&p).unwrap();
+                assert!(!only_root_writes(f.as_fd(), &sys::fstat(f.as_fd()).unwrap()), "an ACL grants a write");
+            }
+        }
+        // The file is on a writable mount here: never settled, whatever its owner.
+        let f = std::fs::File::open(&p).unwrap();
+        assert!(!settled(f.as_fd(), &sys::fstat(f.as_fd()).unwrap()));
+        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]
     fn early_digest_is_only_used_for_the_unchanged_file() {
+        // Only a root-owned file is hashed early.
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
         let dir = std::env::temp_dir().join(format!("chio-prehash-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         std::fs::write(dir.join("bin/tool"), b"version one").unwrap();
@@ -172,7 +259,7 @@ mod tests {
         };
         assert!(early.matches(&st(&dir.join("bin/tool"))));
         let f = std::fs::File::open(dir.join("bin/tool")).unwrap();
-        assert_eq!(early.sha256, crate::seccomp::hex(&sha256_fd(f.as_fd()).unwrap()));
+        assert_eq!(early.sha256, hash(f.as_fd()).unwrap());
         // Any write moves ctime (and here size): the early digest no longer applies.
         std::thread::sleep(std::time::Duration::from_millis(5));
         std::fs::write(dir.join("bin/tool"), b"version two!").unwrap();

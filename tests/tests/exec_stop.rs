@@ -78,23 +78,25 @@ fn launch_copy(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> C
     launch_of(e, "/workspace/probe", ws, hook, extra)
 }
 
-/// A file changed in place after the supervisor hashed it and before the exec (another writer
-/// of the workspace could) is caught at the exec stop by its size, mtime and ctime: what would
-/// run is not what was hashed. The hook appends a byte to the target's copy of the probe; the
-/// control runs the same copy untouched.
+/// A file the cage's uid may write, changed in place after the supervisor described it and
+/// before the exec (another writer of the workspace could), is hashed at the exec stop, when the
+/// kernel lets no one write it: `--expect-sha256` of the file as it was refuses the file that
+/// would run, and the record's digest is of those bytes. The hook appends a byte to the target's
+/// copy of the probe; the control runs the same copy untouched under the same digest.
 #[test]
-fn a_file_changed_after_it_was_hashed() {
+fn a_file_changed_after_it_was_described_is_hashed_as_it_runs() {
     let Some(e) = Suite::new("changed_after_hash", PROBE) else { return };
     let ws = Scratch::new("exec-stop-touch");
     ws.give_to_nobody();
-    let run = launch_copy(&e, &ws, Some("touch"), &[]);
+    let was = sha256_file(PROBE);
+    let run = launch_copy(&e, &ws, Some("touch"), &["--expect-sha256", &was]);
     assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
     let failure = &run.record["failure"];
-    assert_eq!((failure["stage"].as_str(), failure["code"].as_str()), (Some("observe"), Some("fact_mismatch")));
-    let detail = failure["detail"].as_str().unwrap();
-    assert!(detail.contains("a file changed after it was hashed"), "{detail}");
+    assert_eq!((failure["stage"].as_str(), failure["code"].as_str()), (Some("verify"), Some("digest_mismatch")));
+    assert_eq!(run.record["target"]["sha256"], sha256_file(ws.join("probe")).as_str(), "the bytes that would run");
+    assert_ne!(run.record["target"]["sha256"], was.as_str());
     assert!(!ws.join("ran").exists(), "the changed file ran");
-    let control = launch_copy(&e, &ws, None, &[]);
+    let control = launch_copy(&e, &ws, None, &["--expect-sha256", &was]);
     assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
     assert!(ws.join("ran").exists(), "control: the target runs and writes");
 }
