@@ -296,6 +296,12 @@ pub fn launch(
              (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"
         );
     }
+    // A one-shot launch never writes the store of a running daemon (one writer per store); a
+    // daemon's own launch processes (behind its gate) write it under the daemon's lock.
+    let _store_lock = match (&a.receipt_db, gate) {
+        (Some(db), None) => chio_supervisor::state_lock::share(db)?,
+        _ => None,
+    };
     let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {
         (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
             Ok(planned) => planned,

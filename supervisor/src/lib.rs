@@ -10,3 +10,4 @@ pub mod receipts;
 pub mod repository;
 pub mod service;
 pub mod session;
+pub mod state_lock;

@@ -1111,6 +1111,91 @@ fn a_killed_daemon_leaves_nothing_behind_and_its_launch_is_outcome_unknown() {
     );
 }
 
+/// One daemon per state directory: a second `chio supervisor serve` on a directory a live
+/// daemon holds is refused at start, naming the holder, and the first daemon's running launch
+/// is left alone (not recovered as `outcome_unknown` under it). A one-shot launch that would
+/// write the daemon's receipt store is refused the same way. Controls: once the first daemon
+/// has stopped, both the one-shot launch and a new daemon on that directory start.
+#[test]
+fn a_state_directory_has_one_daemon_and_one_writer() {
+    if !privileged("daemon_state_lock") {
+        return;
+    }
+    let dir = Scratch::new("daemon-state-lock");
+    let d = Daemon::start(&dir, config(json!({})));
+    let tag = format!("state-lock-tag-{}", std::process::id());
+    let client = Command::new(chio())
+        .args(["cage", "run", "--supervisor", s(&d.socket), "--json", "--"])
+        .args(["/bin/sh", "-c", &format!("sleep 2; echo finished; : {tag}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    d.wait_for_shell(&tag);
+    let second = Command::new(chio())
+        .args(["supervisor", "serve", "--socket", s(&dir.join("second.sock")), "--state-dir", s(&dir.join("state"))])
+        .args(["--config", s(&dir.join("supervisor.json"))])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let second =
+        chio_tests::output_within(second, Duration::from_secs(10), "a second daemon on a held state directory");
+    let said = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "a second daemon started on a held state directory: {said}");
+    assert!(said.contains("is in use") && said.contains(&d.pid().to_string()), "the refusal names the holder: {said}");
+    assert!(!dir.join("second.sock").exists(), "the refused daemon listened");
+    let keys = Scratch::new("daemon-state-lock-keys");
+    let made = Command::new(chio()).args(["keys", "generate", "--out", s(&keys.join("k"))]).output().unwrap();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let one_shot = || {
+        Command::new(chio())
+            .args(["cage", "run", "--json", "--receipt-db", s(&dir.join("state/receipts.db"))])
+            .args(["--kernel-key", s(&keys.join("k/signing.seed")), "--", "/bin/true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let refused = one_shot();
+    assert_eq!(refused.status.code(), Some(125), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("belongs to a running chio supervisor"), "{}", text(&refused.stderr));
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout).lines().next(), Some("finished"), "{}", text(&out.stderr));
+    assert_eq!(record(&out)["state"], "FullyEnforced", "{}", text(&out.stderr));
+    drop(d);
+    let written = one_shot();
+    assert_eq!(record(&written)["state"], "FullyEnforced", "control: {}", text(&written.stderr));
+    let restarted = Daemon::start(&dir, config(json!({})));
+    assert!(
+        restarted.log().contains("recovered: 0 launch(es) dispatched without an outcome"),
+        "the first daemon's launch ended under it: {}",
+        restarted.log()
+    );
+}
+
+/// A request whose launch finished is answered with its retained record after the daemon
+/// restarts, and does not run again.
+#[test]
+fn a_finished_request_is_answered_from_the_journal_after_a_restart() {
+    if !privileged("daemon_restart_replay") {
+        return;
+    }
+    let dir = Scratch::new("daemon-restart-replay");
+    let ws = open_workspace(&dir);
+    let line = launch_line("replay-1", json!(["--workspace", s(&ws), "--", "/bin/sh", "-c", "echo ran >> count"]));
+    let send = |d: &Daemon| {
+        let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
+        raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]])
+    };
+    let first = send(&Daemon::start(&dir, config(json!({}))));
+    assert_eq!(first["record"]["state"], "FullyEnforced", "{first}");
+    let again = send(&Daemon::start(&dir, config(json!({}))));
+    assert_eq!(again["record"], first["record"], "{again}");
+    assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran again");
+}
+
 fn is_sh(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| matches!(c.trim_end(), "sleep" | "sh" | "dash"))
 }

@@ -82,6 +82,9 @@ fn serve(a: &ServeArgs) -> Result<i32> {
     // Its journal, receipts and image trees: no one but root may be able to replace them.
     let state_dir =
         chio_cage::path::private_dir(&state_dir).with_context(|| format!("state directory {}", state_dir.display()))?;
+    // One daemon per state directory, held until this process and every one it forked ends:
+    // a second one would recover the first one's running launches as outcome_unknown.
+    let _state_lock = chio_supervisor::state_lock::hold(&state_dir)?;
     let daemon = DaemonSide {
         receipt_db: state_dir.join("receipts.db"),
         state_dir,
