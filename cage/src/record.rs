@@ -69,7 +69,10 @@ pub struct Failure {
 pub struct Target {
     /// Path inside the cage.
     pub path: String,
-    /// SHA-256 of the exact bytes, hashed by the supervisor from the fd that is executed.
+    /// SHA-256 of the bytes that executed, hashed by the supervisor from the fd that is
+    /// executed: before the exec for a file only root can write on a read-only mount (its
+    /// identity then held to the exec stop), at the exec stop for any other. For a `#!` script,
+    /// of the sealed copy its interpreter reads.
     pub sha256: String,
     /// st_dev of the opened file.
     #[serde(with = "id64")]
@@ -77,8 +80,9 @@ pub struct Target {
     /// st_ino of the opened file.
     #[serde(with = "id64")]
     pub inode: u64,
-    /// For a `#!` script: the path the interpreter reads it by, an fd kept open across exec
-    /// (`/dev/fd/<n>`), so the file hashed is the file read.
+    /// For a `#!` script: the path the interpreter reads it by, the sealed copy's fd kept open
+    /// across exec (`/dev/fd/<n>`), so the bytes hashed are the bytes read; `device` and
+    /// `inode` are the script's file as opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened_as: Option<String>,
     /// For a `#!` script: the interpreter that is actually executed.

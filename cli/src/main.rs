@@ -127,6 +127,13 @@ fn parse() -> Cli {
 }
 
 fn main() {
+    if let Some(name) = chio_supervisor::test_switch_refused() {
+        eprintln!(
+            "chio: {name} is set, but this chio is a production build: test switches (CHIO_TEST_*) act only in the \
+             test suites' build, and this one refuses to run with any of them set; unset {name}"
+        );
+        std::process::exit(2);
+    }
     let cli = parse();
     // A command that cannot run exits 125 for `cage run` (its cage-failure status) and 1 for
     // everything else; usage errors exit 2 (clap).

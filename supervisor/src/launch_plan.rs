@@ -289,6 +289,10 @@ pub fn apply_environment_overrides(plan: &mut CagePlan) -> Result<(), PlanError>
     if let Some(d) = std::env::var_os("CHIO_CGROUP_V2_ROOT") {
         plan.cgroup_v2_root = Some(PathBuf::from(d));
     }
+    // Test switches act only in the test suites' build (any other refuses to start with one set).
+    if !crate::TEST_HOOKS {
+        return Ok(());
+    }
     if let Ok(s) = std::env::var("CHIO_TEST_FAIL_STAGE") {
         let stage = Stage::parse(&s).ok_or_else(|| err(format!("CHIO_TEST_FAIL_STAGE={s} names no stage")))?;
         if stage == Stage::Supervise {

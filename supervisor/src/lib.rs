@@ -2,6 +2,23 @@
 //! `docker save` archives and OCI layouts in place, verifying them, extracting layers safely, and
 //! the content-addressed image store behind `chio image` and `chio cage run --image`.
 
+/// True in a build with the `test-hooks` feature (the test suites' build), the only build that
+/// acts on `CHIO_TEST_*` variables; any other refuses them.
+pub const TEST_HOOKS: bool = cfg!(feature = "test-hooks");
+
+/// The first `CHIO_TEST_*` variable in this process's environment, which a build without test
+/// hooks must refuse to start with (a test switch set on a production host is a mistake or an
+/// attack, never something to ignore).
+pub fn test_switch_refused() -> Option<String> {
+    if TEST_HOOKS {
+        return None;
+    }
+    std::env::vars_os()
+        .map(|(k, _)| k)
+        .find(|k| k.as_encoded_bytes().starts_with(b"CHIO_TEST_"))
+        .map(|k| k.to_string_lossy().into_owned())
+}
+
 mod file_access;
 pub mod image;
 pub mod launch_plan;

@@ -262,3 +262,68 @@ fn the_privileged_units_grant_exactly_what_a_launch_needs() {
         assert_ne!(out.status.code(), Some(0), "preflight passed without {drop}: the unit grants it for nothing");
     }
 }
+
+/// The test suites' switches, each with a value that would act in their build.
+const TEST_SWITCHES: [(&str, &str); 6] = [
+    ("CHIO_TEST_HOOK", "seccomp"),
+    ("CHIO_TEST_FAIL_STAGE", "landlock"),
+    ("CHIO_TEST_LANDLOCK_ABI", "0"),
+    ("CHIO_TEST_CRASH", "after_snapshot"),
+    ("CHIO_TEST_GIT_DEADLINE_MS", "1"),
+    ("CHIO_TEST_ANYTHING_ELSE", "1"),
+];
+
+/// `cargo build` at the workspace root builds the default members, which leave the test suites'
+/// crate out: its `test-hooks` feature is not unified into `chio`. Control: with `--workspace`
+/// (what `cargo test --workspace` builds) it is.
+#[test]
+fn a_build_at_the_workspace_root_has_no_test_hooks() {
+    let tree = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO"))
+            .args(["tree", "--locked", "--offline", "-e", "features", "-i", "chio-cage"])
+            .args(extra)
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let users = tree(&[]);
+    assert!(users.contains("chio-cli") && !users.contains("test-hooks"), "{users}");
+    assert!(tree(&["--workspace"]).contains("test-hooks"), "control: the test suites' build has the hooks");
+}
+
+/// The installable artifact (`packaging/build-release`, the .deb's binary) refuses to start with
+/// any `CHIO_TEST_*` variable set, naming it, whatever the command. Controls: the same artifact
+/// without them launches; the test suites' build acts on the same switch (the launch fails at the
+/// stage it names).
+#[test]
+fn the_release_artifact_refuses_every_test_switch() {
+    if !privileged("release_artifact_switches") {
+        return;
+    }
+    let built = Command::new(repo().join("packaging/build-release")).output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let artifact = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    let true_bin = "/bin/true";
+    for (name, value) in TEST_SWITCHES {
+        for args in [&["cage", "run", "--json", "--", true_bin][..], &["--version"][..]] {
+            let out = Command::new(&artifact).args(args).env(name, value).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} with {args:?}: {err}");
+            assert!(err.contains(name) && err.contains("production build"), "{name}: {err}");
+            assert!(out.stdout.is_empty() && !err.contains("schema"), "{name}: it ran: {err}");
+        }
+    }
+    let clean = Command::new(&artifact).args(["cage", "run", "--json", "--", true_bin]).output().unwrap();
+    // The launch record goes to stderr (stdout is the command's).
+    let record = String::from_utf8_lossy(&clean.stderr);
+    assert!(record.contains("\"state\":\"FullyEnforced\""), "control: {record}");
+    let hooked = Command::new(chio_bin(Path::new(PROBE)))
+        .args(["cage", "run", "--json", "--", true_bin])
+        .env("CHIO_TEST_FAIL_STAGE", "landlock")
+        .output()
+        .unwrap();
+    let record = String::from_utf8_lossy(&hooked.stderr);
+    assert!(record.contains("\"stage\":\"landlock\""), "control: the switch acts in the test build: {record}");
+}
