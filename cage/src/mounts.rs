@@ -32,8 +32,8 @@ pub(crate) const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "
 /// `alternatives` symlinks need — no shadow, and no `ssl` (it holds `private/`, which a target
 /// run with `--uid 0` could read as its owner). Files and symlinks are copied into the cage's own
 /// `/etc` (a lock or watch on them never reaches the host's inode); directories are bound
-/// read-only.
-const HOST_ETC: [&str; 10] = [
+/// read-only. Not the host's `hosts`: it names the host and its addresses (see [`HOSTS`]).
+const HOST_ETC: [&str; 9] = [
     "passwd",
     "group",
     "nsswitch.conf",
@@ -41,10 +41,11 @@ const HOST_ETC: [&str; 10] = [
     "ld.so.conf",
     "ld.so.conf.d",
     "alternatives",
-    "hosts",
     "localtime",
     "os-release",
 ];
+/// The default root's `/etc/hosts`: loopback and the cage's own hostname, nothing of the host.
+const HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tchio\n";
 /// Device nodes the cage's `/dev` holds: its own inodes (major, minor), made with mknod in its
 /// own tmpfs — never binds of the host's nodes, whose mode and times a cage could change.
 const DEVICES: [(&CStr, u32, u32); 6] =
@@ -66,6 +67,16 @@ fn copy_file(from: BorrowedFd<'_>, to: BorrowedFd<'_>, name: &CStr, mode: u32) -
     let dst = sys::openat(to, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, mode)?;
     let (mut src, mut dst) = (std::fs::File::from(src), std::fs::File::from(dst));
     std::io::copy(&mut std::io::Read::take(&mut src, ETC_FILE_MAX), &mut dst)?;
+    // The umask may have cleared bits of `mode`.
+    dst.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
+}
+
+/// Create the file `name` in `to` holding `bytes`, with `mode` (never through a symlink).
+fn write_file(to: BorrowedFd<'_>, name: &CStr, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    let dst = sys::openat(to, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, mode)?;
+    let mut dst = std::fs::File::from(dst);
+    dst.write_all(bytes)?;
     // The umask may have cleared bits of `mode`.
     dst.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
 }
@@ -449,6 +460,8 @@ impl Prepared {
                 self.described.push(format!("/etc/{name} copy of the host's"));
             }
         }
+        write_file(etc.as_fd(), c"hosts", HOSTS.as_bytes(), 0o644).map_err(|e| err_at("writing", "/etc/hosts", e))?;
+        self.described.push("/etc/hosts the cage's own (localhost and chio)".into());
         self.etc = Some(etc);
         for name in HOST_ETC {
             let c = cstring(name)?;

@@ -1799,28 +1799,32 @@ fn a_default_root_made_ahead_is_never_stale() {
     if !privileged("daemon_host_ahead") {
         return;
     }
-    /// Appends a comment line to the host's /etc/hosts; puts the file back when dropped.
+    /// Appends a comment line to the host's /etc/nsswitch.conf; puts the file back when dropped.
     struct Marked(Vec<u8>);
     impl Drop for Marked {
         fn drop(&mut self) {
-            let _ = std::fs::write("/etc/hosts", &self.0);
+            let _ = std::fs::write("/etc/nsswitch.conf", &self.0);
         }
     }
     let dir = Scratch::new("daemon-host-ahead");
     let d = Daemon::start(&dir, config(json!({})));
     let marker = format!("# chio test marker {}", std::process::id());
-    let hosts = || text(&d.run(None, &["--", "/bin/cat", "/etc/hosts"], None).stdout);
-    assert_eq!(hosts(), std::fs::read_to_string("/etc/hosts").unwrap(), "the cage's /etc/hosts is the host's");
+    let copied = || text(&d.run(None, &["--", "/bin/cat", "/etc/nsswitch.conf"], None).stdout);
+    assert_eq!(
+        copied(),
+        std::fs::read_to_string("/etc/nsswitch.conf").unwrap(),
+        "the cage's /etc/nsswitch.conf is the host's"
+    );
     for _ in 0..2 {
         d.spare_prepared();
         // The spare makes the root after its cgroup: give it time to finish.
         std::thread::sleep(Duration::from_millis(500));
-        let original = std::fs::read("/etc/hosts").unwrap();
+        let original = std::fs::read("/etc/nsswitch.conf").unwrap();
         let _restore = Marked(original.clone());
-        std::fs::write("/etc/hosts", [&original[..], format!("{marker}\n").as_bytes()].concat()).unwrap();
-        assert!(hosts().ends_with(&format!("{marker}\n")), "the launch saw a copy made before the change");
+        std::fs::write("/etc/nsswitch.conf", [&original[..], format!("{marker}\n").as_bytes()].concat()).unwrap();
+        assert!(copied().ends_with(&format!("{marker}\n")), "the launch saw a copy made before the change");
     }
-    assert!(!std::fs::read_to_string("/etc/hosts").unwrap().contains(&marker));
+    assert!(!std::fs::read_to_string("/etc/nsswitch.conf").unwrap().contains(&marker));
 }
 
 /// The spare makes ahead the root the last launch had (here an image directory: the skeleton,

@@ -444,6 +444,19 @@ fn tcp_bind_is_refused_by_landlock() {
     assert_escaped("tcp bind", host_as(Nobody, &e.probe, &["tcp-bind", "127.0.0.1:0"]));
 }
 
+/// Landlock's bind denial means no listener: a TCP socket that listens without ever binding
+/// (the kernel would pick it a port itself) is refused, with loopback up or not. Control: as the
+/// cage's uid on the host, it listens.
+#[test]
+fn a_tcp_listener_without_a_bind_is_refused() {
+    let Some(e) = env("tcp_listen_autobind") else { return };
+    for net in ["loopback", "none"] {
+        let run = e.caged(&["--net", net], &["tcp-listen"]);
+        assert_eq!(run.assert_refused("listen without bind"), libc::EADDRINUSE, "--net {net}");
+    }
+    assert_escaped("listen without bind", host_as(Nobody, &e.probe, &["tcp-listen"]));
+}
+
 #[test]
 fn abstract_unix_socket_on_host_is_unreachable() {
     let Some(e) = env("abstract") else { return };

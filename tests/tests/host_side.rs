@@ -566,6 +566,45 @@ fn host_wide_pools_cannot_be_drained() {
     assert_escaped("sigqueue as nobody", host(&e.probe, &["as-user", "65534", p, "sigqueue", "2000"]));
 }
 
+// ---- what the cage's own files say of the host ---------------------------------------------------
+
+/// The default root's `/etc/hosts` is the cage's own: loopback and its hostname (`chio`),
+/// nothing of the host's name or addresses. Control: the host's file is not what the cage reads.
+#[test]
+fn the_cages_hosts_file_names_the_cage_not_the_host() {
+    let Some(e) = env("etc_hosts") else { return };
+    let run = chio_tests::cage(&e.chio, &[], &["/bin/cat", "/etc/hosts"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(run.stdout, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tchio\n");
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert!(!run.stdout.contains(host_name.trim()) || host_name.trim() == "chio", "{}", run.stdout);
+    assert_ne!(std::fs::read_to_string("/etc/hosts").unwrap(), run.stdout, "control: the host's file differs");
+}
+
+// ---- the host's page cache and writeback ------------------------------------------------------
+
+/// A cage cannot evict or probe the page cache of files it shares with the host (its image, the
+/// default root): fadvise DONTNEED and NOREUSE and readahead are refused, and mincore is ENOSYS
+/// (a flush-and-reload side channel on what the host reads). Controls: as the cage's uid on the
+/// host, each works on the same file. What programs need still works: fadvise WILLNEED, and
+/// sync and syncfs answer 0 (without running: the filter's table test checks that).
+#[test]
+fn the_host_page_cache_is_neither_evicted_nor_probed() {
+    let Some(e) = env("page_cache") else { return };
+    let p = e.probe.to_str().unwrap();
+    for advice in ["4", "5"] {
+        e.pair_as("fadvise", &["fadvise", "/probe", advice], libc::EPERM, Nobody, &["fadvise", p, advice]);
+    }
+    e.pair_as("readahead", &["readahead", "/probe"], libc::EPERM, Nobody, &["readahead", p]);
+    e.pair_as("mincore", &["mincore", "/probe"], libc::ENOSYS, Nobody, &["mincore", p]);
+    for args in [&["fadvise", "/probe", "3"][..], &["sync"][..]] {
+        let run = e.caged(&[], args);
+        assert!(run.stdout.starts_with("ESCAPED"), "{args:?} still works: {} {}", run.stdout, run.stderr);
+    }
+    let refuses = e.caged(&[], &["sync"]).record["reported"]["seccomp_refuses"].to_string();
+    assert!(refuses.contains("mincore") && refuses.contains("sync and syncfs"), "the record says so: {refuses}");
+}
+
 // ---- sockets and processes outside the rules ---------------------------------------------------
 
 #[test]

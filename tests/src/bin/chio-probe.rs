@@ -79,6 +79,7 @@ fn main() {
         "socket" => socket(arg(rest, 0)),
         "tcp-connect" => tcp_connect(arg(rest, 0)),
         "tcp-bind" => tcp_bind(arg(rest, 0)),
+        "tcp-listen" => tcp_listen(),
         "abstract-connect" => abstract_connect(arg(rest, 0)),
         "kill" => kill(arg(rest, 0)),
         "as-user" => as_user(rest),
@@ -118,6 +119,10 @@ fn main() {
         "socket-raw" => socket_raw(arg(rest, 0), arg(rest, 1), arg(rest, 2)),
         "prlimit" => prlimit(arg(rest, 0)),
         "fallocate-keep" => fallocate_keep(arg(rest, 0), arg(rest, 1)),
+        "fadvise" => fadvise(arg(rest, 0), arg(rest, 1)),
+        "readahead" => readahead(arg(rest, 0)),
+        "mincore" => mincore(arg(rest, 0)),
+        "sync" => sync_all(),
         "read-stdin" => read_stdin(),
         "stdin-tty" => stdin_tty(),
         "swap-then-read" => swap_then_read(arg(rest, 0), arg(rest, 1), arg(rest, 2)),
@@ -535,6 +540,23 @@ fn tcp_bind(addr: &str) -> ! {
     }
 }
 
+/// listen() on a TCP socket never bound: the kernel binds it to an ephemeral port itself
+/// (autobind). Escaping means a listener came of it.
+fn tcp_listen() -> ! {
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+    if s < 0 {
+        refused("socket", errno())
+    }
+    let r = unsafe { libc::listen(s, 1) };
+    if r != 0 {
+        refused("listen without bind", errno())
+    }
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    unsafe { libc::getsockname(s, (&mut addr as *mut libc::sockaddr_in).cast(), &mut len) };
+    escaped(&format!("listening on port {} without bind", u16::from_be(addr.sin_port)))
+}
+
 fn abstract_connect(name: &str) -> ! {
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -939,6 +961,54 @@ fn fallocate_keep(path: &str, mib: &str) -> ! {
     let f = std::fs::File::create(path).unwrap_or_else(|e| error(&format!("create {path}: {e}")));
     let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), libc::FALLOC_FL_KEEP_SIZE, 0, mib << 20) };
     verdict(&format!("fallocate(KEEP_SIZE, {mib} MiB) of {path}"), r as libc::c_long)
+}
+
+/// Open `path` for reading (or end the probe with an error).
+fn open_read(path: &str) -> std::fs::File {
+    std::fs::File::open(path).unwrap_or_else(|e| error(&format!("open {path}: {e}")))
+}
+
+/// posix_fadvise(path, ADVICE) over the whole file; escaping means the advice was taken
+/// (DONTNEED and NOREUSE evict the file's cached pages, the host's too for a shared file).
+fn fadvise(path: &str, advice: &str) -> ! {
+    let advice: libc::c_long = advice.parse().unwrap_or_else(|_| error("fadvise PATH ADVICE"));
+    let f = open_read(path);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    verdict(&format!("fadvise({path}, {advice})"), unsafe { libc::syscall(libc::SYS_fadvise64, fd, 0, 0, advice) })
+}
+
+/// readahead of the first 64 KiB of `path`; escaping means it filled the page cache at will.
+fn readahead(path: &str) -> ! {
+    let f = open_read(path);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    verdict(&format!("readahead({path})"), unsafe { libc::syscall(libc::SYS_readahead, fd, 0, 65536) })
+}
+
+/// mincore over a shared mapping of `path`'s first page; escaping means the residency of a
+/// (possibly shared) file's pages could be read.
+fn mincore(path: &str) -> ! {
+    let f = open_read(path);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let mut vec = [0u8; 1];
+    let r = unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_SHARED, fd, 0);
+        if p == libc::MAP_FAILED {
+            error(&format!("mmap {path}"));
+        }
+        libc::syscall(libc::SYS_mincore, p, 4096, vec.as_mut_ptr())
+    };
+    verdict(&format!("mincore({path})"), r)
+}
+
+/// sync and syncfs: "escaping" here only means both answered 0, as programs expect.
+fn sync_all() -> ! {
+    let root = open_read("/");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&root);
+    let r = unsafe { libc::syscall(libc::SYS_sync) };
+    if r != 0 {
+        verdict("sync", r)
+    }
+    verdict("sync and syncfs", unsafe { libc::syscall(libc::SYS_syncfs, fd) })
 }
 
 /// Escaping means something could be read from stdin.
