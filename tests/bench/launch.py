@@ -12,7 +12,9 @@ interleaved in the same run so machine noise hits all three alike:
   - bwrap: bwrap --unshare-all --die-with-parent --new-session --ro-bind R / --proc /proc --dev /dev
            --tmpfs /tmp /true                   (installed with apt-get if missing)
   - bare:  R/true                               (the floor: fork+exec from this script)
-and prints medians and the chio/bwrap ratio. `--compare` times another chio binary (say, the
+and prints medians and the chio/bwrap ratio; then the same launch with the target on the image,
+in a workspace (hashed at the exec stop) and as a script in a workspace (run from a sealed copy).
+`--compare` times another chio binary (say, the
 release build of an earlier commit) the same way, interleaved, as `chio-other`, and prints
 the ratio of this build to it. The soak runs N launches two at a time and checks
 that no process, mount, cgroup or fd is left behind.
@@ -112,9 +114,47 @@ def main():
         v2env = {**os.environ, "CHIO_CGROUP_V2_ROOT": v2root}
         try:
             run_all(a, chio, bwrap, root, v2env)
+            run_shapes(a, chio, root, tmp)
         finally:
             os.rmdir(v2root)
             sh("umount", cg2)
+
+
+def run_shapes(a, chio, root, tmp):
+    """Where the target lives decides when it is hashed: on the image (root-owned, read-only in
+    the cage) before the exec, in a workspace at the exec stop; a script is copied into a sealed
+    memfd. Times each shape, interleaved, against --compare when given."""
+    ws = os.path.join(tmp, "ws")
+    os.makedirs(ws)
+    shutil.copy(os.path.join(root, "true"), os.path.join(ws, "true"))
+    with open(os.path.join(ws, "s.sh"), "w") as f:
+        f.write("#!/true\n" + "# a script of a few KiB\n" * 200)
+    for name in ("true", "s.sh"):
+        os.chmod(os.path.join(ws, name), 0o755)
+    os.chown(ws, 65534, 65534)
+    shapes = {
+        "image /true": ["--rootfs", root, "--", "/true"],
+        "workspace /true": ["--rootfs", root, "--workspace", ws, "--", "/workspace/true"],
+        "workspace script": ["--rootfs", root, "--workspace", ws, "--", "/workspace/s.sh"],
+    }
+    bins = {"chio": chio}
+    if a.compare:
+        bins["chio-other"] = a.compare
+    cmds = {(b, sh_): [path, "cage", "run", *args] for b, path in bins.items() for sh_, args in shapes.items()}
+    for cmd in cmds.values():
+        for _ in range(5):
+            timed(cmd)
+    samples = {k: [] for k in cmds}
+    for _ in range(a.runs):
+        for k, cmd in cmds.items():
+            samples[k].append(timed(cmd))
+    print(f"where the target lives, {a.runs} runs each, interleaved (median ms):")
+    for sh_ in shapes:
+        line = f"  {sh_:18s}" + "".join(f" {b} {statistics.median(samples[(b, sh_)]):6.2f}" for b in bins)
+        if a.compare:
+            ratio = statistics.median(samples[("chio", sh_)]) / statistics.median(samples[("chio-other", sh_)])
+            line += f"   ratio {ratio:.3f}"
+        print(line)
 
 
 def run_all(a, chio, bwrap, root, v2env):
