@@ -297,9 +297,11 @@ pub fn launch(
         );
     }
     // A one-shot launch never writes the store of a running daemon (one writer per store); a
-    // daemon's own launch processes (behind its gate) write it under the daemon's lock.
-    let _store_lock = match (&a.receipt_db, gate) {
-        (Some(db), None) => chio_supervisor::state_lock::share(db)?,
+    // daemon's own launch processes (which hold their client's streams) write it under the
+    // daemon's lock.
+    let one_shot = crate::daemon::said::client_outputs().is_none();
+    let _store_lock = match &a.receipt_db {
+        Some(db) if one_shot => chio_supervisor::state_lock::share(db)?,
         _ => None,
     };
     let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use chio_supervisor::repository::execute::{self, ExecRequest, Transition};
+use chio_supervisor::repository::git_source::ReadAs;
 use chio_supervisor::repository::workspace::{self, InitRequest, RepoError};
 use chio_supervisor::repository::{export, mcp, recover, status};
 use clap::Subcommand;
@@ -151,17 +152,20 @@ pub fn parse_args(args: &[std::ffi::OsString]) -> std::result::Result<Repository
 
 /// Run a `chio repository` command as the one-shot form does.
 pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
-    run_with(cmd, chio_cage::Ahead::default(), &mut None)
+    run_with(cmd, chio_cage::Ahead::default(), &mut None, None)
 }
 
 /// [`run`], with what a daemon's spare made `ahead` for an `execute`'s cage; an `execute` sets
 /// `root` to its cage's root when a root made ahead could serve the next one's.
+/// `read_as`: whose rights an `init` reads its source with (a daemon's client; None: this
+/// process's own).
 pub fn run_with(
     cmd: &RepositoryCommand,
     ahead: chio_cage::Ahead,
     root: &mut Option<chio_cage::RootKey>,
+    read_as: Option<ReadAs>,
 ) -> Result<i32> {
-    match dispatch(cmd, ahead, root) {
+    match dispatch(cmd, ahead, root, read_as) {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("chio: {e}");
@@ -187,6 +191,7 @@ fn dispatch(
     cmd: &RepositoryCommand,
     ahead: chio_cage::Ahead,
     root: &mut Option<chio_cage::RootKey>,
+    read_as: Option<ReadAs>,
 ) -> Result<i32, RepoError> {
     match cmd {
         RepositoryCommand::Init {
@@ -214,6 +219,7 @@ fn dispatch(
                 image: image.as_ref().map(|i| (crate::image_cmd::state_dir(image_store), i.clone())),
                 kernel_key,
                 server_id: server_id.clone(),
+                read_as,
             };
             let ws = workspace::init(&req)?;
             let s = status::status(&ws)?;

@@ -1196,6 +1196,133 @@ fn a_finished_request_is_answered_from_the_journal_after_a_restart() {
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran again");
 }
 
+/// The daemon reads a client's source with the client's rights. A repository-role client
+/// whose granted source leads, by a route of its own making, into a repository only root can
+/// read — `.git` a link to it, `objects` a link to its objects, a ref a link to its ref, or
+/// `objects/info/alternates` naming its objects — imports nothing of it: each `init` is refused
+/// and no workspace holds the secret. Controls: each route does reach the secret when read as
+/// root (git run as root shows it), and an ordinary source of the client's inits through the
+/// daemon.
+#[test]
+fn a_client_imports_no_repository_only_root_can_read() {
+    if !privileged("daemon_source_as_client") {
+        return;
+    }
+    use chio_tests::git;
+    let dir = Scratch::new("daemon-source-as-client");
+    let client = 65532u32;
+    // The secret: a repository in a directory only root may enter.
+    let secret = dir.join("secret");
+    std::fs::create_dir_all(secret.join("repo/package")).unwrap();
+    std::fs::write(secret.join("repo/package/secret.txt"), "TOP SECRET\n").unwrap();
+    git(&secret.join("repo"), &["init", "-q"]);
+    git(&secret.join("repo"), &["add", "-A"]);
+    git(&secret.join("repo"), &["commit", "-qm", "secret"]);
+    let secret_commit = git(&secret.join("repo"), &["rev-parse", "HEAD"]);
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret_git = secret.join("repo/.git");
+    // The client's own repository, with a commit of its own.
+    let own = |name: &str| -> PathBuf {
+        let r = dir.join(name);
+        std::fs::create_dir_all(r.join("package")).unwrap();
+        std::fs::write(r.join("package/mine.txt"), "mine\n").unwrap();
+        git(&r, &["init", "-q"]);
+        git(&r, &["add", "-A"]);
+        git(&r, &["commit", "-qm", "mine"]);
+        r
+    };
+    let dotgit = dir.join("src-dotgit");
+    std::fs::create_dir(&dotgit).unwrap();
+    std::os::unix::fs::symlink(&secret_git, dotgit.join(".git")).unwrap();
+    let objects = own("src-objects");
+    std::fs::remove_dir_all(objects.join(".git/objects")).unwrap();
+    std::os::unix::fs::symlink(secret_git.join("objects"), objects.join(".git/objects")).unwrap();
+    std::fs::write(objects.join(".git/refs/heads/main"), format!("{secret_commit}\n")).unwrap();
+    let reflink = own("src-reflink");
+    std::fs::remove_file(reflink.join(".git/refs/heads/main")).unwrap();
+    std::os::unix::fs::symlink(secret_git.join("refs/heads/main"), reflink.join(".git/refs/heads/main")).unwrap();
+    let alternates = own("src-alternates");
+    std::fs::write(
+        alternates.join(".git/objects/info/alternates"),
+        format!("{}\n", secret_git.join("objects").display()),
+    )
+    .unwrap();
+    std::fs::write(alternates.join(".git/refs/heads/main"), format!("{secret_commit}\n")).unwrap();
+    // The source itself swapped for a link into root's repository: a grant names the source by
+    // path, and every check of its layout passes there.
+    let swapped = dir.join("src-swapped");
+    std::os::unix::fs::symlink(secret.join("repo"), &swapped).unwrap();
+    let ordinary = own("src-ordinary");
+    for r in [&dotgit, &objects, &reflink, &alternates, &swapped, &ordinary] {
+        let chown = Command::new("chown").args(["-hR", &format!("{client}:{client}")]).arg(r).status().unwrap();
+        assert!(chown.success());
+    }
+    // Control: each route reaches the secret for root.
+    for r in [&dotgit, &objects, &alternates, &swapped] {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(r)
+            .args([
+                "-c",
+                &format!("safe.directory={}", r.display()),
+                "show",
+                &format!("{secret_commit}:package/secret.txt"),
+            ])
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .unwrap();
+        assert_eq!(
+            text(&out.stdout),
+            "TOP SECRET\n",
+            "control: {} reaches the secret as root: {}",
+            r.display(),
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(reflink.join(".git/refs/heads/main")).unwrap().trim(), secret_commit);
+    assert!(Command::new(chio()).args(["keys", "generate", "--out", s(&dir.join("key"))]).status().unwrap().success());
+    let routes = [
+        ("dotgit", &dotgit),
+        ("objects", &objects),
+        ("reflink", &reflink),
+        ("alternates", &alternates),
+        ("swapped", &swapped),
+        ("ordinary", &ordinary),
+    ];
+    let grants: Vec<Value> = routes
+        .iter()
+        .map(|(n, r)| json!({"uid": client, "state": dir.join(&format!("ws-{n}")), "sources": [r]}))
+        .collect();
+    let conf = json!({"clients": [{"uid": client, "role": "repository"}], "kernel_key": dir.join("key/signing.seed"),
+                      "workspaces": grants});
+    let d = Daemon::start(&dir, config(conf));
+    for (name, repo) in routes {
+        let state = dir.join(&format!("ws-{name}"));
+        let out = Command::new(chio())
+            .args(["repository", "--supervisor", s(&d.socket), "init", "--state", s(&state), "--repository", s(repo)])
+            .args(["--revision", "main", "--source-path", "package"])
+            .uid(client)
+            .gid(client)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let held_secret = Command::new("grep")
+            .args(["-rq", "TOP SECRET"])
+            .arg(&state)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(!held_secret, "{name}: the workspace holds the secret");
+        if name == "ordinary" {
+            assert!(out.status.success(), "control: an ordinary source inits: {}", text(&out.stderr));
+        } else {
+            assert!(!out.status.success(), "{name}: a route into root's repository was imported");
+            eprintln!("{name}: {}", text(&out.stderr).trim());
+        }
+    }
+}
+
 fn is_sh(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| matches!(c.trim_end(), "sleep" | "sh" | "dash"))
 }

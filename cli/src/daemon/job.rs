@@ -17,6 +17,7 @@ use super::config::{Role, WorkspaceGrant};
 use super::wire::Request;
 use crate::cage_cmd::{self, RunArgs};
 use crate::repository_cmd::RepositoryCommand;
+use chio_supervisor::repository::git_source::ReadAs;
 
 /// What the daemon hands the launcher for one launch.
 #[derive(Debug, Serialize, Deserialize)]
@@ -193,10 +194,14 @@ fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> Answered {
                 RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
                     exported_as_client(job, state, out)
                 }
-                _ => crate::repository_cmd::run_with(&cmd, ahead, &mut root).unwrap_or_else(|e| {
-                    eprintln!("chio: {e:#}");
-                    1
-                }),
+                // A source is read with the client's rights, never the daemon's.
+                _ => {
+                    crate::repository_cmd::run_with(&cmd, ahead, &mut root, Some(ReadAs { uid: job.uid, gid: job.gid }))
+                        .unwrap_or_else(|e| {
+                            eprintln!("chio: {e:#}");
+                            1
+                        })
+                }
             }
         }
         Err(e) => {

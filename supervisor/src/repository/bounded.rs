@@ -81,6 +81,12 @@ pub(crate) fn read_small(path: &Path, max: u64) -> io::Result<String> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display())))
 }
 
+/// [`read_small`], never through a link at `path`'s last component (ELOOP).
+pub(crate) fn read_small_nofollow(path: &Path, max: u64) -> io::Result<String> {
+    String::from_utf8(read_regular(path, max, libc::O_NOFOLLOW)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display())))
+}
+
 /// The bytes of the regular file at `path`, at most `max` of them: the file is opened without
 /// waiting (`O_NONBLOCK`: a FIFO is refused, not waited on), with `flags` besides (`O_NOFOLLOW`
 /// for a file a cage wrote), and checked on the descriptor read, so a file swapped after a check

@@ -3,10 +3,19 @@
 //! objects are read through a fresh, empty repository whose only link to the source is an
 //! `alternates` entry, and refs are read as files here — so no filter, hook, fsmonitor, replace
 //! ref or promisor remote of the (hostile) source can run, and the source is never written.
+//!
+//! A daemon reads a client's source with the client's rights ([`ReadAs`]): its own reads take
+//! the client's file system ids, and git runs as the client, in a scratch directory of the
+//! client's. A link, a `.git` file or an alternates entry the client plants then leads to
+//! nothing the client could not read itself. Whoever reads: `.git` and `objects` must be real
+//! directories, refs are never read through a link, and a source that borrows objects from
+//! another repository (`objects/info/alternates`, `http-alternates`) is refused.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use nix::unistd::{Gid, Uid};
 
 use super::bounded::{self, Watchdog};
 use super::snapshot::{self, Ceilings, Index, Node, Objects, SnapshotError};
@@ -87,8 +96,58 @@ pub fn is_parent_of_scope(paths: &[String], path: &str) -> bool {
     paths.iter().any(|p| p.strip_prefix(path).is_some_and(|r| r.starts_with('/')))
 }
 
+/// Whose file system rights a source is read with: a client of the daemon (its uid, and its
+/// gid as the only group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadAs {
+    /// The client's uid.
+    pub uid: u32,
+    /// The client's primary gid.
+    pub gid: u32,
+}
+
+/// This thread's file system ids as a client's while it lives (root's again when dropped). The
+/// groups are set for the process: only a single-threaded process (a daemon's launch child) may
+/// take one.
+struct AsClient {
+    restore: Option<Vec<Gid>>,
+}
+
+impl AsClient {
+    fn take(who: Option<ReadAs>) -> Result<AsClient, SourceError> {
+        let Some(r) = who else { return Ok(AsClient { restore: None }) };
+        let groups = nix::unistd::getgroups().map_err(std::io::Error::from)?;
+        let guard = AsClient { restore: Some(groups) };
+        nix::unistd::setgroups(&[Gid::from_raw(r.gid)]).map_err(std::io::Error::from)?;
+        nix::unistd::setfsgid(Gid::from_raw(r.gid));
+        nix::unistd::setfsuid(Uid::from_raw(r.uid));
+        // setfsuid answers with the previous id whether or not it changed: read it back.
+        if nix::unistd::setfsuid(Uid::from_raw(r.uid)) != Uid::from_raw(r.uid)
+            || nix::unistd::setfsgid(Gid::from_raw(r.gid)) != Gid::from_raw(r.gid)
+        {
+            return Err(refused(format!("could not take uid {} gid {}'s file system ids", r.uid, r.gid)));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for AsClient {
+    fn drop(&mut self) {
+        if let Some(groups) = self.restore.take() {
+            nix::unistd::setfsuid(Uid::from_raw(0));
+            nix::unistd::setfsgid(Gid::from_raw(0));
+            let _ = nix::unistd::setgroups(&groups);
+        }
+    }
+}
+
 /// A git command that reads nothing of the caller's or the host's configuration.
 pub(crate) fn git(git_dir: &Path) -> Command {
+    git_as(git_dir, None)
+}
+
+/// [`git`], run as `who` when given (its uid, and its gid as the only group).
+fn git_as(git_dir: &Path, who: Option<ReadAs>) -> Command {
     let mut c = Command::new("git");
     c.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -114,7 +173,25 @@ pub(crate) fn git(git_dir: &Path) -> Command {
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
         });
     }
+    run_as(&mut c, who);
     c
+}
+
+/// Run `c` as `who` when given: its uid, and its gid as the only group (an exec resets the file
+/// system ids to the effective ones, so a child must take the client's ids for real).
+fn run_as(c: &mut Command, who: Option<ReadAs>) {
+    let Some(r) = who else { return };
+    let (uid, gid) = (Uid::from_raw(r.uid), Gid::from_raw(r.gid));
+    // SAFETY: between fork and exec only setgroups, setresgid and setresuid: plain syscalls in
+    // the single-threaded child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(c, move || {
+            nix::unistd::setgroups(&[gid])?;
+            nix::unistd::setresgid(gid, gid, gid)?;
+            nix::unistd::setresuid(uid, uid, uid)?;
+            Ok(())
+        });
+    }
 }
 
 /// Run git to its end (or its deadline: [`super::bounded`]) and take its output.
@@ -155,16 +232,45 @@ struct SourceDirs {
 fn source_dirs(repo: &Path) -> Result<SourceDirs, SourceError> {
     let repo = std::fs::canonicalize(repo).map_err(|e| refused(format!("repository {}: {e}", repo.display())))?;
     let dot = repo.join(".git");
-    if dot.is_dir() {
-        return Ok(SourceDirs { git_dir: dot.clone(), common: dot });
+    let d = match std::fs::symlink_metadata(&dot) {
+        Ok(m) if m.is_symlink() => {
+            return Err(refused(format!(
+                "{}: .git is a link; give --repository the repository it names itself",
+                repo.display()
+            )))
+        }
+        Ok(m) if m.is_dir() => SourceDirs { git_dir: dot.clone(), common: dot },
+        Ok(m) if m.is_file() => linked_worktree(&repo, &dot)?,
+        _ if repo.join("HEAD").is_file() => SourceDirs { git_dir: repo.clone(), common: repo.clone() },
+        _ => return Err(refused(format!("{} is not a git repository", repo.display()))),
+    };
+    own_objects(&d)?;
+    Ok(d)
+}
+
+/// The source's objects are its own: `objects` a real directory (not a link), and no
+/// alternates borrowing another repository's.
+fn own_objects(d: &SourceDirs) -> Result<(), SourceError> {
+    let objects = d.common.join("objects");
+    match std::fs::symlink_metadata(&objects) {
+        Ok(m) if m.is_dir() => {}
+        Ok(m) if m.is_symlink() => {
+            return Err(refused(format!("{}: objects is a link to another directory", d.common.display())))
+        }
+        _ => return Err(refused(format!("{} has no objects directory", d.common.display()))),
     }
-    if dot.is_file() {
-        return linked_worktree(&repo, &dot);
+    for name in ["alternates", "http-alternates"] {
+        let p = objects.join("info").join(name);
+        if std::fs::symlink_metadata(&p).is_ok() {
+            return Err(refused(format!(
+                "{} borrows objects from another repository ({}): give a repository holding its own objects \
+                 (git repack -a -d, then remove that file)",
+                d.common.display(),
+                p.display()
+            )));
+        }
     }
-    if repo.join("objects").is_dir() && repo.join("HEAD").is_file() {
-        return Ok(SourceDirs { git_dir: repo.clone(), common: repo });
-    }
-    Err(refused(format!("{} is not a git repository", repo.display())))
+    Ok(())
 }
 
 /// A checkout whose `.git` is a file naming its git directory: accepted only as a linked worktree
@@ -201,22 +307,38 @@ fn plausible_ref(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
 }
 
-/// Read a ref as git's files backend stores it: loose file first, then packed-refs.
-fn read_ref(d: &SourceDirs, name: &str, depth: u32) -> Option<String> {
+/// Read a ref as git's files backend stores it: loose file first, then packed-refs; never
+/// through a link (a ref that is one is refused).
+fn read_ref(d: &SourceDirs, name: &str, depth: u32) -> Result<Option<String>, SourceError> {
     if depth > 5 || !plausible_ref(name) {
-        return None;
+        return Ok(None);
     }
     let base = if name.starts_with("refs/") { &d.common } else { &d.git_dir };
-    let value = match bounded::read_small(&base.join(name), SMALL_FILE) {
+    let value = match bounded::read_small_nofollow(&base.join(name), SMALL_FILE) {
         Ok(v) => v.trim().to_string(),
-        Err(_) => bounded::read_small(&d.common.join("packed-refs"), PACKED_REFS).ok()?.lines().find_map(|l| {
-            let (oid, r) = l.split_once(' ')?;
-            (r == name && !l.starts_with('#') && !l.starts_with('^')).then(|| oid.to_string())
-        })?,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(refused(format!(
+                "{}: the ref {name} is a link; refs are never read through links",
+                d.common.display()
+            )))
+        }
+        Err(_) => {
+            let packed = bounded::read_small_nofollow(&d.common.join("packed-refs"), PACKED_REFS).ok();
+            let found = packed.as_deref().and_then(|p| {
+                p.lines().find_map(|l| {
+                    let (oid, r) = l.split_once(' ')?;
+                    (r == name && !l.starts_with('#') && !l.starts_with('^')).then(|| oid.to_string())
+                })
+            });
+            match found {
+                Some(oid) => oid,
+                None => return Ok(None),
+            }
+        }
     };
     match value.strip_prefix("ref: ") {
         Some(target) => read_ref(d, target.trim(), depth + 1),
-        None => Some(value),
+        None => Ok(Some(value)),
     }
 }
 
@@ -231,10 +353,10 @@ fn ref_candidates(rev: &str) -> Vec<String> {
 }
 
 /// A fresh, empty bare repository in `scratch` reading the source's objects through
-/// `alternates`.
-fn fresh_reader(d: &SourceDirs, scratch: &Path) -> Result<PathBuf, SourceError> {
+/// `alternates` (made by `who` when given).
+fn fresh_reader(d: &SourceDirs, scratch: &Path, who: Option<ReadAs>) -> Result<PathBuf, SourceError> {
     let dir = scratch.join("reader.git");
-    init_bare(&dir)?;
+    init_bare_as(&dir, who)?;
     let objects = std::fs::canonicalize(d.common.join("objects"))?;
     std::fs::create_dir_all(dir.join("objects/info"))?;
     std::fs::write(dir.join("objects/info/alternates"), format!("{}\n", objects.display()))?;
@@ -243,7 +365,12 @@ fn fresh_reader(d: &SourceDirs, scratch: &Path) -> Result<PathBuf, SourceError> 
 
 /// A new, empty bare repository at `dir` (no templates, no configuration read).
 pub(crate) fn init_bare(dir: &Path) -> Result<(), SourceError> {
+    init_bare_as(dir, None)
+}
+
+fn init_bare_as(dir: &Path, who: Option<ReadAs>) -> Result<(), SourceError> {
     let mut init = Command::new("git");
+    run_as(&mut init, who);
     init.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", "/nonexistent")
@@ -257,12 +384,18 @@ pub(crate) fn init_bare(dir: &Path) -> Result<(), SourceError> {
 }
 
 /// The full commit id `rev` names in the source.
-fn resolve_commit(d: &SourceDirs, reader: &Path, rev: &str) -> Result<String, SourceError> {
+fn resolve_commit(d: &SourceDirs, reader: &Path, who: Option<ReadAs>, rev: &str) -> Result<String, SourceError> {
     if rev.is_empty() || rev.starts_with('-') || rev.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(refused(format!("revision {rev:?} is not a ref name or commit id")));
     }
-    let oid = ref_candidates(rev).iter().find_map(|r| read_ref(d, r, 0)).unwrap_or_else(|| rev.to_string());
-    let mut c = git(reader);
+    let mut oid = rev.to_string();
+    for r in ref_candidates(rev) {
+        if let Some(found) = read_ref(d, &r, 0)? {
+            oid = found;
+            break;
+        }
+    }
+    let mut c = git_as(reader, who);
     c.args(["rev-parse", "--verify", "--quiet", "--end-of-options"]).arg(format!("{oid}^{{commit}}"));
     let out = run(c, &format!("revision {rev:?}"))?;
     let commit = String::from_utf8_lossy(&out).trim().to_string();
@@ -280,8 +413,8 @@ struct Listed {
     size: u64,
 }
 
-fn list_tree(reader: &Path, commit: &str, paths: &[String]) -> Result<Vec<Listed>, SourceError> {
-    let mut c = git(reader);
+fn list_tree(reader: &Path, who: Option<ReadAs>, commit: &str, paths: &[String]) -> Result<Vec<Listed>, SourceError> {
+    let mut c = git_as(reader, who);
     c.args(["ls-tree", "-r", "-t", "-z", "-l", "--full-tree", commit, "--"]).args(paths);
     let out = run(c, "listing the commit's tree")?;
     let mut v = Vec::new();
@@ -303,13 +436,14 @@ fn list_tree(reader: &Path, commit: &str, paths: &[String]) -> Result<Vec<Listed
 /// Read the listed blobs through one `cat-file --batch`.
 fn read_blobs(
     reader: &Path,
+    who: Option<ReadAs>,
     oids: &[String],
     mut each: impl FnMut(usize, Vec<u8>) -> Result<(), SourceError>,
 ) -> Result<(), SourceError> {
     if oids.is_empty() {
         return Ok(());
     }
-    let mut c = git(reader);
+    let mut c = git_as(reader, who);
     c.args(["cat-file", "--batch"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
     let (mut child, watchdog) = spawn_watched(&mut c)?;
     let mut stdin = child.stdin.take().ok_or_else(|| refused("git cat-file has no stdin"))?;
@@ -356,11 +490,35 @@ pub fn import(
     c: &Ceilings,
     scratch: &Path,
 ) -> Result<(String, Index), SourceError> {
+    import_as(repo, rev, paths, objects, c, scratch, None)
+}
+
+/// [`import`], the source read with `who`'s rights when given (see [`ReadAs`]): the source's
+/// files are read with its file system ids, and git runs as it in a scratch directory of its
+/// own under the system's temporary directory (`scratch`, root's, is not the client's to enter).
+pub fn import_as(
+    repo: &Path,
+    rev: &str,
+    paths: &[String],
+    objects: &Objects,
+    c: &Ceilings,
+    scratch: &Path,
+    who: Option<ReadAs>,
+) -> Result<(String, Index), SourceError> {
     check_source_paths(paths)?;
-    let d = source_dirs(repo)?;
-    let reader = fresh_reader(&d, scratch)?;
-    let commit = resolve_commit(&d, &reader, rev)?;
-    let listed = list_tree(&reader, &commit, paths)?;
+    let client_scratch = who.map(ClientScratch::new).transpose()?;
+    let scratch = client_scratch.as_ref().map_or(scratch, |s| s.0.as_path());
+    let (d, reader) = {
+        let _as_client = AsClient::take(who)?;
+        let d = source_dirs(repo)?;
+        let reader = fresh_reader(&d, scratch, who)?;
+        (d, reader)
+    };
+    let commit = {
+        let _as_client = AsClient::take(who)?;
+        resolve_commit(&d, &reader, who, rev)?
+    };
+    let listed = list_tree(&reader, who, &commit, paths)?;
     let mut index = Index::new();
     let mut blobs: Vec<(String, String, bool)> = Vec::new();
     let mut total = 0u64;
@@ -398,7 +556,7 @@ pub fn import(
         }
     }
     let oids: Vec<String> = blobs.iter().map(|b| b.1.clone()).collect();
-    read_blobs(&reader, &oids, |i, bytes| {
+    read_blobs(&reader, who, &oids, |i, bytes| {
         let (path, _, link) = &blobs[i];
         let node = if *link {
             let target = String::from_utf8(bytes)
@@ -418,6 +576,27 @@ pub fn import(
     })?;
     snapshot::check_index(&index, c)?;
     Ok((commit, index))
+}
+
+/// A scratch directory of a client's (mode 0700, its owner), removed when dropped.
+struct ClientScratch(PathBuf);
+
+impl ClientScratch {
+    fn new(who: ReadAs) -> Result<ClientScratch, SourceError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!("chio-source-{}-{}-{nanos}", who.uid, std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        let scratch = ClientScratch(dir);
+        std::os::unix::fs::lchown(&scratch.0, Some(who.uid), Some(who.gid))?;
+        Ok(scratch)
+    }
+}
+
+impl Drop for ClientScratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]

@@ -211,6 +211,8 @@ pub struct InitRequest {
     pub kernel_key: PathBuf,
     /// Server id recorded in the configuration.
     pub server_id: Option<String>,
+    /// Whose rights the source is read with (a daemon's client; None: this process's own).
+    pub read_as: Option<git_source::ReadAs>,
 }
 
 /// An open workspace, locked for one operation.
@@ -341,7 +343,8 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     let ceilings = Ceilings::default();
     let scratch = dir.join("tmp").join("import");
     fs::create_dir(&scratch)?;
-    let imported = git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &ceilings, &scratch);
+    let imported =
+        git_source::import_as(&r.repository, &r.revision, &r.source_paths, &objects, &ceilings, &scratch, r.read_as);
     fs::remove_dir_all(&scratch)?;
     let (commit, index) = imported?;
     check_scratch_paths(&r.scratch_paths, &r.source_paths, &index)?;

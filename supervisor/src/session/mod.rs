@@ -149,6 +149,7 @@ fn init_in(state: &Path, r: &InitRequest, config: SessionConfig, task: String) -
         image: config.image.as_ref().map(|i| (r.image_store.clone(), i.clone())),
         kernel_key: r.kernel_key.clone(),
         server_id: None,
+        read_as: None,
     })?;
     let worker_image = match &config.worker.image {
         Some(reference) => Some(image_id(&r.image_store, reference)?),
