@@ -77,6 +77,10 @@ pub enum SessionCommand {
         /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
+        /// Send again a model call whose outcome is unknown (sent before a run stopped, never
+        /// answered: the provider may have done and billed it). Recorded in the call journal.
+        #[arg(long)]
+        resend_unknown: bool,
     },
     /// Where the session stands.
     Status {
@@ -108,6 +112,9 @@ pub enum SessionCommand {
         /// The session's state directory.
         #[arg(long, value_name = "DIR")]
         state: PathBuf,
+        /// Send again a call whose outcome is unknown (from `run --resend-unknown`).
+        #[arg(long)]
+        resend_unknown: bool,
     },
     /// (Internal to `run`.) The repository leg's socket server.
     #[command(hide = true)]
@@ -174,9 +181,9 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             println!("session {} prepared: the authorization is admitted", s.request.session_id);
             Ok(0)
         }
-        SessionCommand::Run { state, json } => {
+        SessionCommand::Run { state, json, resend_unknown } => {
             crate::repository_cmd::require_root("session run")?;
-            let outcome = run::run(state)?;
+            let outcome = run::run(state, *resend_unknown)?;
             if *json {
                 print_json(&outcome)?;
             } else {
@@ -214,10 +221,10 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             print_json(&r)?;
             Ok(0)
         }
-        SessionCommand::Gateway { state } => {
+        SessionCommand::Gateway { state, resend_unknown } => {
             let s = session::open(state)?;
             let credential = std::env::var(&s.config.model.credential_env).unwrap_or_default();
-            gateway::serve(&s, credential)?;
+            gateway::serve(&s, credential, *resend_unknown)?;
             Ok(0)
         }
         SessionCommand::Leg { state } => {

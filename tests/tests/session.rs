@@ -406,8 +406,10 @@ fn session_state(state: &Path) -> (String, u64) {
 }
 
 /// A run killed while the model is thinking: nothing of it is left running; it must be
-/// recovered before anything else; the next run gets the journaled answers and the retained
-/// command results again (no new model call, no new launch for them) and finishes the task.
+/// recovered before anything else; the call that was at the provider is never sent again
+/// unasked (the next run stops naming it); with `--resend-unknown` the run gets the journaled
+/// answers and the retained command results again (no new model call, no new launch for them),
+/// sends that one call again, recorded, and finishes the task.
 #[test]
 fn a_killed_run_recovers_and_replays_without_new_model_work() {
     if !privileged("session_crash") {
@@ -448,14 +450,32 @@ fn a_killed_run_recovers_and_replays_without_new_model_work() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("session recover"));
     assert!(chio(&["session", "recover", "--state", s(&state)], &[]).status.success());
     let (_, receipts) = session_state(&state);
+    // Step 2 was at the provider at the kill, never answered: its outcome is unknown (it may
+    // have been done and billed), so the next run stops naming it and sends nothing.
+    let status: Value =
+        serde_json::from_slice(&chio(&["session", "status", "--state", s(&state), "--json"], &[]).stdout).unwrap();
+    assert_eq!(status["model_call_outcome_unknown"], 2, "{status}");
+    let stopped = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    let said = String::from_utf8_lossy(&stopped.stderr);
+    assert!(
+        !stopped.status.success() && said.contains("model call 2") && said.contains("outcome is unknown"),
+        "{said}"
+    );
+    assert!(said.contains("--resend-unknown"), "the refusal says how to go on: {said}");
+    assert_eq!(steps(&provider.seen), vec![0, 1, 2], "the call of unknown outcome was sent again");
+    assert_eq!(session_state(&state).0, "prepared", "resumable");
 
-    let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    // The operator's choice, recorded: the call is sent again and the run finishes.
+    let out = chio(
+        &["session", "run", "--state", s(&state), "--json", "--resend-unknown"],
+        &[("CHIO_TEST_PROVIDER_KEY", SECRET)],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["submitted"], true, "{outcome}");
-    // Steps 0 and 1 came from the journal; 2 was in flight at the kill (never answered), so it
-    // is asked again.
+    // Steps 0 and 1 came from the journal; 2 was sent again on the operator's word.
     assert_eq!(steps(&provider.seen), vec![0, 1, 2, 2, 3]);
+    assert!(state.join("model-calls/000002.resent").exists(), "the resend is recorded");
     // Commands 0 and 1 replayed their retained results: only 2 and 3 launched (three receipts
     // each: enforcement, terminal, tool_call).
     let (st, after) = session_state(&state);

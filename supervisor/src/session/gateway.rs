@@ -6,6 +6,13 @@
 //! no new model call) — and only if the request is the one journaled, so a run that diverges is
 //! refused rather than silently given another run's answer. At most `step_limit` calls a session.
 //!
+//! A call is journaled before it is sent (`NNNNNN.sent`, durable), its answer after. A call
+//! sent and never answered — the run killed while the model was thinking, an answer lost on the
+//! way — has an unknown outcome: the provider may have done, and billed, the work. It is never
+//! sent again on its own: the run stops naming it, and only `chio session run --resend-unknown`
+//! sends it again, recorded beside it (`NNNNNN.resent`). A call the provider refused, or one that
+//! never reached it (no connection), is known not answered and may be asked again.
+//!
 //! The gateway never launches a cage, so it may use threads: one per connection, a few at once.
 
 use std::fs;
@@ -73,15 +80,64 @@ pub struct JournaledCall {
     pub response: String,
 }
 
+/// A call journaled before it was sent (`NNNNNN.sent`), or sent again after its outcome was
+/// unknown (`NNNNNN.resent`, which keeps the request that was unknown).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournaledSend {
+    /// Its place in the run (0-based).
+    pub ordinal: u64,
+    /// SHA-256 of the request body's canonical JSON.
+    pub request_sha256: String,
+}
+
 struct Journal {
     dir: PathBuf,
     next: u64,
     limit: u64,
+    /// Send again a call whose outcome is unknown (the operator's explicit, recorded choice).
+    resend_unknown: bool,
+}
+
+/// The first model call of the journal in `calls` that was sent and never answered: its outcome
+/// is unknown.
+pub fn unknown_call(calls: &std::path::Path) -> Result<Option<u64>, RepoError> {
+    let entries = match fs::read_dir(calls) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut unknown = None;
+    for e in entries {
+        let name = e?.file_name();
+        let Some(n) = name.to_str().and_then(|n| n.strip_suffix(".sent")).and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        if !calls.join(format!("{n:06}.json")).exists() {
+            unknown = Some(unknown.map_or(n, |u: u64| u.min(n)));
+        }
+    }
+    Ok(unknown)
 }
 
 impl Journal {
     fn path(&self, n: u64) -> PathBuf {
         self.dir.join(format!("{n:06}.json"))
+    }
+
+    fn sent_path(&self, n: u64) -> PathBuf {
+        self.dir.join(format!("{n:06}.sent"))
+    }
+
+    fn resent_path(&self, n: u64) -> PathBuf {
+        self.dir.join(format!("{n:06}.resent"))
+    }
+
+    /// A durable record of call `n` with `digest`, at `path`.
+    fn record(&self, path: &std::path::Path, n: u64, digest: &str) -> Result<(), RepoError> {
+        let entry = JournaledSend { ordinal: n, request_sha256: digest.to_string() };
+        let bytes = serde_json::to_vec(&entry).map_err(|e| RepoError::Failed(e.to_string()))?;
+        Ok(write_durably(path, &bytes)?)
     }
 
     fn load(&self, n: u64) -> Result<Option<JournaledCall>, RepoError> {
@@ -103,8 +159,9 @@ struct Provider {
     agent: ureq::Agent,
 }
 
-/// Serve until killed. Prints `ready` on stdout once the socket listens.
-pub fn serve(s: &Session, credential: String) -> Result<(), RepoError> {
+/// Serve until killed. Prints `ready` on stdout once the socket listens. `resend_unknown`: send
+/// again a call whose outcome is unknown (see the module's note).
+pub fn serve(s: &Session, credential: String, resend_unknown: bool) -> Result<(), RepoError> {
     s.check_authorized()?;
     let calls = s.calls_dir();
     fs::create_dir_all(&calls)?;
@@ -114,7 +171,8 @@ pub fn serve(s: &Session, credential: String) -> Result<(), RepoError> {
     // Only the worker's cage can reach this path (STATE is root's, 0700); the worker runs as an
     // unprivileged uid and must be able to connect.
     fs::set_permissions(&socket, fs::Permissions::from_mode(0o666))?;
-    let journal = Arc::new(Mutex::new(Journal { dir: calls, next: 0, limit: u64::from(s.config.agent.step_limit) }));
+    let limit = u64::from(s.config.agent.step_limit);
+    let journal = Arc::new(Mutex::new(Journal { dir: calls, next: 0, limit, resend_unknown }));
     let agent: ureq::Agent =
         ureq::Agent::config_builder().timeout_global(Some(PROVIDER_TIMEOUT)).http_status_as_error(false).build().into();
     let base = s.config.model.base_url.trim_end_matches('/');
@@ -247,6 +305,24 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     if n >= j.limit {
         return Ok((403, error_body(&format!("the session's step limit of {} model calls is reached", j.limit))));
     }
+    if j.sent_path(n).exists() {
+        if !j.resend_unknown {
+            // 403: mini-swe-agent gives up at once instead of retrying.
+            return Ok((
+                403,
+                error_body(&format!(
+                    "model call {n} was sent to the provider and its outcome is unknown (it may have been done and \
+                     billed): it is not sent again; the operator decides (chio session run --resend-unknown)"
+                )),
+            ));
+        }
+        // The operator's choice, recorded with the request that was unknown.
+        let was: JournaledSend = serde_json::from_slice(&fs::read(j.sent_path(n))?)
+            .map_err(|e| RepoError::Mismatch(format!("model call {n}'s send record: {e}")))?;
+        j.record(&j.resent_path(n), n, &was.request_sha256)?;
+    }
+    // Journaled before it is sent: a crash from here on leaves the call's outcome unknown.
+    j.record(&j.sent_path(n), n, &digest)?;
     // What was checked is what is sent: the parsed request written again, never the worker's
     // bytes. A body naming `model` twice passed the check with its last value while a provider
     // that keeps the first would have run the other model.
@@ -259,7 +335,16 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
         .send(&checked[..]);
     let mut answer = match answer {
         Ok(a) => a,
-        Err(e) => return Ok((502, error_body(&format!("the provider could not be reached: {e}")))),
+        Err(e) => {
+            // Never connected: known not sent. Any other failure may have come after the
+            // provider took the request: its outcome stays unknown.
+            let refused_at_once =
+                matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused);
+            if refused_at_once || matches!(e, ureq::Error::ConnectionFailed | ureq::Error::HostNotFound) {
+                fs::remove_file(j.sent_path(n))?;
+            }
+            return Ok((502, error_body(&format!("the provider could not be reached: {e}"))));
+        }
     };
     let status = answer.status().as_u16();
     let text = answer
@@ -274,6 +359,8 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
         write_durably(&j.path(n), &bytes)?;
         j.next += 1;
     }
+    // Answered (or refused by the provider, which may be asked again): no longer unknown.
+    fs::remove_file(j.sent_path(n))?;
     Ok((status, text.into_bytes()))
 }
 
@@ -359,7 +446,7 @@ mod tests {
     #[test]
     fn only_the_sessions_model_is_called() {
         let dir = unit_dir("gateway-model");
-        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
         let provider = provider(9);
         let (status, body) = call(&mut j, &provider, br#"{"model":"expensive","messages":[]}"#).unwrap();
         assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
@@ -377,7 +464,7 @@ mod tests {
     #[test]
     fn only_one_answer_of_the_model_is_asked_for() {
         let dir = unit_dir("gateway-members");
-        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
         let provider = provider(9);
         for (extra, named) in [
             (r#""n":8"#, "\"n\""),
@@ -432,7 +519,7 @@ mod tests {
             w.write_all(answer).unwrap();
             body
         });
-        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
         let provider = provider(port);
         let (status, _) = call(&mut j, &provider, br#"{"model":"expensive","messages":[],"model":"m"}"#).unwrap();
         assert_eq!(status, 200);
@@ -455,7 +542,7 @@ mod tests {
         let digest =
             crate::repository::workspace::json_digest(&serde_json::from_slice::<Value>(asked).unwrap()).unwrap();
         let entry = JournaledCall { ordinal: 0, request_sha256: digest, status: 200, response: "journaled".into() };
-        let journal = || Journal { dir: dir.clone(), next: 0, limit: 4 };
+        let journal = || Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
         fs::write(journal().path(0), serde_json::to_vec(&entry).unwrap()).unwrap();
         let provider = provider(9);
         let mut j = journal();
@@ -472,6 +559,35 @@ mod tests {
         // A journal entry that is not one is an error, not an answer.
         fs::write(journal().path(0), b"{").unwrap();
         assert!(call(&mut journal(), &provider, asked).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A call journaled as sent and never answered has an unknown outcome: it is never sent
+    /// again on its own (refused, named, the journal unchanged), and with the operator's
+    /// `resend_unknown` it is sent again with the choice recorded. A call that never reached the
+    /// provider (no connection) is known not sent: nothing is left unknown.
+    #[test]
+    fn a_call_of_unknown_outcome_is_never_sent_again_unasked() {
+        let dir = unit_dir("gateway-unknown");
+        let asked = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}]}"#;
+        let provider = provider(9);
+        let journal = |resend_unknown| Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown };
+        // Not reached: no send record left behind.
+        assert_eq!(call(&mut journal(false), &provider, asked).unwrap().0, 502);
+        assert_eq!(unknown_call(&dir).unwrap(), None);
+        // Sent before a crash, never answered.
+        journal(false).record(&journal(false).sent_path(0), 0, "earlier").unwrap();
+        assert_eq!(unknown_call(&dir).unwrap(), Some(0));
+        let (status, body) = call(&mut journal(false), &provider, asked).unwrap();
+        assert_eq!(status, 403);
+        assert!(String::from_utf8_lossy(&body).contains("outcome is unknown"), "{}", String::from_utf8_lossy(&body));
+        assert_eq!(unknown_call(&dir).unwrap(), Some(0), "still unknown, not sent");
+        assert!(!journal(false).resent_path(0).exists());
+        // The operator's choice: sent again (unreachable here) and recorded.
+        assert_eq!(call(&mut journal(true), &provider, asked).unwrap().0, 502);
+        let resent: JournaledSend = serde_json::from_slice(&fs::read(journal(true).resent_path(0)).unwrap()).unwrap();
+        assert_eq!((resent.ordinal, resent.request_sha256.as_str()), (0, "earlier"));
+        assert_eq!(unknown_call(&dir).unwrap(), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -102,6 +102,10 @@ pub struct SessionStatus {
     pub state: String,
     /// Model calls journaled.
     pub model_calls: u64,
+    /// A model call sent and never answered (its outcome unknown): the next run stops naming it
+    /// unless run with `--resend-unknown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_call_outcome_unknown: Option<u64>,
     /// The outcome of a completed run.
     pub outcome: Option<Outcome>,
     /// The repository workspace (absent while a run holds it).
@@ -322,6 +326,7 @@ pub fn status(dir: &Path) -> Result<SessionStatus, RepoError> {
         session_id: s.request.session_id.clone(),
         state: state.into(),
         model_calls: s.model_calls()?,
+        model_call_outcome_unknown: gateway::unknown_call(&s.calls_dir())?,
         outcome,
         workspace,
     })

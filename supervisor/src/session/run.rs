@@ -70,8 +70,19 @@ pub fn worker_limits(c: &SessionConfig) -> Limits {
     }
 }
 
+/// The refusal of a run while model call `n`'s outcome is unknown.
+fn unknown_refusal(n: u64) -> RepoError {
+    RepoError::Refused(format!(
+        "model call {n} was sent to the provider and never answered: its outcome is unknown (the provider may have \
+         done and billed it), so it is not sent again; to send it again, run `chio session run --resend-unknown` \
+         (recorded in the call journal as {n:06}.resent)"
+    ))
+}
+
 /// Run the session's agent once (or, when a run completed, return its outcome: nothing runs).
-pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
+/// A model call whose outcome is unknown stops the run, named, unless `resend_unknown` (the
+/// operator's recorded choice) lets the gateway send it again.
+pub fn run(dir: &Path, resend_unknown: bool) -> Result<Outcome, RepoError> {
     let s = super::open(dir)?;
     s.check_authorized()?;
     let Some(_run) = s.try_lock_run()? else {
@@ -85,6 +96,9 @@ pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
             "a run of this session is in progress or was interrupted; run `chio session recover` first".into(),
         ));
     }
+    if let (Some(n), false) = (super::gateway::unknown_call(&s.calls_dir())?, resend_unknown) {
+        return Err(unknown_refusal(n));
+    }
     let credential_env = &s.config.model.credential_env;
     let credential = std::env::var(credential_env)
         .ok()
@@ -93,7 +107,7 @@ pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
     write_durably(&s.dir.join("running"), b"")?;
     prepare_dirs(&s)?;
     let mut children = Vec::new();
-    let result = start_and_launch(&s, &credential, &mut children);
+    let result = start_and_launch(&s, &credential, resend_unknown, &mut children);
     for mut c in children {
         let _ = c.kill();
         let _ = c.wait();
@@ -105,6 +119,12 @@ pub fn run(dir: &Path) -> Result<Outcome, RepoError> {
         fs::remove_file(s.dir.join("running"))?;
         let why = rec.failure.as_ref().map_or(format!("{:?}", rec.state), |f| format!("{}: {}", f.code, f.detail));
         return Err(RepoError::Failed(format!("the worker's cage did not run: {why}")));
+    }
+    // A call left unknown in this run (its answer lost on the way): no outcome, the run stops
+    // naming it, resumable once the operator decides.
+    if let Some(n) = super::gateway::unknown_call(&s.calls_dir())? {
+        fs::remove_file(s.dir.join("running"))?;
+        return Err(unknown_refusal(n));
     }
     let trajectory = read_worker_file(&s.dir.join("out").join("trajectory.json"), MAX_TRAJECTORY_BYTES)
         .ok()
@@ -163,9 +183,9 @@ fn prepare_dirs(s: &Session) -> Result<(), RepoError> {
 }
 
 /// Start a helper (`chio session gateway|leg`) and wait for its `ready`.
-fn start_helper(s: &Session, role: &str, env: &[(&str, &str)]) -> Result<Child, RepoError> {
+fn start_helper(s: &Session, role: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Child, RepoError> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["session", role, "--state"]).arg(&s.dir).env_clear().envs(env.iter().copied());
+    cmd.args(["session", role, "--state"]).arg(&s.dir).args(args).env_clear().envs(env.iter().copied());
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     // SAFETY: between fork and exec only prctl, which is async-signal-safe; the helper dies
     // with this process, so a crashed run leaves no server behind.
@@ -188,10 +208,12 @@ fn start_helper(s: &Session, role: &str, env: &[(&str, &str)]) -> Result<Child, 
 fn start_and_launch(
     s: &Session,
     credential: &str,
+    resend_unknown: bool,
     children: &mut Vec<Child>,
 ) -> Result<chio_cage::LaunchRecord, RepoError> {
-    children.push(start_helper(s, "gateway", &[(s.config.model.credential_env.as_str(), credential)])?);
-    children.push(start_helper(s, "leg", &[])?);
+    let gateway_args: &[&str] = if resend_unknown { &["--resend-unknown"] } else { &[] };
+    children.push(start_helper(s, "gateway", gateway_args, &[(s.config.model.credential_env.as_str(), credential)])?);
+    children.push(start_helper(s, "leg", &[], &[])?);
     let mut o = PlanOptions::new(worker_argv(&s.config));
     o.uid = Some(COMMAND_ID);
     o.gid = Some(COMMAND_ID);
