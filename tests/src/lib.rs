@@ -982,3 +982,62 @@ impl Drop for Overlay {
 pub fn relay_data() -> Vec<u8> {
     (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()
 }
+
+/// A writer's shared, writable mapping of a file whose last page it has dirtied: a later write to
+/// that page takes no fault, so it moves neither mtime nor ctime (the attack the exec-stop
+/// digest stands against).
+pub struct DirtyMapping {
+    map: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+}
+
+impl DirtyMapping {
+    /// Map `path` shared and writable and dirty its last page (this write fault is what moves
+    /// the file's times, now); the file's descriptor is closed, the mapping kept.
+    pub fn new(path: &Path) -> DirtyMapping {
+        use nix::sys::mman::{mmap, MapFlags, ProtFlags};
+        use std::os::fd::AsFd;
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        // SAFETY (test): a fresh shared mapping of the whole file, unmapped by `swap`.
+        let map = unsafe {
+            mmap(
+                None,
+                std::num::NonZeroUsize::new(len).unwrap(),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                file.as_fd(),
+                0,
+            )
+            .unwrap()
+        };
+        let m = DirtyMapping { map, len };
+        let last = m.last();
+        // SAFETY (test): `last` is the mapping's last byte; rewriting it dirties its page.
+        unsafe { last.write_volatile(last.read_volatile()) };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        m
+    }
+
+    fn last(&self) -> *mut u8 {
+        self.map.as_ptr().cast::<u8>().wrapping_add(self.len - 1)
+    }
+
+    /// Flip the file's last byte through the dirty page (no fault, no timestamp moves) and unmap.
+    pub fn swap(self) {
+        let last = self.last();
+        // SAFETY (test): still mapped; the page is dirty, so this write takes no fault; then the
+        // mapping made in `new`, of `len` bytes, is unmapped and no longer used.
+        unsafe {
+            last.write_volatile(!last.read_volatile());
+            nix::sys::mman::munmap(self.map, self.len).unwrap();
+        }
+    }
+}
+
+/// What the identity rule compares: device, inode, size, mtime and ctime.
+pub fn file_identity(p: &Path) -> [i64; 7] {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).unwrap();
+    [m.dev() as i64, m.ino() as i64, m.size() as i64, m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()]
+}

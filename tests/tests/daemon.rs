@@ -1858,6 +1858,40 @@ fn a_shared_digest_is_never_stale() {
     }
 }
 
+/// The shared digest table never vouches for a file another uid can write by its identity. A
+/// writer holds a dirty shared mapping of a workspace binary while a launch of it looks at it
+/// (that launch's exec fails: ETXTBSY), then changes it through the mapping (no timestamp
+/// moves, asserted: the identity rule would call it unchanged) and unmaps. The next launch
+/// hashes it at its exec stop: the record names the bytes as they are, not a digest a launch
+/// took while the writer held it.
+#[test]
+fn a_shared_digest_never_vouches_for_a_file_another_uid_can_write() {
+    use sha2::{Digest, Sha256};
+    if !privileged("daemon_digest_writable") {
+        return;
+    }
+    let dir = Scratch::new("daemon-digest-writable");
+    let d = Daemon::start(&dir, config(json!({})));
+    let ws = open_workspace(&dir);
+    let probe = ws.join("probe");
+    std::fs::copy(PROBE, &probe).unwrap();
+    std::os::unix::fs::chown(&probe, Some(65534), Some(65534)).unwrap();
+    let sha = |p: &Path| format!("{:x}", Sha256::digest(std::fs::read(p).unwrap()));
+    let launch = || d.run(None, &["--json", "--workspace", s(&ws), "--", "/workspace/probe", "euid"], None);
+    let mapping = chio_tests::DirtyMapping::new(&probe);
+    let before = chio_tests::file_identity(&probe);
+    let first = launch();
+    assert_eq!(record(&first)["failure"]["code"], "target_not_executable", "{}", text(&first.stderr));
+    assert!(text(&first.stderr).contains("Text file busy"), "{}", text(&first.stderr));
+    let was = sha(&probe);
+    mapping.swap();
+    assert_eq!(chio_tests::file_identity(&probe), before, "control: no timestamp moved");
+    assert_ne!(sha(&probe), was, "control: the bytes changed");
+    let second = launch();
+    assert_eq!(record(&second)["state"], "FullyEnforced", "{}", text(&second.stderr));
+    assert_eq!(record(&second)["target"]["sha256"], sha(&probe).as_str(), "a stale digest: {}", text(&second.stderr));
+}
+
 /// The launcher keeps the next launch's process ready (a spare, `chio-spare`, holding the
 /// launch cgroup it made ahead); one killed while it waits is replaced, the next launch runs,
 /// and no spare's cgroup outlives it (swept by the next, removed at a stop).

@@ -5,27 +5,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use chio_tests::{output_within, parse, CageRun, Scratch, Suite};
+use chio_tests::{file_identity as identity, output_within, parse, CageRun, DirtyMapping, Scratch, Suite};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
 fn sha256_file(p: impl AsRef<Path>) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(std::fs::read(p).unwrap()).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// What the identity rule compares: device, inode, size, mtime and ctime.
-fn identity(p: &Path) -> [i64; 7] {
-    let m = std::fs::metadata(p).unwrap();
-    [m.dev() as i64, m.ino() as i64, m.size() as i64, m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()]
 }
 
 /// `chio cage run --json` of `argv` over the workspace `ws`, on the probe rootfs, with `hook`.
@@ -72,26 +64,7 @@ fn a_binary_rewritten_through_a_dirty_shared_mapping_is_refused_by_its_digest() 
     let copy = probe_copy(&ws);
     let was = sha256_file(&copy);
 
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(&copy).unwrap();
-    let len = file.metadata().unwrap().len() as usize;
-    // SAFETY (test): a fresh shared mapping of the whole file, unmapped below before the exec.
-    let map = unsafe {
-        mmap(
-            None,
-            std::num::NonZeroUsize::new(len).unwrap(),
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
-            file.as_fd(),
-            0,
-        )
-        .unwrap()
-    };
-    let last = map.as_ptr().cast::<u8>().wrapping_add(len - 1);
-    // SAFETY (test): `last` is the mapping's last byte. Rewriting it dirties its page (this
-    // write fault is what moves mtime and ctime, now, before the launch).
-    unsafe { last.write_volatile(last.read_volatile()) };
-    drop(file);
-    std::thread::sleep(Duration::from_millis(20));
+    let mapping = DirtyMapping::new(&copy);
     let before = identity(&copy);
 
     let watch = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).unwrap();
@@ -104,10 +77,7 @@ fn a_binary_rewritten_through_a_dirty_shared_mapping_is_refused_by_its_digest() 
     // until the exec); the go_late hook holds the exec 300 ms after that.
     let closed = wait_event(&watch, AddWatchFlags::IN_CLOSE_NOWRITE, Duration::from_secs(20));
     assert!(closed, "the supervisor never looked at the target before its exec");
-    // SAFETY (test): still mapped; the page is dirty, so this write takes no fault.
-    unsafe { last.write_volatile(!last.read_volatile()) };
-    // SAFETY (test): the mapping made above, of `len` bytes, no longer used.
-    unsafe { munmap(map, len).unwrap() };
+    mapping.swap();
     let run = parse(output_within(child, Duration::from_secs(60), "the launch under the mapping swap"));
 
     assert_eq!(identity(&copy), before, "control: the write through the dirty page moved no timestamp");
