@@ -171,7 +171,6 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     }
     let supervisors = mount_namespace()?;
     enter_namespaces(flags, ctx.netns)?;
-    no_listener_unbound(plan)?;
     let prepared = build_root(ctx, supervisors)?;
     ctx.inject(Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
@@ -339,7 +338,6 @@ fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
 fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     let supervisors = mount_namespace()?;
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
-    no_listener_unbound(ctx.plan)?;
     let prepared = build_root(ctx, supervisors)?;
     ctx.inject(Stage::Network)?;
     if ctx.plan.net == NetMode::Loopback {
@@ -663,25 +661,6 @@ fn write_result(status: libc::c_int, killed: i64) {
     // SAFETY: a local buffer to fd 3, the result pipe (a descriptor number: nix writes only to
     // borrowed fds, and the init's filter allows write(2) itself).
     unsafe { libc::write(3, buf.as_ptr().cast(), buf.len()) };
-}
-
-/// Landlock governs `bind()`, not the port the kernel picks itself when a TCP socket that was
-/// never bound listens (autobind): with no TCP bind port granted, the cage's network namespace
-/// gets no ephemeral port at all — its range is one port, and that port reserved — so `listen()`
-/// without `bind()` fails (EADDRINUSE) and no listener exists that the plan did not grant. With
-/// no port to listen on, no TCP connection within the namespace could be made anyway; a UDP
-/// socket must bind a port of its own to send. Written through the host's procfs before the
-/// pivot (`/proc/sys/net` is the writer's network namespace's; the cage's procfs is read-only).
-fn no_listener_unbound(plan: &CagePlan) -> Result<(), Fail> {
-    if !plan.tcp_bind.is_empty() || plan.hook(&TestHook::Namespace("net")) {
-        return Ok(());
-    }
-    let write = |name: &str, value: &str| {
-        std::fs::write(format!("/proc/sys/net/ipv4/{name}"), value)
-            .map_err(|e| fail(Stage::Network, "ephemeral_ports_failed", format!("setting {name} to {value:?}: {e}")))
-    };
-    write("ip_local_reserved_ports", "65535")?;
-    write("ip_local_port_range", "65535 65535")
 }
 
 fn loopback_up() -> io::Result<()> {

@@ -794,14 +794,14 @@ fn verify_traced(
             ))
         }
     }
-    // A digest still to be taken at the exec stop is checked there.
-    if pending.is_none() || script.is_some() {
-        let verified = verify_digest(plan, &target);
-        rec.target = Some(target);
-        verified?;
-    } else {
-        rec.target = Some(target);
-    }
+    // A digest still to be taken at the exec stop (the executable's, when it is the target) is
+    // checked there.
+    let verified = match (&pending, &script) {
+        (Some(_), None) => Ok(()),
+        _ => verify_digest(plan, &target),
+    };
+    rec.target = Some(target);
+    verified?;
     inject(plan, Stage::Verify)?;
     if plan.hook(&TestHook::Touch) {
         // Test hook: tell the target its file's identity is taken; it changes the file now.

@@ -129,6 +129,8 @@ pub struct Prepared {
     pub sources: Vec<SourceFact>,
     /// The target runs as uid or gid 0: procfs's root-only files are masked.
     mask_proc: bool,
+    /// No TCP bind port is granted: the cage's network namespace gets no ephemeral port.
+    no_ephemeral_ports: bool,
     /// Mount attributes a test hook strips (read-only and noexec), to show landlock alone holds.
     strip: u64,
 }
@@ -284,6 +286,7 @@ impl Prepared {
             described: Vec::new(),
             sources: Vec::new(),
             mask_proc,
+            no_ephemeral_ports: false,
             strip,
         })
     }
@@ -306,6 +309,7 @@ impl Prepared {
             described: self.described.clone(),
             sources: self.sources.clone(),
             mask_proc,
+            no_ephemeral_ports: false,
             strip: self.strip,
         })
     }
@@ -328,6 +332,8 @@ impl Prepared {
                 p
             }
         };
+        // (Without its own network namespace — a test hook — the host's would be changed.)
+        p.no_ephemeral_ports = plan.tcp_bind.is_empty() && !plan.hook(&TestHook::Namespace("net"));
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
             let ro = plan.workspace_read_only;
@@ -611,6 +617,9 @@ impl Prepared {
             return Err(io::Error::other("the new /proc mount is not procfs"));
         }
         seal_memfds(proc.as_fd()).map_err(|e| err_at("writing", "/proc/sys/vm/memfd_noexec", e))?;
+        if self.no_ephemeral_ports {
+            no_ephemeral_ports(proc.as_fd())?;
+        }
         sys::move_mount_to(proc.as_fd(), sk, c"proc").map_err(|e| err_at("attaching", "/proc", e))?;
         if self.mask_proc {
             mask_root_only(proc.as_fd(), self.dev.as_fd())?;
@@ -648,6 +657,25 @@ fn seal_memfds(proc: BorrowedFd<'_>) -> io::Result<()> {
         Err(e) => Err(e),
         Ok(fd) => std::io::Write::write_all(&mut std::fs::File::from(fd), b"2"),
     }
+}
+
+/// Landlock governs `bind()`, not the port the kernel picks itself when a TCP socket that was
+/// never bound listens (autobind): with no TCP bind port granted, the cage's network namespace
+/// gets no ephemeral port at all — its range one port, and that port reserved — so `listen()`
+/// without `bind()` fails (EADDRINUSE) and no listener exists that the plan did not grant. With
+/// no port to listen on, no TCP connection within the namespace could be made anyway; a UDP
+/// socket must bind a port of its own to send. Written through the cage's procfs before it is
+/// sealed read-only (`sys/net` is the writer's network namespace's, the cage's own here; the
+/// host's `/proc/sys` may be read-only, as under systemd's `ProtectKernelTunables=`).
+fn no_ephemeral_ports(proc: BorrowedFd<'_>) -> io::Result<()> {
+    for (name, value) in
+        [(c"sys/net/ipv4/ip_local_reserved_ports", "65535"), (c"sys/net/ipv4/ip_local_port_range", "65535 65535")]
+    {
+        let fd = sys::openat(proc, name, libc::O_WRONLY, 0).map_err(|e| err_at("opening", "/proc/sys/net/ipv4", e))?;
+        std::io::Write::write_all(&mut std::fs::File::from(fd), value.as_bytes())
+            .map_err(|e| err_at(&format!("writing {value:?} to"), Path::new(OsStr::from_bytes(name.to_bytes())), e))?;
+    }
+    Ok(())
 }
 
 /// A cage running as uid or gid 0 owns procfs's root-only files (`kpageflags`, `slabinfo`,

@@ -383,7 +383,7 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
     let import_dir = tmp.dir.join("import");
     fs::create_dir(&import_dir)?;
     let (commit, own) =
-        git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &config.ceilings, &import_dir)
+        git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &config.ceilings, &import_dir, None)
             .map_err(|e| mismatch(format!("recomputing the baseline from {}: {e}", r.repository.display())))?;
     if commit != config.source_commit {
         return Err(mismatch(format!(

@@ -481,22 +481,10 @@ fn read_blobs(
 
 /// Import the committed tree of `paths` at `rev` into `objects`; returns the full commit id and
 /// the baseline index. Names, types and sizes are refused from the listing, before any content
-/// is read; links after.
+/// is read; links after. With `who`, the source is read with its rights (see [`ReadAs`]): its
+/// files with its file system ids, git as it, in a scratch directory of its own under the
+/// system's temporary directory (`scratch`, root's, is not the client's to enter).
 pub fn import(
-    repo: &Path,
-    rev: &str,
-    paths: &[String],
-    objects: &Objects,
-    c: &Ceilings,
-    scratch: &Path,
-) -> Result<(String, Index), SourceError> {
-    import_as(repo, rev, paths, objects, c, scratch, None)
-}
-
-/// [`import`], the source read with `who`'s rights when given (see [`ReadAs`]): the source's
-/// files are read with its file system ids, and git runs as it in a scratch directory of its
-/// own under the system's temporary directory (`scratch`, root's, is not the client's to enter).
-pub fn import_as(
     repo: &Path,
     rev: &str,
     paths: &[String],

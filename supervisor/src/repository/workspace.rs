@@ -344,7 +344,7 @@ fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {
     let scratch = dir.join("tmp").join("import");
     fs::create_dir(&scratch)?;
     let imported =
-        git_source::import_as(&r.repository, &r.revision, &r.source_paths, &objects, &ceilings, &scratch, r.read_as);
+        git_source::import(&r.repository, &r.revision, &r.source_paths, &objects, &ceilings, &scratch, r.read_as);
     fs::remove_dir_all(&scratch)?;
     let (commit, index) = imported?;
     check_scratch_paths(&r.scratch_paths, &r.source_paths, &index)?;
