@@ -72,6 +72,19 @@ fn symlink_refused(path: &Path) -> io::Error {
     )
 }
 
+/// Open the directory at `path` (`O_PATH`), following links on the way as the caller's rights
+/// allow: for a path an operator (or a client, read with its own rights) names, below which
+/// [`open_beneath`] then follows none.
+pub fn open_host_following(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    use nix::fcntl::OFlag;
+    Ok(nix::fcntl::open(
+        c.as_c_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?)
+}
+
 /// Resolve `path` inside the tree rooted at `root`: absolute symlinks and `..` cannot leave it.
 /// `flags` are the open flags (`O_PATH`, `O_RDONLY`, ...).
 pub fn resolve_in(root: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Result<OwnedFd> {

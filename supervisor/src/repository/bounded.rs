@@ -74,15 +74,10 @@ pub(crate) fn overran(what: &str) -> String {
     )
 }
 
-/// The text of the small regular file at `path` (a ref, `.git`, `commondir`): at most `max`
-/// bytes, opened without waiting (a FIFO is refused, not waited on).
+/// The text of the small regular file at `path` (a `.git` file): at most `max` bytes, opened
+/// without waiting (a FIFO is refused, not waited on) and never through a link at its last
+/// component (ELOOP).
 pub(crate) fn read_small(path: &Path, max: u64) -> io::Result<String> {
-    String::from_utf8(read_regular(path, max, 0)?)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display())))
-}
-
-/// [`read_small`], never through a link at `path`'s last component (ELOOP).
-pub(crate) fn read_small_nofollow(path: &Path, max: u64) -> io::Result<String> {
     String::from_utf8(read_regular(path, max, libc::O_NOFOLLOW)?)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display())))
 }

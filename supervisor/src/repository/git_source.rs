@@ -290,12 +290,39 @@ fn linked_worktree(repo: &Path, dot: &Path) -> Result<SourceDirs, SourceError> {
         ))
     };
     let git_dir = std::fs::canonicalize(repo.join(target)).map_err(|_| not_worktree())?;
-    let common_rel = bounded::read_small(&git_dir.join("commondir"), SMALL_FILE).map_err(|_| not_worktree())?;
+    let common_rel = read_beneath(&git_dir, "commondir", SMALL_FILE)?.ok_or_else(not_worktree)?;
     let common = std::fs::canonicalize(git_dir.join(common_rel.trim())).map_err(|_| not_worktree())?;
     if git_dir.parent() != Some(common.join("worktrees").as_path()) {
         return Err(not_worktree());
     }
     Ok(SourceDirs { git_dir, common })
+}
+
+/// The text of the small regular file `name` beneath the directory `dir`, opened through no
+/// link at all and never above `dir` (`chio_cage::path::open_beneath`), at most `max` bytes;
+/// `None` when there is none. A link on the way is refused, named.
+fn read_beneath(dir: &Path, name: &str, max: u64) -> Result<Option<String>, SourceError> {
+    use std::os::fd::AsFd;
+    let d = chio_cage::path::open_host_following(dir).map_err(|e| refused(format!("{}: {e}", dir.display())))?;
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    let fd = match chio_cage::path::open_beneath(d.as_fd(), Path::new(name), flags) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Err(refused(format!("{}: {e}; the repository's files are never read through links", dir.display())))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let f = std::fs::File::from(fd);
+    if !f.metadata()?.is_file() {
+        return Err(refused(format!("{}/{name} is not a regular file", dir.display())));
+    }
+    let mut bytes = Vec::new();
+    f.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(refused(format!("{}/{name} is longer than {max} bytes", dir.display())));
+    }
+    String::from_utf8(bytes).map(Some).map_err(|_| refused(format!("{}/{name} is not UTF-8", dir.display())))
 }
 
 /// A ref name safe to read as a file: git's own rules, roughly, and no way out of the directory.
@@ -307,23 +334,17 @@ fn plausible_ref(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
 }
 
-/// Read a ref as git's files backend stores it: loose file first, then packed-refs; never
-/// through a link (a ref that is one is refused).
+/// Read a ref as git's files backend stores it: loose file first, then packed-refs; each beneath
+/// its directory through no link (a ref that is one, or passes through one, is refused).
 fn read_ref(d: &SourceDirs, name: &str, depth: u32) -> Result<Option<String>, SourceError> {
     if depth > 5 || !plausible_ref(name) {
         return Ok(None);
     }
     let base = if name.starts_with("refs/") { &d.common } else { &d.git_dir };
-    let value = match bounded::read_small_nofollow(&base.join(name), SMALL_FILE) {
-        Ok(v) => v.trim().to_string(),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(refused(format!(
-                "{}: the ref {name} is a link; refs are never read through links",
-                d.common.display()
-            )))
-        }
-        Err(_) => {
-            let packed = bounded::read_small_nofollow(&d.common.join("packed-refs"), PACKED_REFS).ok();
+    let value = match read_beneath(base, name, SMALL_FILE)? {
+        Some(v) => v.trim().to_string(),
+        None => {
+            let packed = read_beneath(&d.common, "packed-refs", PACKED_REFS)?;
             let found = packed.as_deref().and_then(|p| {
                 p.lines().find_map(|l| {
                     let (oid, r) = l.split_once(' ')?;
