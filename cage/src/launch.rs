@@ -971,6 +971,7 @@ struct Described {
 /// when only root can change it, otherwise left to be hashed at the exec stop.
 fn describe(fd: OwnedFd, path: &str, early: Option<&Early>, known: Option<Digests>) -> Result<Described, Stop> {
     let st = regular(&fd, path)?;
+    local_fs(&fd, path)?;
     let mut target = Target { path: path.to_string(), device: st.st_dev, inode: st.st_ino, ..Target::default() };
     if !prehash::settled(fd.as_fd(), &st) {
         return Ok(Described { target, fd, digest: Digest::AtExecStop });
@@ -1018,6 +1019,44 @@ fn describe_script(file: &OwnedFd, copy: &OwnedFd, path: &str) -> Result<Describ
         copy_device: copied.st_dev,
         copy_inode: copied.st_ino,
     })
+}
+
+/// File systems whose page cache holds a file's bytes as the kernel wrote or read them from a
+/// local device or memory (ext2/3/4, xfs, btrfs, tmpfs, overlayfs, squashfs, erofs, f2fs,
+/// ramfs, bcachefs). A FUSE or network file system's server can give a later page fault other
+/// bytes than were hashed, and report any owner, mode and times: a file executed from one is
+/// refused rather than vouched for.
+const LOCAL_FS: [i64; 10] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x794C_7630,
+    0x7371_7368,
+    0xE0F5_E1E2,
+    0xF2F5_2010,
+    0x8584_58F6,
+    0xCA45_1A4E,
+];
+/// FUSE's file system type, named in a refusal.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// The file behind `fd` (to be executed) lives on a local file system (see [`LOCAL_FS`]).
+fn local_fs(fd: &OwnedFd, path: &str) -> Result<(), Stop> {
+    let statfs = nix::sys::statfs::fstatfs(fd).map_err(|e| stop(Stage::Verify, "hash_failed", e))?;
+    let f_type = statfs.filesystem_type().0 as i64;
+    if LOCAL_FS.contains(&f_type) {
+        return Ok(());
+    }
+    let what = if f_type == FUSE_SUPER_MAGIC { "FUSE".to_string() } else { format!("{f_type:#x}") };
+    Err(stop(
+        Stage::Verify,
+        "target_on_remote_fs",
+        format!(
+            "{path} is on a {what} file system, whose server could serve other bytes than were hashed once it runs; \
+             copy it to a local file system (the workspace, the image)"
+        ),
+    ))
 }
 
 /// The stat of `fd`, which must be a regular file.

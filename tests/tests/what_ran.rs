@@ -269,3 +269,72 @@ fn executing(dev: u64, ino: u64) -> Option<u32> {
         (m.dev() == dev && m.ino() == ino).then_some(pid)
     })
 }
+
+/// A FUSE file system serving one file, `exe`: the bytes of the host file named on its command
+/// line, as root's, mode 0755 (what a server may claim). Whoever mounts one can serve other bytes
+/// to a later page fault, with the same owner, mode and times.
+const SERVING_FS: &str = r#"
+import errno, stat, sys
+from fusepy import FUSE, Operations, FuseOSError
+
+data = open(sys.argv[2], 'rb').read()
+
+class S(Operations):
+    def getattr(self, path, fh=None):
+        if path == '/':
+            return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2)
+        if path == '/exe':
+            return dict(st_mode=stat.S_IFREG | 0o755, st_nlink=1, st_size=len(data), st_uid=0, st_gid=0)
+        raise FuseOSError(errno.ENOENT)
+    def readdir(self, path, fh):
+        return ['.', '..', 'exe']
+    def open(self, path, flags):
+        return 0
+    def read(self, path, size, offset, fh):
+        return data[offset:offset + size]
+
+FUSE(S(), sys.argv[1], foreground=True, allow_other=True, ro=True)
+"#;
+
+/// A file executed from a FUSE file system is refused, named: its server could serve other bytes
+/// than were hashed to the pages the program faults in once it runs, and claims any owner, mode
+/// and times. Control: the same bytes on a local file system, bound the same way, run.
+#[test]
+fn a_target_on_a_fuse_file_system_is_refused() {
+    let Some(e) = Suite::new("target_on_fuse", PROBE) else { return };
+    let mnt = Scratch::new("what-ran-fuse");
+    let mut server = Command::new("/usr/bin/python3")
+        .args(["-c", SERVING_FS])
+        .arg(&mnt.0)
+        .arg(PROBE)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("python3 with fusepy (apt-get install python3-fusepy; .ci/run does)");
+    let end = Instant::now() + Duration::from_secs(10);
+    while !mnt.join("exe").exists() {
+        assert!(Instant::now() < end, "the FUSE server did not mount");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let run_from = |dir: &Path| {
+        let bind = format!("{}:/opt", dir.display());
+        let out = Command::new(&e.chio)
+            .args(["cage", "run", "--json", "--rootfs", e.rootfs.to_str().unwrap(), "--ro-bind", &bind])
+            .args(["--", "/opt/exe", "euid"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        parse(out)
+    };
+    let run = run_from(&mnt.0);
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = Command::new("umount").arg("-l").arg(&mnt.0).status();
+    assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
+    assert_eq!(run.record["failure"]["code"], "target_on_remote_fs", "{}", run.record["failure"]);
+    assert!(run.stderr.contains("FUSE"), "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "it ran: {}", run.stdout);
+    let local = Scratch::new("what-ran-fuse-local");
+    std::fs::copy(PROBE, local.join("exe")).unwrap();
+    let control = run_from(&local.0);
+    assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
+}
