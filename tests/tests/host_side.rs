@@ -884,6 +884,13 @@ fn a_v1_launch_cgroup_never_nests_below_a_cgroup_another_user_owns() {
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "sleep", "30"])
         .spawn()
         .unwrap();
+    // Only once setpriv has become uid 65534 (and exec'd sleep) may the owner move it: under
+    // load the owner could otherwise meet a process still root's.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{}/comm", held.id())).unwrap_or_default().trim() != "sleep" {
+        assert!(std::time::Instant::now() < until, "setpriv never ran sleep");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     std::fs::write(launch.join("cgroup.procs"), held.id().to_string()).unwrap();
     let cgroup = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let before = cgroup(held.id());
