@@ -576,8 +576,36 @@ impl Prepared {
             self.push(Parent::Root, name, tree, what);
             self.skeleton_binds.push(dest_rel);
         } else {
+            if names[0] == "tmp" && names.len() > 1 {
+                self.mount_point_in_tmp(&names[1..], is_dir)?;
+            }
             self.nested.push(NestedBind { dest: b.dest.clone(), tree, is_dir });
             self.described.push(what);
+        }
+        Ok(())
+    }
+
+    /// A bind below `/tmp` (a tool or venv on a host path under `/tmp`, bound at the same path):
+    /// the cage's `/tmp` is its own empty tmpfs, so the mount point is made there — directories
+    /// root's, 0755, the last a directory or an empty file as the source is — never in the host's.
+    fn mount_point_in_tmp(&self, rel: &[&OsStr], is_dir: bool) -> io::Result<()> {
+        let Some(tmp) = self.attach.iter().find(|a| a.parent == Parent::Root && a.name.as_bytes() == b"tmp") else {
+            return Ok(());
+        };
+        let mut at = PathBuf::new();
+        for (i, name) in rel.iter().enumerate() {
+            at.push(name);
+            let c = cstring(&at)?;
+            let made = match (i + 1 == rel.len(), is_dir) {
+                (true, false) => sys::mkfileat(tmp.tree.as_fd(), &c),
+                _ => sys::mkdirat(tmp.tree.as_fd(), &c, 0o755),
+            };
+            match made {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                r => r.map_err(|e| {
+                    err_at("making the mount point in the cage's /tmp for", Path::new("/tmp").join(&at), e)
+                })?,
+            }
         }
         Ok(())
     }

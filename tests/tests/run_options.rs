@@ -220,3 +220,32 @@ fn binds_beside_and_inside_each_other_under_a_new_directory() {
     assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
     assert_eq!(run.stdout, "abc");
 }
+
+/// A tool or a venv on a host path under `/tmp` (a checkout cloned there), bound at the same
+/// path: the cage's `/tmp` is its own tmpfs, so chio makes the mount point there — a directory
+/// and a single file alike — and the host's `/tmp` gets nothing. The rest of the cage's `/tmp`
+/// stays its own and writable.
+#[test]
+fn a_bind_below_the_cages_own_tmp_is_made_there() {
+    if !privileged("bind_below_tmp") {
+        return;
+    }
+    let dir = Scratch::new("bind-below-tmp");
+    std::fs::create_dir_all(dir.join("venv/bin")).unwrap();
+    std::fs::write(dir.join("venv/bin/tool"), "venv").unwrap();
+    std::fs::write(dir.join("one-file"), "file").unwrap();
+    let at = |p: &str| format!("{}:{}", dir.join(p).display(), dir.join(p).display());
+    let (venv, file) = (at("venv"), at("one-file"));
+    let show = format!(
+        "cat {}/venv/bin/tool {}/one-file && echo x > /tmp/mine && cat /tmp/mine",
+        dir.0.display(),
+        dir.0.display()
+    );
+    let run = cage(&chio(), &["--ro-bind", &venv, "--ro-bind", &file], &["/bin/sh", "-c", &show]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(run.stdout, "venvfilex\n");
+    assert!(!std::path::Path::new("/tmp/mine").exists(), "the cage wrote the host's /tmp");
+    let names: Vec<String> =
+        std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.len(), 2, "nothing was made on the host: {names:?}");
+}
