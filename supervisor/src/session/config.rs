@@ -140,13 +140,51 @@ impl SessionConfig {
                 return Err(usage(format!("worker path {} is not absolute", p.display())));
             }
         }
+        for p in &c.worker.read_only_paths {
+            check_bindable(p)?;
+        }
         Ok(c)
+    }
+
+    /// At `init`, before anyone signs: every worker path can be bound as it is named (it exists,
+    /// no link on the way: a bind source is never reached through one).
+    pub fn check_paths_exist(&self) -> Result<(), RepoError> {
+        bindable_now(&self.worker.read_only_paths)
     }
 
     /// The configuration's digest (`sha256:` over its RFC 8785 bytes).
     pub fn digest(&self) -> Result<String, RepoError> {
         json_digest(self)
     }
+}
+
+/// Each of `paths` exists and is reached through no link (see [`SessionConfig::check_paths_exist`]).
+fn bindable_now(paths: &[std::path::PathBuf]) -> Result<(), RepoError> {
+    for p in paths {
+        chio_cage::path::open_host(p, libc::O_PATH).map_err(|e| {
+            usage(format!("worker.read_only_paths {}: {e}; it cannot be bound into the worker's cage", p.display()))
+        })?;
+    }
+    Ok(())
+}
+
+/// A worker path is bound at its own path: refused where the worker's cage cannot hold a bind —
+/// `/`, `..`, under `/proc` or `/dev` (the cage makes them itself), or at or under the session's
+/// own mounts.
+fn check_bindable(p: &std::path::Path) -> Result<(), RepoError> {
+    let refuse = |why: &str| {
+        usage(format!("worker.read_only_paths {}: {why}; it cannot be bound into the worker's cage", p.display()))
+    };
+    let names = chio_cage::path::components(p).map_err(|e| refuse(&e.to_string()))?;
+    let Some(first) = names.first().and_then(|n| n.to_str()) else { return Err(refuse("it is /")) };
+    if matches!(first, "proc" | "dev") {
+        return Err(refuse("it lies under /proc or /dev, which the cage makes itself"));
+    }
+    let own = [super::run::RUN_MOUNT, super::run::OUT_MOUNT];
+    if own.iter().any(|m| p.starts_with(m)) {
+        return Err(refuse("it lies under the session's own mounts"));
+    }
+    Ok(())
 }
 
 fn check_env_name(what: &str, k: &str) -> Result<(), RepoError> {
@@ -305,6 +343,27 @@ pub fn admit(signed: &[u8], operator_key_hex: &str, request: &ProvisioningReques
 mod tests {
     use super::*;
     use chio_kernel::keys;
+
+    /// A worker path the worker's cage cannot hold a bind at is refused when the configuration
+    /// is read, before anyone signs; a path under /tmp or any other is taken.
+    #[test]
+    fn a_worker_path_that_cannot_be_bound_is_refused_up_front() {
+        for bad in ["/", "/proc/self", "/dev/shm/x", "/chio-session/x", "/chio-out", "/a/../b"] {
+            let e = check_bindable(std::path::Path::new(bad)).unwrap_err();
+            assert!(e.to_string().contains("cannot be bound"), "{bad}: {e}");
+        }
+        for good in ["/tmp/checkout/target/msa-venv", "/opt/venv", "/chio-sessions"] {
+            check_bindable(std::path::Path::new(good)).unwrap();
+        }
+        // At init: the path must be there, reached through no link.
+        let dir = std::env::temp_dir().join(format!("chio-bindable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&dir, dir.join("link")).unwrap();
+        bindable_now(std::slice::from_ref(&dir)).unwrap();
+        assert!(bindable_now(&[dir.join("absent")]).is_err());
+        assert!(bindable_now(&[dir.join("link")]).unwrap_err().to_string().contains("cannot be bound"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn request() -> ProvisioningRequest {
         let agent = AgentLimits { step_limit: 4, wall_time_s: 60 };

@@ -128,6 +128,7 @@ fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>, RepoError>
 /// Create a session: the workspace imported, the request written. Nothing runs.
 pub fn init(r: &InitRequest) -> Result<Session, RepoError> {
     let config = SessionConfig::parse(&read_bounded(&r.config, MAX_TASK_BYTES, "configuration")?)?;
+    config.check_paths_exist()?;
     let task = String::from_utf8(read_bounded(&r.task, MAX_TASK_BYTES, "task file")?)
         .map_err(|_| usage("the task file is not UTF-8"))?;
     let (state, _) = crate::repository::workspace::new_state_dir(&r.state)?;
