@@ -1323,6 +1323,66 @@ fn a_client_imports_no_repository_only_root_can_read() {
     }
 }
 
+/// The daemon's socket is born for root and group chio only (mode 0660): a stranger's uid
+/// cannot even connect (EACCES). Control: with the socket opened to everyone, the same stranger
+/// connects, and meets the daemon's own credential check instead.
+#[test]
+fn a_stranger_cannot_connect_to_the_daemons_socket() {
+    if !privileged("daemon_socket_mode") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let dir = Scratch::new("daemon-socket-mode");
+    let (socket, log, conf) = (dir.join("s.sock"), dir.join("daemon.log"), dir.join("supervisor.json"));
+    std::fs::write(&conf, config(json!({})).to_string()).unwrap();
+    let mut daemon = Command::new(chio())
+        .args([
+            "supervisor",
+            "serve",
+            "--socket",
+            s(&socket),
+            "--state-dir",
+            s(&dir.join("state")),
+            "--config",
+            s(&conf),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("listening on") {
+        assert!(
+            Instant::now() < until,
+            "the daemon did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mode = std::fs::metadata(&socket).unwrap().mode() & 0o7777;
+    let stranger = |sock: &Path| {
+        Command::new(chio())
+            .args(["cage", "run", "--supervisor", s(sock), "--", "/bin/true"])
+            .uid(65533)
+            .gid(65533)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let refused = stranger(&socket);
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let reached = stranger(&socket);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let _ = daemon.wait();
+    assert_eq!(mode, 0o660, "the socket's mode");
+    let err = text(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("Permission denied"), "a stranger connected: {err}");
+    let err = text(&reached.stderr);
+    assert!(!reached.status.success() && !err.contains("Permission denied"), "control: {err}");
+}
+
 fn is_sh(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| matches!(c.trim_end(), "sleep" | "sh" | "dash"))
 }

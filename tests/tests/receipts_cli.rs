@@ -43,6 +43,40 @@ fn probe_euid(db: &Path, seed: &Path) -> Output {
     ])
 }
 
+/// An NDJSON export is a chain: a receipt deleted from its middle, or two swapped, is refused by
+/// `receipt verify`, naming the break (each receipt alone still verifies). Control: the whole
+/// export verifies.
+#[test]
+fn an_export_with_a_receipt_deleted_or_moved_does_not_verify() {
+    if !privileged("receipts_export_chain") {
+        return;
+    }
+    let dir = Scratch::new("receipts-chain");
+    let (db, seed, public) = keyed_store(&dir);
+    for _ in 0..2 {
+        assert_eq!(probe_euid(&db, &seed).status.code(), Some(1));
+    }
+    let listed = String::from_utf8(chio(&["receipt", "list", "--receipt-db", s(&db)]).stdout).unwrap();
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 4, "{listed}");
+    let verify = |name: &str, kept: &[usize]| {
+        let file = dir.join(name);
+        std::fs::write(&file, kept.iter().map(|i| format!("{}\n", lines[*i])).collect::<String>()).unwrap();
+        chio(&["receipt", "verify", "--input", s(&file), "--trusted-kernel-pubkey", s(&public)])
+    };
+    let whole = verify("whole.ndjson", &[0, 1, 2, 3]);
+    assert!(whole.status.success(), "control: the whole export verifies: {}", String::from_utf8_lossy(&whole.stderr));
+    for (name, kept, why) in [
+        ("deleted.ndjson", &[0, 1, 3][..], "a receipt is missing or moved"),
+        ("moved.ndjson", &[0, 2, 1, 3][..], "a receipt is missing or moved"),
+    ] {
+        let v = verify(name, kept);
+        let err = String::from_utf8_lossy(&v.stderr);
+        assert_eq!(v.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains(why) && err.contains("but the previous receipt is"), "{name}: {err}");
+    }
+}
+
 #[test]
 fn launch_receipts_verify_offline_and_tampering_is_named() {
     if !privileged("receipts_cli") {
