@@ -99,3 +99,59 @@ fn a_root_policy_needs_the_operator_to_allow_it() {
     assert!(run.stdout.starts_with("ESCAPED: euid is 0"), "{}", run.stdout);
     assert_eq!(run.record["annotations"]["policy.allow_root"], "true");
 }
+
+/// A policy launch pins the target's digest the manifest names: the policy's root with its
+/// `/probe` swapped for other bytes (one appended) after signing is refused at the verify stage,
+/// and the swapped file never runs. And a policy that requires receipts refuses a launch that
+/// gives no store. Controls: the same launch on the unswapped root, with receipts, runs.
+#[test]
+fn a_policy_launch_pins_its_digest_and_requires_its_receipts() {
+    if !privileged("policy_pins") {
+        return;
+    }
+    let argv = ["/probe", "write", "/workspace/out/ran"];
+    let root = Scratch::new("policy-pinned-root");
+    chio_tests::build_rootfs(&root.0, Path::new(PROBE));
+    let p = chio_tests::signed_launch_on(Path::new(PROBE), &argv, 65534, "enforced", &root.0);
+    let ws = Scratch::new("policy-pinned-ws");
+    ws.give_to_nobody();
+    std::fs::create_dir(ws.join("out")).unwrap();
+    std::os::unix::fs::chown(ws.join("out"), Some(65534), Some(65534)).unwrap();
+    // No store: refused before anything runs.
+    let (manifest, policy, operator) =
+        (s(&p.manifest).to_string(), s(&p.policy).to_string(), s(&p.operator).to_string());
+    let out = chio(&[
+        "cage",
+        "run",
+        "--json",
+        "--policy",
+        &policy,
+        "--policy-signer",
+        &operator,
+        "--manifest",
+        &manifest,
+        "--workspace",
+        s(&ws.0),
+        "--",
+        argv[0],
+        argv[1],
+        argv[2],
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("the policy requires receipts"), "{err}");
+    assert!(!ws.join("out/ran").exists());
+    // Control: with its receipts, it runs.
+    let run = parse(launch(&p, &ws.0, &[], &argv));
+    assert_eq!(run.state(), "FullyEnforced", "control: {}", run.stderr);
+    assert!(ws.join("out/ran").exists());
+    std::fs::remove_file(ws.join("out/ran")).unwrap();
+    // The target swapped after signing: refused by its digest, never run.
+    let mut bytes = std::fs::read(root.join("probe")).unwrap();
+    bytes.push(0);
+    std::fs::write(root.join("probe"), bytes).unwrap();
+    let run = parse(launch(&p, &ws.0, &[], &argv));
+    assert_eq!(run.state(), "BootstrapFailed", "{}", run.stderr);
+    assert_eq!(run.record["failure"]["code"], "digest_mismatch", "{}", run.record["failure"]);
+    assert!(!ws.join("out/ran").exists(), "the swapped target ran");
+}
