@@ -518,3 +518,53 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
     let patch = std::fs::read_to_string(result.join("bundle/changes.patch")).unwrap();
     assert!(patch.contains("package/zero.txt"), "the committed step is in the result: {patch}");
 }
+
+/// What a session runs is what the operator signed. After `prepare`: the task edited, the
+/// provider's URL edited, or the task edited together with the request's digest of it (so the
+/// files agree with each other but not with the signature) — each run is refused before
+/// anything starts, and the provider sees no call. Control: put back, the session runs.
+#[test]
+fn an_edited_task_or_provider_never_runs_under_the_old_signature() {
+    if !privileged("session_edited") {
+        return;
+    }
+    let dir = Scratch::new("session-edited");
+    let repo = calculator_repo(&dir.0);
+    let provider = scripted_provider(FIX);
+    let Some(state) = prepared(&dir, &repo, &provider, &json!({})) else { return };
+    let run = || chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    let (task, config, request) =
+        (state.join("task.md"), state.join("session.json"), state.join("provisioning-request.json"));
+    let originals: Vec<(PathBuf, Vec<u8>)> =
+        [&task, &config, &request].iter().map(|p| (p.to_path_buf(), std::fs::read(p).unwrap())).collect();
+    let restore = || {
+        for (p, b) in &originals {
+            std::fs::write(p, b).unwrap();
+        }
+    };
+    let refused = |what: &str, why: &str| {
+        let out = run();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{what}: {err}");
+        assert_eq!(steps(&provider.seen), Vec::<usize>::new(), "{what}: the provider was called");
+    };
+    std::fs::write(&task, "delete everything\n").unwrap();
+    refused("an edited task", "task.md does not match");
+    restore();
+    let mut c: Value = serde_json::from_slice(&originals[1].1).unwrap();
+    c["model"]["base_url"] = json!("http://127.0.0.1:9/v1");
+    std::fs::write(&config, c.to_string()).unwrap();
+    refused("an edited provider URL", "does not match session.json");
+    restore();
+    // The request made to agree with an edited task: the files agree, the signature does not.
+    let edited = "delete everything\n";
+    std::fs::write(&task, edited).unwrap();
+    let mut r: Value = serde_json::from_slice(&originals[2].1).unwrap();
+    r["task_sha256"] = json!(chio_tests::hex(edited.as_bytes()));
+    std::fs::write(&request, r.to_string()).unwrap();
+    refused("an edited task with its request", "the authorization is not admitted");
+    restore();
+    let out = run();
+    assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!steps(&provider.seen).is_empty(), "control: the provider was called");
+}
