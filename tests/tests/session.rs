@@ -568,3 +568,77 @@ fn an_edited_task_or_provider_never_runs_under_the_old_signature() {
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!steps(&provider.seen).is_empty(), "control: the provider was called");
 }
+
+/// The repository leg enforces what the operator authorized, whatever the worker asks: a
+/// stranger's uid on its socket is refused; a deadline past the authorized one is refused
+/// (control: the authorized one runs); the command one past the step limit is refused (control:
+/// every command up to it runs).
+#[test]
+fn the_leg_holds_the_worker_to_its_authorization() {
+    use std::os::unix::net::UnixStream;
+    use std::os::unix::process::CommandExt;
+    if !privileged("session_leg_bounds") {
+        return;
+    }
+    let dir = Scratch::new("session-leg");
+    let repo = calculator_repo(&dir.0);
+    let provider = scripted_provider(FIX);
+    let extra = json!({"command_timeout_s": 5, "agent": {"step_limit": 2, "wall_time_s": 60}});
+    let Some(state) = prepared(&dir, &repo, &provider, &extra) else { return };
+    std::fs::create_dir_all(state.join("run")).unwrap();
+    /// The leg, killed when the test ends, however it ends.
+    struct Leg(std::process::Child);
+    impl Drop for Leg {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut leg = Leg(Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(["session", "leg", "--state", s(&state)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    let mut ready = String::new();
+    BufReader::new(leg.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let socket = state.join("run/leg.sock");
+    // Only the worker's cage has the socket's path (the state directory is root's); a stranger
+    // reaches the socket here by a hard link in a directory anyone may enter, and meets the
+    // leg's own check of its peer.
+    let public = Scratch::new("session-leg-public");
+    std::fs::hard_link(&socket, public.join("leg.sock")).unwrap();
+    let ask = |c: &UnixStream, key: &str, deadline: u64| -> Value {
+        let line = json!({"operation_key": key, "command": "echo ran", "deadline_s": deadline});
+        writeln!(&*c, "{line}").unwrap();
+        let mut answer = String::new();
+        BufReader::new(c).read_line(&mut answer).unwrap();
+        serde_json::from_str(&answer).unwrap_or_else(|_| panic!("not an answer: {answer:?}"))
+    };
+    // A stranger's uid: refused at once, whatever it asks.
+    let stranger = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(
+            "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); \
+              s.sendall(b'{\"operation_key\":\"x\",\"command\":\"echo ran\",\"deadline_s\":5}\\n'); \
+              print(s.makefile().readline().strip())",
+        )
+        .arg(public.join("leg.sock"))
+        .uid(65533)
+        .gid(65533)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&stranger.stdout);
+    assert!(said.contains("uid 65533 may not use the leg"), "{said} {}", String::from_utf8_lossy(&stranger.stderr));
+    let c = UnixStream::connect(&socket).unwrap();
+    let over = ask(&c, "k-over", 6);
+    assert!(over["error"].as_str().unwrap_or_default().contains("authorizes at most 5 s"), "{over}");
+    for k in ["k1", "k2"] {
+        let ran = ask(&c, k, 5);
+        assert!(ran["error"].is_null() && ran["exit_status"] == 0, "control: {k} within the bounds runs: {ran}");
+    }
+    let past = ask(&c, "k3", 5);
+    assert!(past["error"].as_str().unwrap_or_default().contains("step limit of 2"), "{past}");
+}
