@@ -522,7 +522,9 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
 /// What a session runs is what the operator signed. After `prepare`: the task edited, the
 /// provider's URL edited, or the task edited together with the request's digest of it (so the
 /// files agree with each other but not with the signature) — each run is refused before
-/// anything starts, and the provider sees no call. Control: put back, the session runs.
+/// anything starts, and the provider sees no call. Control: put back, the session runs — with
+/// the worker's read-only paths bound read-only (its record says so), and `result`, run as
+/// root, copying nothing of a root-only file the worker's trajectory was swapped for a link to.
 #[test]
 fn an_edited_task_or_provider_never_runs_under_the_old_signature() {
     if !privileged("session_edited") {
@@ -567,6 +569,32 @@ fn an_edited_task_or_provider_never_runs_under_the_old_signature() {
     let out = run();
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!steps(&provider.seen).is_empty(), "control: the provider was called");
+
+    // The worker's read-only paths were bound read-only (its record says so), its output
+    // directory writable.
+    let record: Value = serde_json::from_slice(&std::fs::read(state.join("worker-launch.json")).unwrap()).unwrap();
+    let sources = record["reported"]["sources"].as_array().unwrap();
+    let config: Value = serde_json::from_slice(&originals[1].1).unwrap();
+    for p in config["worker"]["read_only_paths"].as_array().unwrap() {
+        let bound = sources.iter().find(|x| x["dest"] == *p).unwrap_or_else(|| panic!("{p} not bound: {record}"));
+        assert_eq!(bound["writable"], false, "{p} bound writable");
+    }
+    assert!(sources.iter().any(|x| x["dest"] == "/chio-out" && x["writable"] == true), "control: {sources:?}");
+    // `result` (run as root) reads what the worker wrote without following a link: a trajectory
+    // swapped for a link to a root-only file copies nothing of it. Control: the real one is copied.
+    let got = dir.join("result");
+    assert!(chio(&["session", "result", "--state", s(&state), "--out", s(&got)], &[]).status.success());
+    assert!(std::fs::metadata(got.join("trajectory.json")).is_ok_and(|m| m.len() > 0), "control: the trajectory");
+    let secret = dir.join("root-only");
+    std::fs::write(&secret, "TOP SECRET").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let trajectory = state.join("out/trajectory.json");
+    std::fs::remove_file(&trajectory).unwrap();
+    std::os::unix::fs::symlink(&secret, &trajectory).unwrap();
+    let linked = dir.join("result-linked");
+    let _ = chio(&["session", "result", "--state", s(&state), "--out", s(&linked)], &[]);
+    let copied = std::fs::read_to_string(linked.join("trajectory.json")).unwrap_or_default();
+    assert!(!copied.contains("TOP SECRET"), "result copied a host file through the worker's link");
 }
 
 /// The repository leg enforces what the operator authorized, whatever the worker asks: a
