@@ -670,3 +670,29 @@ fn the_leg_holds_the_worker_to_its_authorization() {
     let past = ask(&c, "k3", 5);
     assert!(past["error"].as_str().unwrap_or_default().contains("step limit of 2"), "{past}");
 }
+
+/// A worker whose cage fails its setup (here at landlock, by the test build's switch) never
+/// counts as a run: no outcome is recorded, the session stays resumable, the provider is never
+/// called. Control: the same run without the failure completes.
+#[test]
+fn a_worker_cage_that_failed_setup_is_not_a_completed_run() {
+    if !privileged("session_worker_failed") {
+        return;
+    }
+    let dir = Scratch::new("session-worker-failed");
+    let repo = calculator_repo(&dir.0);
+    let provider = scripted_provider(FIX);
+    let Some(state) = prepared(&dir, &repo, &provider, &json!({})) else { return };
+    let failed = chio(
+        &["session", "run", "--state", s(&state), "--json"],
+        &[("CHIO_TEST_PROVIDER_KEY", SECRET), ("CHIO_TEST_FAIL_STAGE", "landlock")],
+    );
+    let err = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success() && err.contains("the worker's cage did not run"), "{err}");
+    assert!(!state.join("outcome.json").exists(), "a failed worker recorded an outcome");
+    assert_eq!(session_state(&state).0, "prepared");
+    assert_eq!(steps(&provider.seen), Vec::<usize>::new());
+    let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(session_state(&state).0, "completed");
+}
