@@ -1,6 +1,6 @@
 #!/bin/sh
 # Run a command as root with the host's root file system read-only, in a mount namespace of its
-# own: only this repository, /tmp, /var/tmp, /run, cargo's home and /etc/hosts (which a daemon
+# own: only this repository, /tmp, /var/tmp, /run, cargo's home and /etc/nsswitch.conf (which a daemon
 # test edits and puts back) stay writable. Other mounts (/proc, /sys, /dev, cgroups) are as they
 # are. For runs that may hold broken code — a mutation run turns checks off one by one, and one
 # such mutant of a path walk, run unsealed as root, once deleted this machine's /etc. The run
@@ -19,7 +19,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 export CHIO_SEALED=1
 exec unshare --mount --uts --pid --fork --mount-proc --propagation private sh -eu -c '
-    for w in "$PWD" /tmp /var/tmp /run "${CARGO_HOME:-$HOME/.cargo}" /etc/hosts; do
+    for w in "$PWD" /tmp /var/tmp /run "${CARGO_HOME:-$HOME/.cargo}" /etc/nsswitch.conf; do
         mount --bind "$w" "$w"
     done
     # bind: the root mount of this namespace only, never the file system (the host keeps it rw).
