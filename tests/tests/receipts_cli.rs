@@ -433,3 +433,54 @@ fn a_receipt_that_cannot_be_written_at_the_exec_stop_kills_the_target() {
     assert!(!ws.join("ran").exists(), "the target ran although its evidence was not recorded");
     assert!(ws.join("warm2").exists(), "control: the same launch with room for its receipts runs");
 }
+
+/// What `receipt verify` and `verify-chain` take, at their bounds: a line that is a receipt is
+/// verified as itself even when it also carries a `receipt` member (never the member in its
+/// place: a forged body with a genuine receipt inside must not verify); an input of more than
+/// 64 MiB, or of more than 100,000 lines, is refused unread (one of exactly 64 MiB is read); a
+/// range of one receipt (`--from N --to N`) verifies. Controls: the genuine receipt verifies
+/// alone and as `receipt list` wraps it.
+#[test]
+fn verify_takes_each_line_as_itself_and_holds_its_bounds() {
+    if !privileged("receipts_verify_bounds") {
+        return;
+    }
+    let dir = Scratch::new("receipts-bounds");
+    let (db, seed, public) = keyed_store(&dir);
+    assert_eq!(probe_euid(&db, &seed).status.code(), Some(1));
+    let listed = String::from_utf8(chio(&["receipt", "list", "--receipt-db", s(&db)]).stdout).unwrap();
+    let first: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+    let genuine = first["receipt"].clone();
+    let verify = |name: &str, text: &str| {
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        chio(&["receipt", "verify", "--input", s(&file), "--trusted-kernel-pubkey", s(&public)])
+    };
+    assert!(verify("genuine.ndjson", &format!("{genuine}\n")).status.success(), "control: the receipt alone");
+    // A forged body carrying the genuine receipt as a member: verified as itself, refused.
+    let mut forged = genuine.clone();
+    forged["body"]["outcome"] = serde_json::json!("exit:0");
+    forged["receipt"] = genuine.clone();
+    let v = verify("forged.ndjson", &format!("{forged}\n"));
+    assert_eq!(v.status.code(), Some(1), "a forged body verified through the receipt it carries");
+    // More than 64 MiB, or more than 100,000 lines: refused before anything is verified.
+    let big = dir.join("big.ndjson");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len((64 << 20) + 1).unwrap();
+    let v = chio(&["receipt", "verify", "--input", s(&big), "--trusted-kernel-pubkey", s(&public)]);
+    assert!(String::from_utf8_lossy(&v.stderr).contains("reads at most"), "{}", String::from_utf8_lossy(&v.stderr));
+    f.set_len(64 << 20).unwrap();
+    let v = chio(&["receipt", "verify", "--input", s(&big), "--trusted-kernel-pubkey", s(&public)]);
+    assert!(!String::from_utf8_lossy(&v.stderr).contains("reads at most"), "64 MiB exactly is read");
+    let lines = verify("many.ndjson", &"{}\n".repeat(100_001));
+    assert!(
+        String::from_utf8_lossy(&lines.stderr).contains("checks at most"),
+        "{}",
+        String::from_utf8_lossy(&lines.stderr)
+    );
+    let lines = verify("enough.ndjson", &"{}\n".repeat(100_000));
+    assert!(!String::from_utf8_lossy(&lines.stderr).contains("checks at most"), "100,000 lines are checked");
+    // A range of one receipt.
+    let one = chio(&["receipt", "verify-chain", "--receipt-db", s(&db), "--from", "2", "--to", "2"]);
+    assert!(one.status.success(), "--from 2 --to 2: {}", String::from_utf8_lossy(&one.stderr));
+}
