@@ -649,8 +649,9 @@ fn the_leg_holds_the_worker_to_its_authorization() {
     let stranger = Command::new("/usr/bin/python3")
         .arg("-c")
         .arg(
+            // Answered on connecting, before it says anything: a request sent after the refusal would
+            // meet a closed socket.
             "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); \
-              s.sendall(b'{\"operation_key\":\"x\",\"command\":\"echo ran\",\"deadline_s\":5}\\n'); \
               print(s.makefile().readline().strip())",
         )
         .arg(public.join("leg.sock"))
