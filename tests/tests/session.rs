@@ -651,7 +651,7 @@ fn the_leg_holds_the_worker_to_its_authorization() {
         .arg(
             // Answered on connecting, before it says anything: a request sent after the refusal would
             // meet a closed socket.
-            "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); \
+            "import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1]); \
               print(s.makefile().readline().strip())",
         )
         .arg(public.join("leg.sock"))
