@@ -44,6 +44,13 @@ if [ "${1:-}" = "--e2e" ]; then
     # unit tests (the libraries' and the `chio` binary's own, `--bins`: the daemon's configuration
     # is tested there) and the CLI's cli_args (whose presence makes cargo build the `chio` binary
     # the suites drive).
+    # CHIO_MUTANTS_SKIP replaces the list of skipped tests (cargo test's `--skip` filters), e.g.
+    # "rust_calculator" when mutating the session code the other walkthroughs drive.
+    skips=""
+    for t in ${CHIO_MUTANTS_SKIP:-mini_swe_agent_environments walkthrough session_runs_nothing killed_run \
+        worker_stopped debian_package systemd_analyze privileged_units_grant booted_systemd}; do
+        skips="$skips --skip $t"
+    done
     targets=""
     if [ -n "${CHIO_MUTANTS_TESTS:-}" ]; then
         # cargo-mutants' baseline tests the mutated package alone, where these targets do not
@@ -55,18 +62,15 @@ if [ "${1:-}" = "--e2e" ]; then
             targets="$targets --test $t"
         done
         # shellcheck disable=SC2086
-        if ! cargo test -q -p chio-cage -p chio-cli -p chio-tests $targets >"$TMPDIR/baseline.log" 2>&1; then
+        if ! cargo test -q -p chio-cage -p chio-supervisor -p chio-cli -p chio-tests $targets -- $skips >"$TMPDIR/baseline.log" 2>&1; then
             echo "tests/mutants.sh: the named suites fail on the unmutated tree; see $TMPDIR/baseline.log" >&2
             exit 1
         fi
     fi
     # shellcheck disable=SC2086
     cargo mutants $files \
-        --test-package=chio-cage,chio-cli,chio-tests \
-        --timeout "${CHIO_MUTANTS_TIMEOUT:-240}" -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- $targets -- --skip mini_swe_agent_environments \
-        --skip walkthrough --skip session_runs_nothing --skip killed_run --skip worker_stopped \
-        --skip debian_package --skip systemd_analyze --skip privileged_units_grant \
-        --skip booted_systemd
+        --test-package=chio-cage,chio-supervisor,chio-cli,chio-tests \
+        --timeout "${CHIO_MUTANTS_TIMEOUT:-240}" -o "${CHIO_MUTANTS_OUT:-target/mutants-e2e}" -j 1 "$@" -- $targets -- $skips
 elif [ "${1:-}" = "--crate" ]; then
     pkg=$2
     shift 2

@@ -213,17 +213,60 @@ impl CageRun {
     }
 }
 
-/// Run `chio cage run --json FLAGS -- ARGV`.
+/// The deadline a test launch gets unless its flags name one: every launch of the suites ends in
+/// well under it, so a launch held by a broken check fails its test here, not at chio's 300 s.
+pub const TEST_DEADLINE: &str = "30s";
+
+/// How long a test waits for chio beyond its launch's deadline before it kills chio and fails:
+/// a chio that overruns its own deadline is the fault under test.
+pub const PAST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Run `chio cage run --json FLAGS -- ARGV` (with `--timeout` [`TEST_DEADLINE`] unless FLAGS name
+/// one), failing the test if chio outlives that deadline by [`PAST_DEADLINE`].
 pub fn cage(chio: &Path, flags: &[&str], argv: &[&str]) -> CageRun {
-    let out = Command::new(chio)
-        .args(["cage", "run", "--json"])
-        .args(flags)
+    let mut cmd = Command::new(chio);
+    cmd.args(["cage", "run", "--json"]);
+    let deadline = with_test_deadline(&mut cmd, flags);
+    let child = cmd
         .arg("--")
         .args(argv)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run chio");
-    parse(out)
+    let within = seconds(deadline) + PAST_DEADLINE;
+    parse(output_within(child, within, &format!("chio cage run (deadline {deadline}) of {argv:?}")))
+}
+
+/// Add `flags` to a `chio cage run` command line, with `--timeout` [`TEST_DEADLINE`] unless they
+/// name one or launch a policy (whose deadline is the policy's: 5 m at most in the suites'
+/// policies); returns the deadline.
+pub fn with_test_deadline<'a>(cmd: &mut Command, flags: &[&'a str]) -> &'a str {
+    cmd.args(flags);
+    if flags.contains(&"--policy") {
+        return "5m";
+    }
+    match flags.iter().position(|f| *f == "--timeout") {
+        Some(i) => flags.get(i + 1).copied().unwrap_or(TEST_DEADLINE),
+        None => {
+            cmd.args(["--timeout", TEST_DEADLINE]);
+            TEST_DEADLINE
+        }
+    }
+}
+
+/// A `--timeout` value as chio reads it (`500ms`, `30s`, `5m`, `1h`).
+pub fn seconds(d: &str) -> std::time::Duration {
+    let (n, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit()).unwrap_or(d.len()));
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("a test deadline chio would refuse: {d}"));
+    std::time::Duration::from_millis(match unit {
+        "ms" => n,
+        "" | "s" => n * 1000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => panic!("a test deadline chio would refuse: {d}"),
+    })
 }
 
 /// Parse chio's output into a [`CageRun`].
@@ -381,18 +424,38 @@ pub fn wait_gone(tag: &str, within: std::time::Duration) -> Vec<u32> {
 }
 
 /// The output of `child` (its stdout and stderr piped), which must end within `within`: else it
-/// is killed and the test fails, naming `what`.
-pub fn output_within(mut child: std::process::Child, within: std::time::Duration, what: &str) -> Output {
-    let deadline = std::time::Instant::now() + within;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not end within {within:?}");
+/// is killed and the test fails, naming `what`. Its pipes are read meanwhile, so a child that
+/// says much is not mistaken for one that hangs.
+pub fn output_within(child: std::process::Child, within: std::time::Duration, what: &str) -> Output {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // A pidfd, so the kill can never reach another process given the pid after the child's end.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id(), 0) };
+    assert!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let (done, ended) = std::sync::mpsc::channel::<()>();
+    let dog = std::thread::spawn(move || {
+        if ended.recv_timeout(within) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            use std::os::fd::AsRawFd;
+            // Raw: pidfd_send_signal has no wrapper in std or nix 0.30.
+            unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGKILL, 0, 0) };
+            return true;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        false
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = done.send(());
+    use std::os::unix::process::ExitStatusExt;
+    if dog.join().unwrap() && out.status.signal() == Some(libc::SIGKILL) {
+        panic!("{what} did not end within {within:?} (killed); stderr: {}", String::from_utf8_lossy(&out.stderr));
     }
-    child.wait_with_output().unwrap()
+    out
+}
+
+/// Run `cmd` (stdin from /dev/null unless set, stdout and stderr piped) as [`output_within`]
+/// does: a test whose chio never ends fails after `within`, naming `what`.
+pub fn run_within(cmd: &mut Command, within: std::time::Duration, what: &str) -> Output {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    output_within(child, within, what)
 }
 
 /// Live cage processes (in a pid namespace other than this test's) whose environment holds
@@ -1040,4 +1103,46 @@ pub fn file_identity(p: &Path) -> [i64; 7] {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(p).unwrap();
     [m.dev() as i64, m.ino() as i64, m.size() as i64, m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The bound holds: a child that outlives it is killed and the test fails there, and one
+    /// that says more than a pipe holds is read meanwhile (not taken for a hang).
+    #[test]
+    fn output_within_kills_what_outlives_its_bound() {
+        let started = Instant::now();
+        let hung = std::panic::catch_unwind(|| {
+            run_within(Command::new("sleep").arg("30").stdin(Stdio::null()), Duration::from_millis(300), "sleep 30")
+        });
+        let why = *hung.expect_err("a child past its bound fails the test").downcast::<String>().unwrap();
+        assert!(why.contains("sleep 30 did not end within"), "{why}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let said = run_within(
+            Command::new("head").args(["-c", "1000000", "/dev/zero"]).stdin(Stdio::null()),
+            Duration::from_secs(20),
+            "head",
+        );
+        assert_eq!((said.status.code(), said.stdout.len()), (Some(0), 1_000_000));
+    }
+
+    /// A test deadline is read as chio reads `--timeout`.
+    #[test]
+    fn test_deadlines_read_as_chio_reads_them() {
+        assert_eq!(seconds("500ms"), Duration::from_millis(500));
+        assert_eq!(seconds("30s"), Duration::from_secs(30));
+        assert_eq!(seconds("2m"), Duration::from_secs(120));
+        let mut c = Command::new("chio");
+        assert_eq!(with_test_deadline(&mut c, &["--json"]), TEST_DEADLINE);
+        assert_eq!(c.get_args().collect::<Vec<_>>(), ["--json", "--timeout", TEST_DEADLINE]);
+        let mut c = Command::new("chio");
+        assert_eq!(with_test_deadline(&mut c, &["--timeout", "2s"]), "2s");
+        assert_eq!(c.get_args().count(), 2);
+        let mut c = Command::new("chio");
+        with_test_deadline(&mut c, &["--policy", "p"]);
+        assert_eq!(c.get_args().count(), 2, "a policy's launch takes the policy's deadline");
+    }
 }

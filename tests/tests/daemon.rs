@@ -110,7 +110,11 @@ shift 2; exec "$@""#;
     /// `chio cage run --supervisor` with `args`, as `uid` (None: root), stdin from `input`.
     fn run(&self, uid: Option<u32>, args: &[&str], input: Option<&str>) -> Output {
         let mut c = Command::new(chio());
-        c.args(["cage", "run", "--supervisor", s(&self.socket)]).args(args);
+        c.args(["cage", "run", "--supervisor", s(&self.socket)]);
+        // The flags before `--` (the command's own may say `--timeout` too).
+        let flags = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let deadline = chio_tests::with_test_deadline(&mut c, &args[..flags]);
+        c.args(&args[flags..]);
         if let Some(u) = uid {
             c.uid(u).gid(u);
         }
@@ -120,7 +124,8 @@ shift 2; exec "$@""#;
         if let Some(text) = input {
             child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
         }
-        child.wait_with_output().unwrap()
+        let within = chio_tests::seconds(deadline) + chio_tests::PAST_DEADLINE;
+        chio_tests::output_within(child, within, &format!("a launch through the daemon: {args:?}"))
     }
 
     /// The launcher's spare (the next launch's process), waited for (5 s at most).
@@ -249,7 +254,7 @@ fn a_launch_through_the_daemon_is_the_one_shot_launch() {
     }
     let dir = Scratch::new("daemon-same");
     let d = Daemon::start(&dir, config(json!({})));
-    let argv = ["--json", "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 3"];
+    let argv = ["--json", "--timeout", "30s", "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 3"];
     let via = d.run(None, &argv, None);
     let mut direct = Command::new(chio());
     let direct = direct.args(["cage", "run"]).args(argv).stdin(Stdio::null()).output().unwrap();
@@ -369,7 +374,7 @@ fn nothing_a_command_started_outlives_its_answer() {
     // `sleep` sums its arguments: the tag is a second, harmless one.
     let tag = format!("0.{}", std::process::id());
     let script = format!("for i in 1 2; do sleep 300 {tag} & done; setsid sleep 300 {tag} & echo started");
-    let argv = ["--json", "--", "/bin/sh", "-c", script.as_str()];
+    let argv = ["--json", "--timeout", "30s", "--", "/bin/sh", "-c", script.as_str()];
     let mut direct = Command::new(chio());
     for (form, out) in
         [("daemon", d.run(None, &argv, None)), ("one-shot", direct.args(["cage", "run"]).args(argv).output().unwrap())]

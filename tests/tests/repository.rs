@@ -14,8 +14,12 @@ use serde_json::Value;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
+/// `chio ARGS`, failing the test if it has not ended in two minutes (the suite's deadlines are
+/// seconds: a longer wait is a hang).
 fn chio(args: &[&str]) -> Output {
-    Command::new(chio_bin(&PathBuf::from(PROBE))).args(args).stdin(Stdio::null()).output().unwrap()
+    let mut c = Command::new(chio_bin(&PathBuf::from(PROBE)));
+    c.args(args).stdin(Stdio::null());
+    chio_tests::run_within(&mut c, std::time::Duration::from_secs(120), &format!("chio {}", args.join(" ")))
 }
 
 fn s(p: &Path) -> &str {

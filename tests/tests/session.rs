@@ -11,6 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chio_tests::{calculator_repo, chio_bin, git, privileged, skip, wait_gone, Scratch};
 use serde_json::{json, Value};
@@ -22,13 +23,12 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `chio ARGS`: a session step that has not ended in two minutes (a walkthrough's whole run takes
+/// seconds) is a hang, and fails its test there rather than at the agent's wall time.
 fn chio(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(chio_bin(&PathBuf::from(PROBE)))
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    let mut c = Command::new(chio_bin(&PathBuf::from(PROBE)));
+    c.args(args).envs(env.iter().copied()).stdin(Stdio::null());
+    chio_tests::run_within(&mut c, Duration::from_secs(120), &format!("chio {}", args.first().unwrap_or(&"")))
 }
 
 /// What the scripted provider saw: (Authorization header, request body) per call.
