@@ -744,6 +744,19 @@ pub fn signed_launch(probe: &Path, argv: &[&str], uid: u32, mode: &str) -> Signe
 
 /// [`signed_launch`] with the policy's root filesystem at `rootfs`.
 pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootfs: &Path) -> SignedLaunch {
+    signed_launch_edited(probe, argv, uid, mode, rootfs, |_, _| ())
+}
+
+/// [`signed_launch_on`] with `edit` applied to the manifest and the policy documents before
+/// each is signed (the policy's edit sees the manifest as signed).
+pub fn signed_launch_edited(
+    probe: &Path,
+    argv: &[&str],
+    uid: u32,
+    mode: &str,
+    rootfs: &Path,
+    edit: impl Fn(&str, &mut serde_json::Value),
+) -> SignedLaunch {
     let chio = |args: &[&str]| Command::new(chio_bin(probe)).args(args).stdin(Stdio::null()).output().unwrap();
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let s = |p: PathBuf| -> &'static str { Box::leak(s(&p).into_boxed_str()) };
@@ -759,6 +772,8 @@ pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootf
         "permissions": {"read_paths": ["/workspace"], "write_paths": ["/workspace/out"], "network": [],
                         "env": ["LANG"], "syscall_profile": "default"}
     });
+    let mut manifest = manifest;
+    edit("manifest", &mut manifest);
     std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
     // `chio manifest|policy sign` of DIR/NAME.json with DIR/SIGNER/signing.seed; prints the digest.
     let sign = |kind: &str, signer: &str, name: &str| {
@@ -781,6 +796,8 @@ pub fn signed_launch_on(probe: &Path, argv: &[&str], uid: u32, mode: &str, rootf
         "rootfs": {"directory": rootfs},
         "receipts": {"required": true}
     });
+    let mut policy = policy;
+    edit("policy", &mut policy);
     std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
     sign("policy", "operator", "policy");
     SignedLaunch {

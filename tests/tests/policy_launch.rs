@@ -7,7 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{chio_bin, parse, privileged, signed_launch, Scratch, SignedLaunch as Signed};
+use chio_tests::{
+    chio_bin, parse, privileged, shared_rootfs, signed_launch, signed_launch_edited, Scratch, SignedLaunch as Signed,
+};
+use serde_json::json;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -98,6 +101,80 @@ fn a_root_policy_needs_the_operator_to_allow_it() {
     assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
     assert!(run.stdout.starts_with("ESCAPED: euid is 0"), "{}", run.stdout);
     assert_eq!(run.record["annotations"]["policy.allow_root"], "true");
+}
+
+/// Root in any form needs the operator's `--allow-root-policy`: uid 0 under another group, gid 0
+/// under another user, and the host's `/` as the root filesystem under an ordinary uid are each
+/// refused without it. Controls: each is admitted with it (and the first two run).
+#[test]
+fn each_form_of_root_needs_the_operator_to_allow_it() {
+    if !privileged("policy_root_forms") {
+        return;
+    }
+    let argv = ["/probe", "euid"];
+    let probe = Path::new(PROBE);
+    let rootfs = shared_rootfs(probe);
+    let identity = |uid: u32, gid: u32| {
+        move |doc: &str, v: &mut serde_json::Value| {
+            if doc == "policy" {
+                v["identity"] = json!({"uid": uid, "gid": gid});
+            }
+        }
+    };
+    let forms = [
+        ("uid 0 under gid 1000", signed_launch_edited(probe, &argv, 0, "enforced", rootfs, identity(0, 1000))),
+        ("gid 0 under uid 1000", signed_launch_edited(probe, &argv, 0, "enforced", rootfs, identity(1000, 0))),
+        (
+            "the host's / as root",
+            signed_launch_edited(probe, &argv, 1000, "enforced", Path::new("/"), identity(1000, 1000)),
+        ),
+    ];
+    for (form, p) in &forms {
+        let ws = Scratch::new("policy-root-form");
+        std::fs::create_dir(ws.join("out")).unwrap();
+        let out = launch(p, &ws.0, &[], &argv);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{form}: {err}");
+        assert!(err.contains("--allow-root-policy"), "{form}: {err}");
+        let allowed = launch(p, &ws.0, &["--allow-root-policy"], &argv);
+        let err = String::from_utf8_lossy(&allowed.stderr);
+        assert!(!err.contains("refused by policy"), "control, {form}: admitted with --allow-root-policy: {err}");
+        if !form.contains("host's /") {
+            let run = parse(allowed);
+            assert_eq!(run.state(), "FullyEnforced", "control, {form}: {}", run.stderr);
+            assert_eq!(run.record["annotations"]["policy.allow_root"], "true", "{form}");
+        }
+    }
+}
+
+/// A policy that admits network destinations runs in a cage with no route out, and its record
+/// (so its receipt) says so; one that admits none says nothing about it.
+#[test]
+fn admitted_destinations_are_said_not_provided() {
+    if !privileged("policy_network") {
+        return;
+    }
+    let argv = ["/probe", "euid"];
+    let probe = Path::new(PROBE);
+    let with_network = |_: &str, v: &mut serde_json::Value| {
+        let d = json!([{"host": "example.com", "port": 443}]);
+        match v.get_mut("permissions") {
+            Some(perms) => perms["network"] = d,
+            None => v["ceilings"]["network"] = d,
+        }
+    };
+    let p = signed_launch_edited(probe, &argv, 65534, "enforced", shared_rootfs(probe), with_network);
+    let ws = Scratch::new("policy-network");
+    std::fs::create_dir(ws.join("out")).unwrap();
+    let run = parse(launch(&p, &ws.0, &[], &argv));
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert_eq!(run.record["net"], "none", "{}", run.record);
+    let said = run.record["annotations"]["policy.network"].as_str().unwrap_or_default();
+    assert!(said.contains("not provided"), "{}", run.record["annotations"]);
+    let plain = signed_launch(probe, &argv, 65534, "enforced");
+    let run = parse(launch(&plain, &ws.0, &[], &argv));
+    assert_eq!(run.state(), "FullyEnforced", "control: {}", run.stderr);
+    assert!(run.record["annotations"].get("policy.network").is_none(), "control: {}", run.record["annotations"]);
 }
 
 /// A policy launch pins the target's digest the manifest names: the policy's root with its
