@@ -62,6 +62,7 @@ fn a_policy_launch_gets_exactly_the_admitted_plan() {
     assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
     assert!(ws.join("out/ran").exists(), "the admitted write path is writable");
     let r = &run.record;
+    assert_eq!(r["mode"], "enforced", "an enforced policy launches enforced");
     assert_eq!(r["annotations"]["policy.id"], "probe-policy");
     assert_eq!(r["limits"]["memory_bytes"], 268435456);
     assert_eq!(r["limits"]["pids"], 32);
@@ -175,6 +176,71 @@ fn admitted_destinations_are_said_not_provided() {
     let run = parse(launch(&plain, &ws.0, &[], &argv));
     assert_eq!(run.state(), "FullyEnforced", "control: {}", run.stderr);
     assert!(run.record["annotations"].get("policy.network").is_none(), "control: {}", run.record["annotations"]);
+}
+
+/// A policy's mode is the launch's: shadow records what enforced would refuse (control: the
+/// enforced policy's launch is enforced, above).
+#[test]
+fn a_shadow_policy_launches_in_shadow_mode() {
+    if !privileged("policy_shadow") {
+        return;
+    }
+    let argv = ["/probe", "euid"];
+    let p = signed_launch(Path::new(PROBE), &argv, 65534, "shadow");
+    let ws = Scratch::new("policy-shadow");
+    std::fs::create_dir(ws.join("out")).unwrap();
+    let run = parse(launch(&p, &ws.0, &[], &argv));
+    assert_eq!(run.record["mode"], "shadow", "{}", run.stderr);
+}
+
+/// The command gets the cage's own defaults and the variables its policy admits, with chio's
+/// values — and nothing else of chio's environment.
+#[test]
+fn a_policy_launch_passes_only_the_admitted_variables() {
+    if !privileged("policy_env") {
+        return;
+    }
+    let ws = Scratch::new("policy-env");
+    std::fs::create_dir(ws.join("out")).unwrap();
+    for (want, control) in [
+        ("LANG=chio-test-lang", true),
+        ("PATH=/usr/local/bin:/usr/bin:/bin", true),
+        ("HOME=/workspace", true),
+        ("CHIO_POLICY_ENV_NOT_ADMITTED=", false),
+    ] {
+        let argv = ["/probe", "read", "/proc/self/environ", want];
+        let p = signed_launch(Path::new(PROBE), &argv, 65534, "enforced");
+        let mut args: Vec<String> =
+            ["cage", "run", "--json", "--policy", s(&p.policy), "--policy-signer", s(&p.operator)]
+                .into_iter()
+                .map(String::from)
+                .collect();
+        let (db, seed) = (p.dir.join("r.db"), p.dir.join("operator/signing.seed"));
+        for a in [
+            "--manifest",
+            s(&p.manifest),
+            "--workspace",
+            s(&ws.0),
+            "--receipt-db",
+            s(&db),
+            "--kernel-key",
+            s(&seed),
+            "--",
+        ] {
+            args.push(a.into());
+        }
+        args.extend(argv.iter().map(|a| a.to_string()));
+        let out = Command::new(chio_bin(&PathBuf::from(PROBE)))
+            .args(&args)
+            .env("LANG", "chio-test-lang")
+            .env("CHIO_POLICY_ENV_NOT_ADMITTED", "1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let run = parse(out);
+        assert_eq!(run.state(), "FullyEnforced", "{want}: {}", run.stderr);
+        assert_eq!(run.stdout.starts_with("ESCAPED"), control, "{want}: {}", run.stdout);
+    }
 }
 
 /// A policy launch pins the target's digest the manifest names: the policy's root with its
