@@ -1388,6 +1388,90 @@ fn a_stranger_cannot_connect_to_the_daemons_socket() {
     assert!(!reached.status.success() && !err.contains("Permission denied"), "control: {err}");
 }
 
+/// `chio supervisor serve` on `socket` (state and configuration beside it) through `cmd`, and
+/// its log once it has said it listens or has ended (within 10 s).
+fn serve_until_listening(dir: &Scratch, socket: &Path, mut cmd: Command) -> (std::process::Child, String) {
+    let (log, conf) = (dir.join("serve.log"), dir.join("supervisor.json"));
+    std::fs::write(&conf, config(json!({})).to_string()).unwrap();
+    let state = dir.join("state");
+    let args = ["supervisor", "serve", "--socket", s(socket), "--state-dir", s(&state), "--config", s(&conf)];
+    let mut daemon = cmd
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if said.contains("listening on") || daemon.try_wait().unwrap().is_some() {
+            return (daemon, said);
+        }
+        assert!(Instant::now() < until, "the daemon neither listened nor ended: {said}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn stop(mut daemon: std::process::Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let _ = daemon.wait();
+}
+
+/// The socket goes to the local group `chio` (from /etc/group, where systemd-sysusers puts it),
+/// the group the installed units give their clients: here a daemon in a mount namespace of its
+/// own sees an /etc/group naming chio 4242. Control: without that line the socket stays root's.
+#[test]
+fn the_daemons_socket_is_given_to_group_chio() {
+    if !privileged("daemon_socket_group") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    for (with_chio, want_gid) in [(true, 4242), (false, 0)] {
+        let dir = Scratch::new("daemon-socket-group");
+        let host = std::fs::read_to_string("/etc/group").unwrap();
+        let ours: String = host.lines().filter(|l| !l.starts_with("chio:")).map(|l| format!("{l}\n")).collect();
+        let group = dir.join("group");
+        std::fs::write(&group, if with_chio { format!("{ours}chio:x:4242:\n") } else { ours }).unwrap();
+        let mut cmd = Command::new("unshare");
+        let script = r#"set -e; mount --bind "$1" /etc/group; shift; exec "$@""#;
+        cmd.args(["-m", "--propagation", "private", "sh", "-c", script, "sh", s(&group), s(&chio())]);
+        let socket = dir.join("s.sock");
+        let (daemon, said) = serve_until_listening(&dir, &socket, cmd);
+        let m = std::fs::metadata(&socket).map_err(|e| format!("{e}: {said}"));
+        stop(daemon);
+        let m = m.unwrap();
+        assert_eq!((m.gid(), m.mode() & 0o7777), (want_gid, 0o660), "with chio in /etc/group: {with_chio}");
+    }
+}
+
+/// What the socket's path names already is replaced only when it is a socket no daemon listens
+/// on: a regular file there is refused and kept. Control: a stale socket is replaced.
+#[test]
+fn a_daemon_replaces_only_a_stale_socket() {
+    if !privileged("daemon_socket_replace") {
+        return;
+    }
+    let dir = Scratch::new("daemon-socket-replace");
+    let socket = dir.join("s.sock");
+    std::fs::write(&socket, "the operator's file\n").unwrap();
+    let (mut daemon, said) = serve_until_listening(&dir, &socket, Command::new(chio()));
+    let ended = daemon.try_wait().unwrap();
+    if ended.is_none() {
+        stop(daemon);
+    }
+    assert!(ended.is_some_and(|s| !s.success()), "a daemon started over a regular file: {said}");
+    assert!(said.contains("exists and is not a socket"), "{said}");
+    assert_eq!(std::fs::read_to_string(&socket).unwrap(), "the operator's file\n");
+    std::fs::remove_file(&socket).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let (daemon, said) = serve_until_listening(&dir, &socket, Command::new(chio()));
+    let listening = said.contains("listening on");
+    stop(daemon);
+    assert!(listening, "control: a stale socket is replaced: {said}");
+}
+
 fn is_sh(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| matches!(c.trim_end(), "sleep" | "sh" | "dash"))
 }
