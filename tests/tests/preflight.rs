@@ -111,6 +111,15 @@ fn a_kernel_without_a_call_the_launch_makes_is_fatal() {
         assert_eq!(p["summary"], format!("{name} is not available: a launch needs it"), "{p}");
         assert_eq!(p["context"][key], "no", "{p}");
     }
+    // A kernel without landlock, as far as chio can tell: ABI 0, below the floor (and no cage can
+    // be built, so the trial is fatal too); the problem is in the document beside the summary.
+    let (code, p) = f(&libc::SYS_landlock_create_ruleset.to_string());
+    assert_eq!((code, &p["context"]["landlock_abi"]), (2, &Value::from("0")), "{p}");
+    let problems = p["problems"].as_array().unwrap_or_else(|| panic!("{p}"));
+    assert!(
+        problems.iter().any(|x| x["summary"].as_str().unwrap().starts_with("landlock ABI 0: enforced launches need 4")),
+        "{p}"
+    );
     let (code, p) = f(&libc::SYS_acct.to_string());
     assert_eq!((code, &p["severity"]), (0, &Value::from("warning")), "{p}");
     assert!(p["summary"].as_str().unwrap().contains("runs under a seccomp filter"), "{p}");
