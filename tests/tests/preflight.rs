@@ -188,6 +188,8 @@ fn cgroups_are_judged_as_a_launch_judges_them() {
     assert_eq!(p["context"]["cgroup_controllers"], offered.as_str(), "{p}");
     assert_eq!(p["context"]["cgroup_controllers_missing"], format!("{missing:?}"), "{p}");
     assert!(p["severity"] != "ok" && out.status.code() != Some(0), "{p}");
+    let said = format!("cgroup v2 controllers {missing:?} are not delegated to {}", s(&mnt.0));
+    assert!(p["problems"].as_array().unwrap().iter().any(|x| x["summary"] == said.as_str()), "{said}: {p}");
     assert!(stderr.contains("REMOVED"), "the trial left a cgroup in the launch root: {stderr}");
 }
 
@@ -203,7 +205,10 @@ fn where_v2_launch_cgroups_go_is_said() {
     }
     let scratch = Scratch::new("preflight-deleg");
     let sub = scratch.0.file_name().unwrap().to_str().unwrap().to_string();
-    for marked in [true, false] {
+    // (marked delegated, chio moved into the cgroup first): a process left in the root cgroup
+    // is no unit's, and is not warned about.
+    for (marked, moved) in [(true, true), (false, true), (false, false)] {
+        let enter = if moved { "echo 0 > \"$D/cgroup.procs\"; " } else { "" };
         let mark = if marked {
             r#"python3 -c 'import os, sys; os.setxattr(sys.argv[1], "trusted.delegate", b"1")' "$D""#
         } else {
@@ -211,7 +216,7 @@ fn where_v2_launch_cgroups_go_is_said() {
         };
         let script = format!(
             "mount -t cgroup2 none /sys/fs/cgroup\nD=/sys/fs/cgroup/{sub}\nmkdir \"$D\"\n{mark}\n\
-             code=0\n(echo 0 > \"$D/cgroup.procs\"; exec \"$@\") || code=$?\n\
+             code=0\n({enter}exec \"$@\") || code=$?\n\
              find \"$D\" -depth -type d -exec rmdir {{}} +\nrmdir /sys/fs/cgroup/chio 2>/dev/null\nexit $code"
         );
         let wrapper = ["unshare", "-m", "--propagation", "private", "sh", "-c", &script, "sh"];
@@ -228,6 +233,13 @@ fn where_v2_launch_cgroups_go_is_said() {
             (&p["context"]["cgroup_delegated"], &p["context"]["cgroup_root"]),
             (&delegated.into(), &root.into())
         );
+        let warned = p["problems"].as_array().into_iter().flatten().any(|x| {
+            x["summary"]
+                .as_str()
+                .unwrap()
+                .starts_with("launch cgroups go under /sys/fs/cgroup/chio, outside this process's cgroup")
+        });
+        assert_eq!(warned, !marked && moved, "marked {marked}, moved {moved}: {p}");
     }
 }
 
