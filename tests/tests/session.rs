@@ -184,6 +184,11 @@ fn a_session_runs_nothing_until_the_operator_authorizes_its_exact_request() {
     let request_path = state.join("provisioning-request.json");
     let request: Value = serde_json::from_slice(&std::fs::read(&request_path).unwrap()).unwrap();
     assert_eq!(request["commands"]["argv_prefix"], json!(["/bin/bash", "--noprofile", "--norc", "-c"]));
+    // What the operator signs is the deadline each command gets: the configuration's 60 s.
+    assert_eq!(
+        (&request["commands"]["deadline_s"], &request["commands"]["limits"]["wall_ms"]),
+        (&json!(60), &json!(60000))
+    );
     assert!(request["worker"]["network"].as_str().unwrap().starts_with("loopback only"));
     assert!(!request.to_string().contains(SECRET));
 
