@@ -19,6 +19,12 @@ if [ -z "${CHIO_SEALED:-}" ]; then
 fi
 command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
 export CI=true
+# A scratch copy has no target/ of its own: the suites that need the mini-swe-agent venv
+# `.ci/run` made are pointed at this tree's (without it every session test would fail under
+# CI=true, and every mutant count as caught).
+if [ -z "${CHIO_MSA_PYTHON:-}" ] && [ -x target/msa-venv/bin/python ]; then
+    export CHIO_MSA_PYTHON="$PWD/target/msa-venv/bin/python"
+fi
 # Scratch copies of the tree go under target/, not /tmp.
 export TMPDIR="$PWD/target/mutants-tmp"
 mkdir -p "$TMPDIR"
@@ -62,8 +68,10 @@ if [ "${1:-}" = "--e2e" ]; then
             targets="$targets --test $t"
         done
         # shellcheck disable=SC2086
-        if ! cargo test -q -p chio-cage -p chio-supervisor -p chio-cli -p chio-tests $targets -- $skips >"$TMPDIR/baseline.log" 2>&1; then
-            echo "tests/mutants.sh: the named suites fail on the unmutated tree; see $TMPDIR/baseline.log" >&2
+        # One log a run: runs with other output directories may go at the same time.
+        log="$TMPDIR/baseline-$(basename "${CHIO_MUTANTS_OUT:-target/mutants-e2e}").log"
+        if ! cargo test -q -p chio-cage -p chio-supervisor -p chio-cli -p chio-tests $targets -- $skips >"$log" 2>&1; then
+            echo "tests/mutants.sh: the named suites fail on the unmutated tree; see $log" >&2
             exit 1
         fi
     fi
