@@ -208,6 +208,19 @@ fn a_session_runs_nothing_until_the_operator_authorizes_its_exact_request() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the pinned key"));
     assert_eq!(run(&with_key).status.code(), Some(3), "still not prepared");
     assert!(provider.seen.lock().unwrap().is_empty(), "nothing reached the model");
+
+    // Status reads what it reports: before any run no model call is journaled; a journal or an
+    // outcome it cannot read is an error, never "none".
+    let status = || chio(&["session", "status", "--state", s(&state), "--json"], &[]);
+    let out = status();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&v["state"], &v["model_calls"]), (&json!("initialized"), &json!(0)), "{v}");
+    std::fs::write(state.join("model-calls"), "").unwrap();
+    assert!(!status().status.success(), "a journal that is no directory read as no calls");
+    std::fs::remove_file(state.join("model-calls")).unwrap();
+    std::fs::create_dir(state.join("outcome.json")).unwrap();
+    assert!(!status().status.success(), "an outcome that cannot be read taken for none");
 }
 
 /// The seed's claims about a finished walkthrough.
