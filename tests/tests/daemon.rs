@@ -372,7 +372,7 @@ fn nothing_a_command_started_outlives_its_answer() {
     let dir = Scratch::new("daemon-answer-first");
     let d = Daemon::start(&dir, config(json!({})));
     // `sleep` sums its arguments: the tag is a second, harmless one.
-    let tag = format!("0.{}", std::process::id());
+    let tag = format!("0.{:0>10}", std::process::id());
     let script = format!("for i in 1 2; do sleep 300 {tag} & done; setsid sleep 300 {tag} & echo started");
     let argv = ["--json", "--timeout", "30s", "--", "/bin/sh", "-c", script.as_str()];
     let mut direct = Command::new(chio());

@@ -510,8 +510,12 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
     }
     let dir = Scratch::new("session-wall");
     let repo = calculator_repo(&dir.0);
-    const SLOW: &[&str] = &["echo step-zero > package/zero.txt", "sleep 61.25"];
-    let provider = scripted_provider(SLOW);
+    // `sleep` sums its arguments: the second is this test process's tag (another run of this
+    // suite on the host, in a pid namespace of its own or not, has another).
+    let tag = format!("0.{:0>10}", std::process::id());
+    let sleep: &'static str = Box::leak(format!("sleep 61 {tag}").into_boxed_str());
+    let slow: &'static [&'static str] = Box::leak(Box::new(["echo step-zero > package/zero.txt", sleep]));
+    let provider = scripted_provider(slow);
     // 15 s: the first step must be committed by then on a loaded machine (8 s was not, at 12 test threads).
     let extra = json!({"agent": {"step_limit": 8, "wall_time_s": 15}});
     let Some(state) = prepared(&dir, &repo, &provider, &extra) else { return };
@@ -520,11 +524,7 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["worker_limits_hit"], json!(["wall_time"]), "{outcome}");
     assert_eq!(outcome["submitted"], false);
-    assert_eq!(
-        wait_gone("61.25", std::time::Duration::from_secs(10)),
-        Vec::<u32>::new(),
-        "the command outlived the run"
-    );
+    assert_eq!(wait_gone(&tag, std::time::Duration::from_secs(10)), Vec::<u32>::new(), "the command outlived the run");
     let st: Value =
         serde_json::from_slice(&chio(&["session", "status", "--state", s(&state), "--json"], &[]).stdout).unwrap();
     assert_eq!(st["state"], "completed", "{st}");
