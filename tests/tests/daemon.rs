@@ -1524,6 +1524,18 @@ fn sigterm_gives_running_launches_the_grace_then_kills_their_cages() {
     let long = spawn(format!("sleep 60; : {tag}-long"));
     d.wait_for_shell(&format!("{tag}-long"));
     d.wait_for_shell(&format!("{tag}-short"));
+    // The launch processes (the launcher's `chio-launch` children) and their launch cgroups.
+    let launches: Vec<u32> = {
+        let children = |pid: u32| -> Vec<u32> {
+            let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+        };
+        let comm = |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        children(d.pid()).into_iter().flat_map(children).filter(|p| comm(p).trim() == "chio-launch").collect()
+    };
+    assert_eq!(launches.len(), 2, "{}", d.log());
+    let cgroups: Vec<PathBuf> = launches.iter().flat_map(|p| launch_cgroups_of(*p)).collect();
+    assert!(!cgroups.is_empty());
     let t = Instant::now();
     d.signal(libc::SIGTERM);
     let short = short.wait_with_output().unwrap();
@@ -1536,6 +1548,15 @@ fn sigterm_gives_running_launches_the_grace_then_kills_their_cages() {
     assert_eq!(status.code(), Some(0), "{}", d.log());
     assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(6), "{took:?}: {}", d.log());
     assert!(d.log().contains("killing the launches still running"), "{}", d.log());
+    // Wound down before the daemon ended (a service manager kills what is left of its unit then):
+    // no launch process lives on, no launch cgroup is left.
+    let alive: Vec<&u32> = launches
+        .iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|st| !st.contains(") Z ")))
+        .collect();
+    assert_eq!(alive, Vec::<&u32>::new(), "launch processes outlived the daemon: {}", d.log());
+    let left: Vec<&PathBuf> = cgroups.iter().filter(|c| c.exists()).collect();
+    assert_eq!(left, Vec::<&PathBuf>::new(), "launch cgroups outlived the daemon");
     assert_eq!(wait_gone(&tag, Duration::from_secs(5)), Vec::<u32>::new());
     assert!(!d.socket.exists(), "the socket is removed at stop");
 }
