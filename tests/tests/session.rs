@@ -216,6 +216,13 @@ fn a_session_runs_nothing_until_the_operator_authorizes_its_exact_request() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((&v["state"], &v["model_calls"]), (&json!("initialized"), &json!(0)), "{v}");
+    // Recover with nothing to recover succeeds; a run marker it cannot remove is an error.
+    let recover = || chio(&["session", "recover", "--state", s(&state)], &[]);
+    let out = recover();
+    assert!(out.status.success(), "nothing to recover: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::create_dir(state.join("running")).unwrap();
+    assert!(!recover().status.success(), "a run marker left in place taken for removed");
+    std::fs::remove_dir(state.join("running")).unwrap();
     std::fs::write(state.join("model-calls"), "").unwrap();
     assert!(!status().status.success(), "a journal that is no directory read as no calls");
     std::fs::remove_file(state.join("model-calls")).unwrap();
