@@ -445,4 +445,26 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// The provider's URL is http(s) with no whitespace in it (a space could carry a second
+    /// target past a reader of the request); the worker's python defaults to the system's.
+    #[test]
+    fn the_provider_url_is_one_plain_http_url() {
+        let with_url = |url: &str| {
+            let c = serde_json::json!({
+                "schema": CONFIG_SCHEMA, "repository": "/r", "revision": "HEAD", "source_paths": ["p"],
+                "command_timeout_s": 60, "agent": {"step_limit": 4, "wall_time_s": 60},
+                "model": {"name": "m", "base_url": url, "credential_env": "KEY"}, "worker": {}
+            });
+            SessionConfig::parse(c.to_string().as_bytes())
+        };
+        for bad in ["https://x/v1 http://y/v1", "http://x/v1\n", "ftp://x/v1", "x/v1"] {
+            match with_url(bad) {
+                Err(RepoError::Usage(m)) => assert!(m.contains("give an http:// or https:// URL"), "{bad:?}: {m}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let c = with_url("https://x/v1").unwrap();
+        assert_eq!(c.worker.python, PathBuf::from("/usr/bin/python3"));
+    }
 }
