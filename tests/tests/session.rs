@@ -180,6 +180,23 @@ fn a_session_runs_nothing_until_the_operator_authorizes_its_exact_request() {
     std::fs::write(&task, "fix add\n").unwrap();
     let init = ["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state)];
     assert_eq!(chio(&init, &[]).status.code(), Some(2), "--kernel-key is required");
+    // A worker path that is not there cannot be bound: refused at init, before anyone signs.
+    let absent = dir.join("no-such-venv");
+    let mut c = session_config(&repo, &provider.url, &python, &package, &json!({}));
+    c["worker"]["read_only_paths"].as_array_mut().unwrap().push(json!(absent));
+    let bad = dir.join("absent-path.json");
+    std::fs::write(&bad, c.to_string()).unwrap();
+    let (seed, bad_state) = (dir.join("kernel/signing.seed"), dir.join("bad-state"));
+    let key = ["--kernel-key", s(&seed)];
+    let out = chio(
+        &[&["session", "init", "--config", s(&bad), "--task-file", s(&task)][..], &["--state", s(&bad_state)], &key]
+            .concat(),
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(s(&absent)) && err.contains("cannot be bound into the worker's cage"), "{err}");
+    assert!(!dir.join("bad-state/provisioning-request.json").exists(), "nothing to sign was written");
     assert!(chio(&[&init[..], &["--kernel-key", s(&dir.join("kernel/signing.seed"))]].concat(), &[]).status.success());
     let request_path = state.join("provisioning-request.json");
     let request: Value = serde_json::from_slice(&std::fs::read(&request_path).unwrap()).unwrap();
