@@ -467,4 +467,31 @@ mod tests {
         let c = with_url("https://x/v1").unwrap();
         assert_eq!(c.worker.python, PathBuf::from("/usr/bin/python3"));
     }
+
+    /// A variable name is a name: `A=B` would set another variable than the one named, an empty
+    /// one or one with a space or a leading digit is no variable; control: `_K1` is.
+    #[test]
+    fn variable_names_are_names() {
+        let with_names = |credential: &str, worker: &str| {
+            let c = serde_json::json!({
+                "schema": CONFIG_SCHEMA, "repository": "/r", "revision": "HEAD", "source_paths": ["p"],
+                "command_timeout_s": 60, "agent": {"step_limit": 4, "wall_time_s": 60},
+                "model": {"name": "m", "base_url": "https://x/v1", "credential_env": credential},
+                "worker": {"env": {worker: "v"}}
+            });
+            SessionConfig::parse(c.to_string().as_bytes())
+        };
+        for bad in ["", "1K", "A=B", "A B", "A-B", "K\u{e9}"] {
+            for (what, r) in [("model.credential_env", with_names(bad, "_W1")), ("worker.env", with_names("_K1", bad))]
+            {
+                match r {
+                    Err(RepoError::Usage(m)) => {
+                        assert!(m.contains(what) && m.contains("is not a variable name"), "{m}")
+                    }
+                    other => panic!("{what} {bad:?}: {other:?}"),
+                }
+            }
+        }
+        with_names("_K1", "_W1").unwrap();
+    }
 }
