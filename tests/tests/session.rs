@@ -207,6 +207,17 @@ fn a_session_runs_nothing_until_the_operator_authorizes_its_exact_request() {
         (&json!(60), &json!(60000))
     );
     assert!(request["worker"]["network"].as_str().unwrap().starts_with("loopback only"));
+    // The worker's variables the operator signs: chio's fixed ones (no network lookups, no cost
+    // tracking, no bytecode) and the configured PYTHONPATH.
+    let env = json!([
+        "HOME",
+        "LITELLM_LOCAL_MODEL_COST_MAP",
+        "MSWEA_COST_TRACKING",
+        "MSWEA_SILENT_STARTUP",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONPATH"
+    ]);
+    assert_eq!(request["worker"]["env"], env);
     assert!(!request.to_string().contains(SECRET));
 
     let run = |env: &[(&str, &str)]| chio(&["session", "run", "--state", s(&state)], env);
