@@ -291,6 +291,18 @@ fn walkthrough(dir: &Scratch, repo: &Path, commands: &'static [&'static str], ex
     }
     let worker: Value = serde_json::from_slice(&std::fs::read(state.join("worker-launch.json")).unwrap()).unwrap();
     assert_eq!(worker["state"], "FullyEnforced", "{worker}");
+    // The worker ran under the ceilings the operator signed: room for the Python agent (1 GiB, 16 MiB
+    // of output kept), the agent's wall time.
+    let request: Value =
+        serde_json::from_slice(&std::fs::read(state.join("provisioning-request.json")).unwrap()).unwrap();
+    let limits = &worker["limits"];
+    assert_eq!(*limits, request["worker"]["limits"], "the worker's ceilings are not the signed ones");
+    let wall_ms = extra.get("agent").map_or(240, |a| a["wall_time_s"].as_u64().unwrap()) * 1000;
+    assert_eq!(
+        (limits["memory_bytes"].as_u64(), limits["output_bytes"].as_u64(), limits["wall_ms"].as_u64()),
+        (Some(1 << 30), Some(16 << 20), Some(wall_ms)),
+        "{limits}"
+    );
     assert!(!worker.to_string().contains(SECRET) && !worker.to_string().contains("CHIO_TEST_PROVIDER_KEY"));
 
     let result = dir.join("result");
@@ -635,19 +647,40 @@ fn an_edited_task_or_provider_never_runs_under_the_old_signature() {
     assert!(sources.iter().any(|x| x["dest"] == "/chio-out" && x["writable"] == true), "control: {sources:?}");
     // `result` (run as root) reads what the worker wrote without following a link: a trajectory
     // swapped for a link to a root-only file copies nothing of it. Control: the real one is copied.
-    let got = dir.join("result");
-    assert!(chio(&["session", "result", "--state", s(&state), "--out", s(&got)], &[]).status.success());
-    assert!(std::fs::metadata(got.join("trajectory.json")).is_ok_and(|m| m.len() > 0), "control: the trajectory");
+    // A FIFO is not waited on. Each refusal is named in the report; the rest of the result stands.
+    let result = |name: &str| {
+        let got = dir.join(name);
+        let out = chio(&["session", "result", "--state", s(&state), "--out", s(&got)], &[]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(got.join("outcome.json").is_file() && got.join("bundle").is_dir(), "{name}: {report}");
+        (
+            std::fs::read_to_string(got.join("trajectory.json")).ok(),
+            report["trajectory_refused"].as_str().map(String::from),
+        )
+    };
+    let (copied, refused) = result("result");
+    assert!(copied.is_some_and(|t| !t.is_empty()) && refused.is_none(), "control: the trajectory, {refused:?}");
     let secret = dir.join("root-only");
     std::fs::write(&secret, "TOP SECRET").unwrap();
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let trajectory = state.join("out/trajectory.json");
+    let real = std::fs::read(&trajectory).unwrap();
     std::fs::remove_file(&trajectory).unwrap();
     std::os::unix::fs::symlink(&secret, &trajectory).unwrap();
-    let linked = dir.join("result-linked");
-    let _ = chio(&["session", "result", "--state", s(&state), "--out", s(&linked)], &[]);
-    let copied = std::fs::read_to_string(linked.join("trajectory.json")).unwrap_or_default();
-    assert!(!copied.contains("TOP SECRET"), "result copied a host file through the worker's link");
+    let (copied, refused) = result("result-linked");
+    assert!(!copied.unwrap_or_default().contains("TOP SECRET"), "result copied a host file through the worker's link");
+    assert!(
+        refused.as_deref().is_some_and(|r| r.contains("trajectory.json: a symbolic link, not followed")),
+        "{refused:?}"
+    );
+    std::fs::remove_file(&trajectory).unwrap();
+    nix::unistd::mkfifo(&trajectory, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let (copied, refused) = result("result-fifo");
+    assert!(copied.is_none(), "a FIFO's trajectory");
+    assert!(refused.as_deref().is_some_and(|r| r.contains("not a regular file of at most")), "{refused:?}");
+    std::fs::remove_file(&trajectory).unwrap();
+    std::fs::write(&trajectory, real).unwrap();
 }
 
 /// The repository leg enforces what the operator authorized, whatever the worker asks: a

@@ -360,6 +360,9 @@ pub struct ResultReport {
     pub export: export::ExportReport,
     /// The run's outcome.
     pub outcome: Outcome,
+    /// Why the worker's trajectory was not copied (a link, a FIFO, too large, absent), when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trajectory_refused: Option<String>,
 }
 
 /// The repository export (`OUT/bundle`), the agent's trajectory and the outcome.
@@ -372,11 +375,16 @@ pub fn result(dir: &Path, out: &Path) -> Result<ResultReport, RepoError> {
     fs::DirBuilder::new().mode(0o755).create(out)?;
     let ws = workspace::open(&s.workspace_dir())?;
     let report = export::export(&ws, &out.join("bundle"))?;
-    // The worker wrote it: read without following a link, bounded.
-    if let Ok(t) = run::read_worker_file(&s.dir.join("out").join("trajectory.json"), 64 << 20) {
-        fs::write(out.join("trajectory.json"), t)?;
-    }
+    // The worker wrote it: read without following a link, bounded. What it left there that is not
+    // a bounded regular file is not copied, and the report says so: the rest of the result stands.
+    let trajectory_refused = match run::read_worker_file(&s.dir.join("out").join("trajectory.json"), 64 << 20) {
+        Ok(t) => {
+            fs::write(out.join("trajectory.json"), t)?;
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    };
     let outcome_json = serde_json::to_vec_pretty(&outcome).map_err(|e| RepoError::Failed(e.to_string()))?;
     fs::write(out.join("outcome.json"), outcome_json)?;
-    Ok(ResultReport { export: report, outcome })
+    Ok(ResultReport { export: report, outcome, trajectory_refused })
 }

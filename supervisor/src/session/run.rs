@@ -257,6 +257,9 @@ pub fn read_worker_file(path: &Path, max: u64) -> Result<Vec<u8>, RepoError> {
         std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
             RepoError::Refused(format!("{}: not a regular file of at most {max} bytes", path.display()))
         }
+        _ if e.raw_os_error() == Some(libc::ELOOP) => {
+            RepoError::Refused(format!("{}: a symbolic link, not followed", path.display()))
+        }
         _ => RepoError::Refused(format!("{}: {e}", path.display())),
     })
 }
