@@ -103,6 +103,17 @@ impl Drop for Scratch {
     }
 }
 
+/// A child killed and reaped when dropped: a test that fails while its background chio runs
+/// leaves nothing running behind it.
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Shared libraries `bin` needs, from ldd.
 fn libraries(bin: &Path) -> Vec<PathBuf> {
     let out = Command::new("ldd").arg(bin).output().expect("ldd");

@@ -485,26 +485,40 @@ fn a_killed_run_recovers_and_replays_without_new_model_work() {
     let provider = scripted_provider(FIX);
     let Some(state) = prepared(&dir, &repo, &provider, &json!({})) else { return };
     *provider.hold.lock().unwrap() = Some(2);
-    let mut run = Command::new(chio_bin(&PathBuf::from(PROBE)))
-        .args(["session", "run", "--state", s(&state)])
-        .env("CHIO_TEST_PROVIDER_KEY", SECRET)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run = chio_tests::Reaped(
+        Command::new(chio_bin(&PathBuf::from(PROBE)))
+            .args(["session", "run", "--state", s(&state)])
+            .env("CHIO_TEST_PROVIDER_KEY", SECRET)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Each call at the provider was journaled in the session's state, where recovery looks: as
+    // sent before it went, then as answered.
+    let journal = state.join("model-calls");
     let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !steps(&provider.seen).contains(&2) {
         assert!(std::time::Instant::now() < until, "the agent never reached step 2: {:?}", steps(&provider.seen));
+        if let Some(status) = run.0.try_wait().unwrap() {
+            panic!("the run ended ({status}) before the agent reached step 2: {:?}", steps(&provider.seen));
+        }
+        if let Some(n) = steps(&provider.seen).last() {
+            let journaled =
+                journal.join(format!("{n:06}.sent")).is_file() || journal.join(format!("{n:06}.json")).is_file();
+            assert!(journaled, "call {n} was sent unjournaled in {journal:?}");
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // While it runs: its status says so, and neither a second run nor a recovery may start.
     assert_eq!(session_state(&state).0, "running");
+    assert!(journal.join("000001.json").is_file() && journal.join("000002.sent").is_file(), "{journal:?}");
     let second = chio(&["session", "run", "--state", s(&state)], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
     assert_eq!(second.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&second.stderr).contains("in progress"));
     assert_eq!(chio(&["session", "recover", "--state", s(&state)], &[]).status.code(), Some(3));
-    run.kill().unwrap();
-    run.wait().unwrap();
+    run.0.kill().unwrap();
+    run.0.wait().unwrap();
     *provider.hold.lock().unwrap() = None;
     // The gateway, the leg and the worker died with the run.
     assert_eq!(wait_gone(s(&state), std::time::Duration::from_secs(10)), Vec::<u32>::new());
