@@ -1,4 +1,4 @@
-//! The README's manifest and policy walkthrough, as a test: the shipped example bodies sign,
+//! The manifest and policy walkthrough of docs/policies.md, as a test: the shipped example bodies sign,
 //! verify and admit; a wrong key, a changed byte and an unknown field are refused with a reason.
 
 #![allow(clippy::unwrap_used)]

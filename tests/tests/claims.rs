@@ -1,4 +1,4 @@
-//! The README's claims about a launch, each shown on a real cage: bind destinations under `/proc`
+//! The claims docs/cage-run.md makes about a launch, each shown on a real cage: bind destinations under `/proc`
 //! and `/dev` refused, nested binds resolved inside the new root, the fixed rlimits and hostname,
 //! the CPU ceiling, the record's CPU time, default signals, umask and personality, no real-time
 //! scheduling, the stderr cap, landlock's abstract-socket scoping on its own, and the init's own

@@ -1,6 +1,6 @@
 //! The installed host under a real systemd: a Debian root with systemd boots in systemd-nspawn
 //! (`../shared/notes/systemd-in-nspawn.md`), the `.deb` built by `packaging/deb/build-deb.sh`
-//! (the static release binary, as shipped) is installed inside, and then, as the README shows:
+//! (the static release binary, as shipped) is installed inside, and then, as docs/installed-host.md shows:
 //! the documented wrapped preflight through `systemd-run … -p LoadCredential=… chio security
 //! supervise --exec … -- chio security preflight --require-enforcement …` exits 0 with enforced
 //! launch material and 1 with a shadow policy; `chio-supervisor.service` (Type=notify) is active
@@ -73,7 +73,7 @@ for c in memory cpu cpuacct pids; do mount --bind /mnt/hostcg/$c /sys/fs/cgroup/
 dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
 echo "group=$(getent group chio | cut -d: -f1)"
 chio keys generate --out /etc/chio/kernel-key >/dev/null 2>&1
-# The shipped example material, made as the README shows.
+# The shipped example material, made as docs/installed-host.md shows.
 /usr/share/chio/examples/make-material.sh /etc/chio/example > /results/material.txt; echo "material=$?"
 E=/etc/chio/example
 printf 'session-s3cret\n' > /etc/chio/credentials/session-token
