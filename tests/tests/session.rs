@@ -645,6 +645,14 @@ fn an_edited_task_or_provider_never_runs_under_the_old_signature() {
     std::fs::write(&request, r.to_string()).unwrap();
     refused("an edited task with its request", "the authorization is not admitted");
     restore();
+    // A call journal that cannot be read may hold a call of unknown outcome: the run is refused
+    // before it starts (no run marker left to recover), naming it.
+    let journal = state.join("model-calls");
+    let _ = std::fs::remove_dir(&journal);
+    std::fs::write(&journal, "").unwrap();
+    refused("an unreadable call journal", "model-calls");
+    assert!(!state.join("running").exists(), "the refused run left a run marker");
+    std::fs::remove_file(&journal).unwrap();
     let out = run();
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!steps(&provider.seen).is_empty(), "control: the provider was called");

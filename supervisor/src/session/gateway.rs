@@ -105,7 +105,12 @@ pub fn unknown_call(calls: &std::path::Path) -> Result<Option<u64>, RepoError> {
     let entries = match fs::read_dir(calls) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            return Err(RepoError::Failed(format!(
+                "the model call journal {} cannot be read ({e}): a call of unknown outcome may be in it",
+                calls.display()
+            )))
+        }
     };
     let mut unknown = None;
     for e in entries {

@@ -260,7 +260,10 @@ impl Session {
                 .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "json")))
                 .count() as u64),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(RepoError::Failed(format!(
+                "the model call journal {} cannot be read: {e}",
+                self.calls_dir().display()
+            ))),
         }
     }
 
