@@ -564,6 +564,12 @@ mod tests {
         // A journal entry that is not one is an error, not an answer.
         fs::write(journal().path(0), b"{").unwrap();
         assert!(call(&mut journal(), &provider, asked).is_err());
+        // Nor is one that cannot be read taken for a call never journaled (which would send it
+        // to the provider again): an error, and nothing recorded as sent.
+        fs::remove_file(journal().path(0)).unwrap();
+        fs::create_dir(journal().path(0)).unwrap();
+        assert!(call(&mut journal(), &provider, asked).is_err());
+        assert!(!journal().sent_path(0).exists(), "an unreadable journal entry was sent again");
         fs::remove_dir_all(&dir).unwrap();
     }
 
