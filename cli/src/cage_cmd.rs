@@ -7,8 +7,10 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use chio_cage::{Bind, CagePlan, LaunchRecord, Mode, NetMode, Sinks, State};
-use chio_supervisor::launch_plan::{self, ImageChoice, PlanOptions};
+use chio_cage::{Bind, LaunchRecord, Mode, NetMode, State};
+pub use chio_supervisor::launch::TeardownAt;
+use chio_supervisor::launch::{self, How, Io, LaunchReceipts, LaunchRequest, Launched, PolicyLaunch, Receipts};
+use chio_supervisor::launch_plan::{ImageChoice, PlanOptions};
 use clap::{Args, ValueEnum};
 
 use crate::units::{arg, parse_cpus, parse_duration_ms, parse_size};
@@ -206,10 +208,41 @@ fn options_from(a: &RunArgs) -> Result<PlanOptions> {
     Ok(o)
 }
 
-/// Turn flags into a plan, and the hold on its image.
-pub fn plan_from(a: &RunArgs) -> Result<(CagePlan, Option<std::fs::File>)> {
-    let planned = launch_plan::build(&options_from(a)?)?;
-    Ok((planned.plan, planned.image_hold))
+/// Turn flags into a launch request: the signed documents of a policy launch are read (or taken
+/// as a daemon client sent them), and its signer's key resolved.
+pub fn request_from(a: &RunArgs) -> Result<LaunchRequest> {
+    let policy = match (&a.policy, &a.policy_signer, &a.manifest) {
+        (Some(policy), Some(signer), Some(manifest)) => {
+            let (policy_bytes, manifest_bytes) = match &a.documents {
+                Some((p, m)) => (p.clone(), m.clone()),
+                None => (crate::doc_cmd::read(policy)?, crate::doc_cmd::read(manifest)?),
+            };
+            let text = |b: Vec<u8>, path: &Path| {
+                String::from_utf8(b).with_context(|| format!("{}: not a signed document (not UTF-8)", path.display()))
+            };
+            Some(PolicyLaunch {
+                policy: text(policy_bytes, policy)?,
+                manifest: text(manifest_bytes, manifest)?,
+                signer: crate::receipt_cmd::pinned_key(signer)?,
+                manifest_key: None,
+                allow_root: a.allow_root_policy,
+                image_store: crate::image_cmd::state_dir(&a.state_dir),
+                receipted: a.receipt_db.is_some(),
+            })
+        }
+        _ => None,
+    };
+    // A policy launch takes the command and the workspace from its flags (clap refuses the
+    // others beside --policy); the plan is the policy's.
+    let options = match &policy {
+        Some(_) => {
+            let mut o = PlanOptions::new(a.command.clone());
+            o.workspace = a.workspace.clone();
+            o
+        }
+        None => options_from(a)?,
+    };
+    Ok(LaunchRequest { options, policy, interactive: a.interactive })
 }
 
 /// The parser of `chio cage run`'s flags alone (`args` without the program name).
@@ -234,39 +267,19 @@ pub fn parse_args(args: &[OsString]) -> std::result::Result<RunArgs, clap::Error
     })
 }
 
-/// A launch's exit status, its record (none when it never got to launching) and receipt ids.
-pub struct Launched {
+/// A launch's exit status and, when it got to launching, what the launch returned.
+pub struct Done {
     /// What `chio cage run` exits with.
     pub status: i32,
-    /// The launch record.
-    pub record: Option<LaunchRecord>,
-    /// The ids of the receipts written for it.
-    pub receipts: Vec<String>,
-    /// What is left to do after the command's end, when the caller asked to do it (see
-    /// [`TeardownAt`]).
-    pub teardown: Option<chio_cage::Teardown>,
-    /// The cage's root, when a root made ahead could serve a launch like it (see
-    /// [`chio_cage::RootKey::of`]): the next launch will likely have it too.
-    pub root: Option<chio_cage::RootKey>,
+    /// The launch, when one ran (not when its policy refused it, or its gate withdrew it
+    /// before it began).
+    pub launched: Option<Launched>,
 }
 
-impl Launched {
-    /// A launch its gate withdrew: nothing to report, only its cage (if it got one) to tear down.
-    fn withdrawn(teardown: Option<chio_cage::Teardown>) -> Launched {
-        Launched { status: 125, record: None, receipts: Vec::new(), teardown, root: None }
+impl Done {
+    fn without_launch(status: i32) -> Done {
+        Done { status, launched: None }
     }
-}
-
-/// When a launch's teardown — the cage init's exit, which ends its namespaces, and the launch
-/// cgroup's removal — happens.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum TeardownAt {
-    /// Before the record is reported, which then says whether the cgroup was removed: the
-    /// one-shot form.
-    First,
-    /// After: the daemon answers its client as soon as the command is over (every cage
-    /// process is gone and its output drained) and winds the cage down afterwards.
-    Later,
 }
 
 /// Run the command; returns the process exit status.
@@ -278,7 +291,8 @@ pub fn run(a: &RunArgs) -> Result<i32> {
 }
 
 /// Launch the command in this process (the one-shot form, and the daemon's launch child, which
-/// brings what its launcher made `ahead` of the request and tears the cage down `Later`).
+/// brings what its launcher made `ahead` of the request and tears the cage down `Later`): parse
+/// → [`launch::prepare`] → [`launch::run`] → report.
 ///
 /// `gate` (the daemon's): asked before the target goes on towards its exec and before anything
 /// is written; once it says no, the launch is withdrawn — its target killed before it ran, no
@@ -289,7 +303,7 @@ pub fn launch(
     ahead: chio_cage::Ahead,
     teardown: TeardownAt,
     gate: Option<chio_cage::Gate<'_>>,
-) -> Result<Launched> {
+) -> Result<Done> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
@@ -304,110 +318,62 @@ pub fn launch(
         Some(db) if one_shot => chio_supervisor::state_lock::share(db)?,
         _ => None,
     };
-    let (plan, _held_image) = match (&a.policy, &a.policy_signer, &a.manifest) {
-        (Some(p), Some(k), Some(m)) => match crate::policy_launch::plan(a, p, k, m)? {
-            Ok(planned) => planned,
-            Err(status) => {
-                return Ok(Launched { status, record: None, receipts: Vec::new(), teardown: None, root: None })
-            }
-        },
-        _ => plan_from(a)?,
+    let request = request_from(a)?;
+    // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
+    let mut receipts = match (&a.receipt_db, &a.kernel_key) {
+        (Some(db), Some(seed)) => Some(LaunchReceipts::open(db, seed)?),
+        _ => None,
     };
-    if let Some(note) = plan.workspace.as_deref().and_then(|ws| unwritable(ws, plan.uid, plan.gid)) {
+    let prepared = match launch::prepare(&request, receipts.as_mut())? {
+        Ok(p) => p,
+        Err(refusal) => {
+            for v in &refusal.violations {
+                eprintln!("refused: {v}");
+            }
+            if let Some(id) = &refusal.denial_receipt {
+                eprintln!("chio: denial receipt {id}");
+            }
+            eprintln!(
+                "chio: launch refused by policy {}: {} violation(s)",
+                refusal.policy_id,
+                refusal.violations.len()
+            );
+            return Ok(Done::without_launch(125));
+        }
+    };
+    if let Some(note) = prepared.workspace_note() {
         if gate.is_some_and(|open| !open()) {
-            return Ok(Launched::withdrawn(None));
+            return Ok(Done::without_launch(125));
         }
         eprintln!("{note}");
     }
     let record_file = create_record_file(a)?;
-    // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
-    let mut receipts = match (&a.receipt_db, &a.kernel_key) {
-        (Some(db), Some(seed)) => Some(crate::receipt_cmd::LaunchReceipts::open(db, seed)?),
-        _ => None,
-    };
     let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
     // In a daemon's launch process the command's output goes to the client's own descriptors,
     // and what was said before it goes out first.
     let (out, err) = crate::daemon::said::client_outputs().unwrap_or((stdout.as_fd(), stderr.as_fd()));
     crate::daemon::said::flush();
-    let mut sinks = Sinks::new(out, err);
-    sinks.ahead = ahead;
-    if a.interactive {
-        sinks.stdin = Some(stdin.as_fd());
-    }
-    // With receipts, the enforcement receipt is made durable at the exec stop, before the target
-    // runs one instruction; if it cannot be, the launch stops there.
-    let mut enforced = None;
-    let mut record_enforcement = |r: &LaunchRecord| -> std::result::Result<(), String> {
-        if let Some(rc) = receipts.as_mut() {
-            enforced = Some(rc.enforcement(r).map_err(|e| format!("recording the enforcement receipt: {e:#}"))?);
-        }
-        Ok(())
+    let io = Io { stdout: out, stderr: err, stdin: a.interactive.then(|| stdin.as_fd()) };
+    let to = match receipts.as_mut() {
+        Some(r) => Receipts::Launch(r),
+        None => Receipts::Off,
     };
-    sinks.on_enforced = Some(&mut record_enforcement);
-    sinks.gate = gate;
-    let (mut rec, left) = chio_cage::launch_to_end(&plan, &mut sinks);
-    if gate.is_some_and(|open| !open()) {
-        return Ok(Launched::withdrawn(Some(left)));
+    let launched = launch::run(&prepared, io, to, How { ahead, teardown, gate });
+    if launched.withdrawn {
+        return Ok(Done { status: 125, launched: Some(launched) });
     }
-    let left = match teardown {
-        TeardownAt::First => {
-            left.finish_into(&mut rec);
-            None
-        }
-        TeardownAt::Later => Some(left),
-    };
-    if sinks.stderr_mid_line {
+    if launched.stderr_mid_line {
         // chio's own lines (and the --json record) always start a line of their own.
         eprintln!();
     }
     // A receipt that cannot be written never hides the record: it is still printed and saved.
-    let mut unrecorded = false;
-    let mut receipt_ids = Vec::new();
-    if let Some(r) = receipts.as_mut() {
-        match r.finish(&rec, enforced.take()) {
-            Ok(ids) => {
-                eprintln!("chio: receipts {}", ids.join(" "));
-                receipt_ids = ids;
-            }
-            Err(e) => {
-                let what = match rec.state {
-                    State::FullyEnforced | State::NotConfined => "the command ran but its receipts",
-                    _ => "the launch did not run, and the receipt of its failure",
-                };
-                eprintln!("chio: {what} could not be recorded: {e:#}");
-                unrecorded = true;
-            }
-        }
+    match &launched.unrecorded {
+        Some(why) => eprintln!("chio: {} could not be recorded: {why}", launch::unrecorded_words(&launched.record)),
+        None if receipts.is_some() => eprintln!("chio: receipts {}", launched.receipts.join(" ")),
+        None => {}
     }
-    report(a, &rec, record_file)?;
-    let status = if unrecorded { 125 } else { rec.exit_status() };
-    let root = chio_cage::RootKey::of(&plan);
-    Ok(Launched { status, record: Some(rec), receipts: receipt_ids, teardown: left, root })
-}
-
-/// The note to print before the run when the command's uid and gid cannot write the workspace
-/// (the cage has no capability to override file permissions): it would otherwise fail inside
-/// with EACCES.
-fn unwritable(ws: &Path, uid: u32, gid: u32) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(ws).ok()?;
-    let mode = m.mode();
-    let writable = (m.uid() == uid && mode & 0o200 != 0)
-        || (m.uid() != uid && m.gid() == gid && mode & 0o020 != 0)
-        || (m.uid() != uid && m.gid() != gid && mode & 0o002 != 0);
-    (!writable).then(|| {
-        format!(
-            "chio: note: the workspace {} (owner {}:{}, mode {:o}) is not writable by uid {uid} gid {gid} in the cage; \
-             run with --uid {} --gid {}, or chown it",
-            ws.display(),
-            m.uid(),
-            m.gid(),
-            mode & 0o7777,
-            m.uid(),
-            m.gid()
-        )
-    })
+    report(a, &launched.record, record_file)?;
+    Ok(Done { status: launched.status, launched: Some(launched) })
 }
 
 /// Create the `--record` file before anything runs: a path that cannot be written refuses the

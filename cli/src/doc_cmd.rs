@@ -150,7 +150,7 @@ pub fn policy(cmd: &PolicyCommand) -> Result<i32> {
     }
 }
 
-/// Append a signed `denial` receipt naming every violation; prints its id.
+/// Record a policy's refusal as a signed `denial` receipt naming every violation.
 pub fn record_denial(
     db: &Path,
     seed: &Path,
@@ -159,19 +159,8 @@ pub fn record_denial(
     manifest_sha256: &str,
     violations: &[String],
 ) -> Result<()> {
-    let key = keys::read_seed(seed)?;
-    let mut store = chio_kernel::store::Store::open(db, true)?;
-    store.bind_key(&key)?;
-    let draft = chio_kernel::receipt::Draft {
-        kind: Some(chio_kernel::receipt::Kind::Denial),
-        tool_server: Some(server_id.to_string()),
-        outcome: "denied".into(),
-        detail: Some(serde_json::json!({
-            "policy_id": policy_id, "manifest_sha256": manifest_sha256, "violations": violations,
-        })),
-        ..Default::default()
-    };
-    let r = store.append(&key, draft)?;
-    eprintln!("chio: denial receipt {}", r.receipt.id);
+    let mut receipts = chio_supervisor::launch::LaunchReceipts::open(db, seed)?;
+    let id = receipts.denial(server_id, policy_id, manifest_sha256, violations).map_err(anyhow::Error::msg)?;
+    eprintln!("chio: denial receipt {id}");
     Ok(())
 }

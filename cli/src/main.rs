@@ -6,7 +6,6 @@ mod doc_cmd;
 mod image_cmd;
 mod keys_cmd;
 mod meta_cmd;
-mod policy_launch;
 mod progress;
 mod receipt_cmd;
 mod repository_cmd;

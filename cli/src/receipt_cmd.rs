@@ -4,11 +4,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use chio_cage::LaunchRecord;
+
 use chio_kernel::canonical;
 use chio_kernel::keys;
 use chio_kernel::receipt::{self, Verified};
-use chio_kernel::store::{Appended, Filter, Store};
+use chio_kernel::store::{Filter, Store};
 use chio_kernel::time;
 use clap::Subcommand;
 
@@ -277,34 +277,5 @@ fn verify_chain(db: &Path, key: Option<&str>, from: Option<u64>, to: Option<u64>
     } else {
         writeln!(err, "chio: {} problem(s) in {} receipt(s)", report.problems.len(), report.checked)?;
         Ok(1)
-    }
-}
-
-/// Where `chio cage run` records its receipts.
-pub struct LaunchReceipts {
-    store: Store,
-    key: keys::SigningKey,
-}
-
-impl LaunchReceipts {
-    /// Open the store and key before anything runs, so a bad key or foreign store refuses early.
-    pub fn open(db: &Path, seed: &Path) -> Result<LaunchReceipts> {
-        let key = keys::read_seed(seed)?;
-        let mut store = Store::open(db, true)?;
-        // Bound to one kernel key, with a verified tail: or no launch at all.
-        store.bind_key(&key).with_context(|| format!("receipt store {}", db.display()))?;
-        Ok(LaunchReceipts { store, key })
-    }
-
-    /// Append the enforcement receipt for `rec`. Durable when this returns.
-    pub fn enforcement(&mut self, rec: &LaunchRecord) -> Result<Appended> {
-        Ok(chio_supervisor::receipts::enforcement(&mut self.store, &self.key, rec)?)
-    }
-
-    /// After the launch: the enforcement receipt if the exec stop never came, and the terminal
-    /// receipt when the target ran. Returns their ids.
-    pub fn finish(&mut self, rec: &LaunchRecord, enforced: Option<Appended>) -> Result<Vec<String>> {
-        let (e, t) = chio_supervisor::receipts::finish(&mut self.store, &self.key, rec, enforced)?;
-        Ok(std::iter::once(e.receipt.id).chain(t.map(|t| t.receipt.id)).collect())
     }
 }

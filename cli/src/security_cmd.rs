@@ -10,10 +10,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use chio_cage::{Mode, State};
+use chio_supervisor::launch::{self, PolicyLaunch, Prepared};
+use chio_supervisor::launch_plan::PlanOptions;
 use chio_supervisor::preflight::{self, Finding, Severity};
-use clap::{Args, FromArgMatches, Subcommand};
-
-use crate::cage_cmd::RunArgs;
+use clap::{Args, Subcommand};
 
 /// `chio security` subcommands.
 #[derive(Debug, Subcommand)]
@@ -175,17 +175,23 @@ fn load_and_trial(a: &PreflightArgs) -> Result<Finding> {
     else {
         anyhow::bail!("launch material is incomplete");
     };
-    // The launch as `chio cage run --policy` parses it. Preflight writes no receipt (the trial
-    // stops before the target runs), so a store is named only to satisfy a policy that requires
-    // one; it is never opened.
-    let unused = OsString::from("/nonexistent/chio-preflight-trial");
-    let mut argv: Vec<OsString> = ["run", "--policy"].map(OsString::from).to_vec();
-    argv.extend([policy.into(), "--policy-signer".into(), signer.into(), "--manifest".into(), manifest.into()]);
-    argv.extend(["--receipt-db".into(), unused.clone(), "--kernel-key".into(), unused, "--".into()]);
-    argv.extend(a.command.iter().cloned());
-    let matches = RunArgs::augment_args(clap::Command::new("run")).try_get_matches_from(&argv)?;
-    let run = RunArgs::from_arg_matches(&matches)?;
-    let checked = crate::policy_launch::check(&run, policy, signer, manifest, Some(manifest_key))?;
+    // The launch as `chio cage run --policy` makes it. Preflight writes no receipt (the trial
+    // stops before the target runs): the launch counts as receipted, so that a policy requiring
+    // receipts is judged on the rest.
+    let read = |p: &std::path::Path| -> Result<String> {
+        String::from_utf8(crate::doc_cmd::read(p)?).map_err(|_| anyhow::anyhow!("{}: not UTF-8", p.display()))
+    };
+    let launch = PolicyLaunch {
+        policy: read(policy)?,
+        manifest: read(manifest)?,
+        signer: crate::receipt_cmd::pinned_key(signer)?,
+        manifest_key: Some(crate::receipt_cmd::pinned_key(manifest_key)?),
+        allow_root: false,
+        image_store: crate::image_cmd::state_dir(&None),
+        receipted: true,
+    };
+    let options = PlanOptions::new(a.command.clone());
+    let checked = launch::check(&options, &launch)?;
     let mut f = Finding::new(PROBE, Severity::Ok, "this exact launch reaches FullyEnforced on this host");
     f.context.insert("policy_id".into(), checked.policy.policy_id.clone());
     f.context.insert("manifest_sha256".into(), checked.digest.clone());
@@ -196,13 +202,14 @@ fn load_and_trial(a: &PreflightArgs) -> Result<Finding> {
         checked.manifest.server_id
     );
     let admitted = checked.admitted.as_ref().map_err(|v| anyhow::anyhow!("the launch is refused: {}", v.join("; ")))?;
-    let (plan, _held) = crate::policy_launch::admitted_plan(&run, &checked, admitted)?;
-    Ok(trial(a, f, &plan))
+    let (plan, _held) = launch::admitted_plan(&options, &launch, &checked, admitted)?;
+    Ok(trial(a, f, Prepared::of(plan)))
 }
 
 /// The trial launch of `plan`, judged.
-fn trial(a: &PreflightArgs, mut f: Finding, plan: &chio_cage::CagePlan) -> Finding {
-    let rec = preflight::trial_launch(plan);
+fn trial(a: &PreflightArgs, mut f: Finding, prepared: Prepared) -> Finding {
+    let rec = preflight::trial_launch(&prepared);
+    let plan = &prepared.plan;
     f.context.insert("trial_launch".into(), format!("{:?}", rec.state));
     f.context.insert("mode".into(), format!("{:?}", plan.mode));
     if plan.mode == Mode::Shadow {

@@ -2,6 +2,7 @@
 //! working directory and user, the workspace, binds and environment variables. The one-shot CLI,
 //! the repository leg and the daemon build their plans through here.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::Read;
@@ -9,6 +10,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use chio_cage::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
+use serde::{Deserialize, Serialize};
 
 use crate::image::store::{ImageRecord, ImageStore};
 
@@ -29,7 +31,8 @@ fn err(msg: impl Into<String>) -> PlanError {
 }
 
 /// An imported image to run on.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ImageChoice {
     /// The image store's state directory.
     pub store_dir: PathBuf,
@@ -40,10 +43,15 @@ pub struct ImageChoice {
 }
 
 /// Everything a caller may choose about one launch. Unset fields take the repository-command
-/// defaults of DESIGN §6 (or the image's config).
-#[derive(Debug, Clone)]
+/// defaults of DESIGN §6 (or the image's config). Its JSON form is what a daemon client sends
+/// (`supervisor::launch::LaunchRequest`): who may set which field is the daemon's admission's to
+/// decide, field by field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanOptions {
-    /// Command and arguments (with an image: replaces its Cmd, after its Entrypoint).
+    /// Command and arguments (with an image: replaces its Cmd, after its Entrypoint). On the
+    /// wire as strings: an argument that is not UTF-8 cannot travel to a daemon.
+    #[serde(with = "os_strings")]
     pub argv: Vec<OsString>,
     /// Enforcement mode.
     pub mode: Mode,
@@ -71,6 +79,33 @@ pub struct PlanOptions {
     pub limits: Limits,
     /// Required SHA-256 of the target.
     pub expect_sha256: Option<String>,
+    /// Facts about the launch's origin for its record (`repository.operation_key`,
+    /// `session.role`, ...): set by the road, never by a daemon client.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Loopback TCP ports the target may bind and connect to (landlock denies every other):
+    /// a session's worker reaches its model gateway by one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp_ports: Vec<u16>,
+}
+
+/// `Vec<OsString>` as JSON strings (refusing, not mangling, one that is not UTF-8).
+mod os_strings {
+    use std::ffi::OsString;
+
+    use serde::{de::Deserializer, ser::Error, Deserialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[OsString], s: S) -> Result<S::Ok, S::Error> {
+        let strings: Result<Vec<&str>, S::Error> = v
+            .iter()
+            .map(|a| a.to_str().ok_or_else(|| S::Error::custom(format!("argument {a:?} is not UTF-8"))))
+            .collect();
+        s.collect_seq(strings?)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<OsString>, D::Error> {
+        Ok(Vec::<String>::deserialize(d)?.into_iter().map(OsString::from).collect())
+    }
 }
 
 impl PlanOptions {
@@ -91,6 +126,8 @@ impl PlanOptions {
             gid: None,
             limits: Limits::default(),
             expect_sha256: None,
+            annotations: BTreeMap::new(),
+            tcp_ports: Vec::new(),
         }
     }
 }
@@ -156,6 +193,9 @@ pub fn build(o: &PlanOptions) -> Result<Planned, PlanError> {
     plan.gid = o.gid.unwrap_or(plan.gid);
     plan.limits = o.limits.clone();
     plan.expect_sha256 = o.expect_sha256.clone();
+    plan.annotations.extend(o.annotations.clone());
+    plan.tcp_bind = o.tcp_ports.clone();
+    plan.tcp_connect = o.tcp_ports.clone();
     apply_environment_overrides(&mut plan)?;
     Ok(Planned { plan, image_hold, image })
 }

@@ -21,6 +21,7 @@ pub fn test_switch_refused() -> Option<String> {
 
 mod file_access;
 pub mod image;
+pub mod launch;
 pub mod launch_plan;
 pub mod preflight;
 pub mod receipts;

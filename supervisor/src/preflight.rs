@@ -12,7 +12,9 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use chio_cage::cgroup::Hierarchy;
-use chio_cage::{CagePlan, LaunchRecord, Sinks, State};
+use chio_cage::{CagePlan, LaunchRecord, State};
+
+use crate::launch::{self, How, Io, Prepared, Receipts};
 use serde::Serialize;
 
 /// How bad a finding is.
@@ -134,7 +136,7 @@ pub fn platform(require_enforcement: bool) -> Finding {
         delegation(&mut f);
     }
     ptrace_scope(&mut f);
-    let rec = trial_launch(&plan);
+    let rec = trial_launch(&Prepared::of(plan));
     f.note("trial_launch", format!("{:?}", rec.state));
     if rec.state != State::FullyEnforced {
         let why =
@@ -248,20 +250,13 @@ fn ptrace_scope(f: &mut Finding) {
     }
 }
 
-/// Launch `plan` to the exec observation and stop it there: the target never runs. Returns the
+/// Launch `p` to the exec observation and stop it there: the target never runs. Returns the
 /// record as it stood at the exec stop (its state is what the launch would have reached).
-pub fn trial_launch(plan: &CagePlan) -> LaunchRecord {
-    // The target never runs, so it never writes: stderr stands for both sinks.
+pub fn trial_launch(p: &Prepared) -> LaunchRecord {
+    // The target never runs, so it never writes: stderr stands for both streams.
     let err = std::io::stderr();
-    let mut at_exec: Option<LaunchRecord> = None;
-    let mut stop_here = |r: &LaunchRecord| -> Result<(), String> {
-        at_exec = Some(r.clone());
-        Err("preflight: a trial launch stops at the exec observation".into())
-    };
-    let mut sinks = Sinks::new(err.as_fd(), err.as_fd());
-    sinks.on_enforced = Some(&mut stop_here);
-    let after = chio_cage::launch(plan, &mut sinks);
-    at_exec.unwrap_or(after)
+    let io = Io { stdout: err.as_fd(), stderr: err.as_fd(), stdin: None };
+    launch::run(p, io, Receipts::Trial, How::default()).record
 }
 
 /// The credential variables of the edge's roles.

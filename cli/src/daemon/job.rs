@@ -375,29 +375,40 @@ fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
 
 /// A launch's answer, written straight from the record (through a `Value` tree, a record's few
 /// KiB cost several times as much).
-fn launch_answer(l: &cage_cmd::Launched) -> String {
+fn launch_answer(done: &cage_cmd::Done) -> String {
     #[derive(Serialize)]
     struct LaunchAnswer<'a> {
         exit_status: i32,
-        record: &'a Option<chio_cage::LaunchRecord>,
+        record: Option<&'a chio_cage::LaunchRecord>,
         receipts: &'a [String],
     }
-    let answer = LaunchAnswer { exit_status: l.status, record: &l.record, receipts: &l.receipts };
+    let l = done.launched.as_ref();
+    let answer = LaunchAnswer {
+        exit_status: done.status,
+        record: l.map(|l| &l.record),
+        receipts: l.map_or(&[][..], |l| &l.receipts[..]),
+    };
     serde_json::to_string(&answer).unwrap_or_else(|e| failure(&format!("writing the launch's answer: {e}")))
 }
 
 /// Launch; the answer carries cage run's exit status, the record and the receipt ids. None when
 /// `gate` withdrew the launch (its cage is torn down here, and nothing was written).
 fn launched(a: &RunArgs, ahead: Ahead, gate: Option<chio_cage::Gate<'_>>) -> Option<Answered> {
-    let launched = cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later, gate);
+    let done = cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later, gate);
     if gate.is_some_and(|open| !open()) {
-        if let Ok(cage_cmd::Launched { teardown: Some(t), .. }) = launched {
-            let _ = t.finish();
+        if let Ok(cage_cmd::Done { launched: Some(l), .. }) = done {
+            if let Some(t) = l.teardown {
+                let _ = t.finish();
+            }
         }
         return None;
     }
-    Some(match launched {
-        Ok(l) => Answered { text: launch_answer(&l), teardown: l.teardown, root: l.root, id: None },
+    Some(match done {
+        Ok(mut d) => {
+            let teardown = d.launched.as_mut().and_then(|l| l.teardown.take());
+            let root = d.launched.as_ref().and_then(|l| l.root.clone());
+            Answered { text: launch_answer(&d), teardown, root, id: None }
+        }
         Err(e) => {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()

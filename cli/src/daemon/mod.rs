@@ -94,7 +94,7 @@ fn serve(a: &ServeArgs) -> Result<i32> {
     };
     if let Some(seed) = &daemon.kernel_key {
         // A bad key or a foreign store stops the daemon here, not each launch later.
-        crate::receipt_cmd::LaunchReceipts::open(&daemon.receipt_db, seed)?;
+        chio_supervisor::launch::LaunchReceipts::open(&daemon.receipt_db, seed)?;
     }
     settle_in_delegation()?;
     let (unknown, cgroups) = recover(&daemon.receipt_db)?;

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::AsFd;
 
-use chio_cage::{LaunchRecord, Sinks, State};
+use chio_cage::{LaunchRecord, State};
 use chio_kernel::journal::{Begin, OpState};
 use chio_kernel::receipt::{Draft, Kind};
 use chio_kernel::store::{Appended, Store};
@@ -21,7 +21,8 @@ use serde_json::json;
 use super::git_source::{in_scope, is_parent_of_scope};
 use super::snapshot::{self, Index, Node, StatCache};
 use super::workspace::{write_snapshot, RepoError, Workspace};
-use crate::launch_plan::{self, ImageChoice, PlanOptions};
+use crate::launch::{self, How, Io, LaunchRequest, Receipts};
+use crate::launch_plan::{ImageChoice, PlanOptions};
 use crate::receipts;
 
 /// Bytes of combined output a result carries; the rest is counted.
@@ -295,26 +296,23 @@ fn run_cage(
         let store_dir = ws.settings.image_store.clone().ok_or_else(|| failed("settings.json names no image store"))?;
         o.image = Some(ImageChoice { store_dir, reference: id.clone(), entrypoint: Some(String::new()) });
     }
-    let mut planned = launch_plan::build(&o).map_err(|e| RepoError::Failed(e.to_string()))?;
-    planned.plan.annotations.insert("repository.operation_key".into(), req.operation_key.clone());
-    planned.plan.annotations.insert("repository.workspace".into(), ws.config_digest.clone());
-    let out = File::from(memfd_create(c"chio-output", MFdFlags::MFD_CLOEXEC).map_err(failed)?);
-    let mut sinks = Sinks::new(out.as_fd(), out.as_fd());
-    sinks.ahead = ahead;
-    let mut enforced: Option<Appended> = None;
-    let mut on_enforced = |r: &LaunchRecord| -> Result<(), String> {
-        enforced =
-            Some(receipts::enforcement(store, key, r).map_err(|e| format!("recording the enforcement receipt: {e}"))?);
-        Ok(())
+    o.annotations.insert("repository.operation_key".into(), req.operation_key.clone());
+    o.annotations.insert("repository.workspace".into(), ws.config_digest.clone());
+    let prepared = match launch::prepare(&LaunchRequest::new(o), None).map_err(|e| RepoError::Failed(e.to_string()))? {
+        Ok(p) => p,
+        Err(refusal) => return Err(failed(format!("refused: {}", refusal.violations.join("; ")))),
     };
-    sinks.on_enforced = Some(&mut on_enforced);
-    let rec = chio_cage::launch(&planned.plan, &mut sinks);
-    let launch_receipt = match enforced {
-        Some(e) => e,
-        None => receipts::enforcement(store, key, &rec)?,
+    let out = File::from(memfd_create(c"chio-output", MFdFlags::MFD_CLOEXEC).map_err(failed)?);
+    let io = Io { stdout: out.as_fd(), stderr: out.as_fd(), stdin: None };
+    let how = How { ahead, ..How::default() };
+    let launched = launch::run(&prepared, io, Receipts::Enforcement { store: &mut *store, key }, how);
+    let rec = launched.record;
+    let launch_receipt = match (launched.enforcement, launched.unrecorded) {
+        (Some(e), _) => e,
+        (None, why) => return Err(failed(format!("recording the enforcement receipt: {}", why.unwrap_or_default()))),
     };
     let terminal = receipts::terminal_draft(&rec, &launch_receipt)?;
-    let root = chio_cage::RootKey::of(&planned.plan);
+    let root = launched.root;
     Ok(Caged { rec, launch_receipt, terminal, output: read_output(out)?, root })
 }
 

@@ -13,12 +13,13 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use chio_cage::{Bind, Limits, Sinks, State};
+use chio_cage::{Bind, Limits, State};
 use serde_json::{json, Value};
 
 use super::config::SessionConfig;
 use super::{Outcome, Session};
-use crate::launch_plan::{self, ImageChoice, PlanOptions};
+use crate::launch::{self, How, Io, LaunchRequest, Receipts};
+use crate::launch_plan::{ImageChoice, PlanOptions};
 use crate::repository::workspace::{write_durably, RepoError, COMMAND_ID};
 
 /// Where the run directory (the sockets, the worker's settings) appears in the worker's cage:
@@ -231,14 +232,18 @@ fn start_and_launch(
         let store_dir = workspace_image_store(s)?;
         o.image = Some(ImageChoice { store_dir, reference: id.clone(), entrypoint: Some(String::new()) });
     }
-    let mut planned = launch_plan::build(&o).map_err(|e| RepoError::Usage(e.to_string()))?;
-    planned.plan.tcp_bind = vec![MODEL_PORT];
-    planned.plan.tcp_connect = vec![MODEL_PORT];
-    planned.plan.annotations.insert("session.id".into(), s.request.session_id.clone());
-    planned.plan.annotations.insert("session.role".into(), "worker".into());
-    let stdout = io::stderr();
-    let mut sinks = Sinks::new(stdout.as_fd(), stdout.as_fd());
-    let rec = chio_cage::launch(&planned.plan, &mut sinks);
+    o.tcp_ports = vec![MODEL_PORT];
+    o.annotations.insert("session.id".into(), s.request.session_id.clone());
+    o.annotations.insert("session.role".into(), "worker".into());
+    let prepared = match launch::prepare(&LaunchRequest::new(o), None).map_err(|e| RepoError::Usage(e.to_string()))? {
+        Ok(p) => p,
+        Err(refusal) => return Err(RepoError::Refused(refusal.violations.join("; "))),
+    };
+    // The worker's own output goes to chio's stderr (the operator's terminal or log).
+    let stderr = io::stderr();
+    let io = Io { stdout: stderr.as_fd(), stderr: stderr.as_fd(), stdin: None };
+    let launched = launch::run(&prepared, io, Receipts::Off, How::default());
+    let rec = launched.record;
     let record = serde_json::to_vec_pretty(&rec).map_err(|e| RepoError::Failed(e.to_string()))?;
     write_durably(&s.dir.join("worker-launch.json"), &record)?;
     Ok(rec)
