@@ -49,6 +49,7 @@ pub struct Bind {
 
 /// Resource ceilings. `None` means "no ceiling of this kind".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Memory ceiling in bytes (cgroup memory.max / limit_in_bytes).
     pub memory_bytes: Option<u64>,

@@ -181,7 +181,7 @@ fn options_from(a: &RunArgs) -> Result<PlanOptions> {
     };
     o.rootfs = a.rootfs.clone();
     o.image = a.image.as_ref().map(|reference| ImageChoice {
-        store_dir: crate::image_cmd::state_dir(&a.state_dir),
+        store_dir: a.state_dir.clone(),
         reference: reference.clone(),
         entrypoint: a.entrypoint.clone(),
     });
@@ -226,7 +226,7 @@ pub fn request_from(a: &RunArgs) -> Result<LaunchRequest> {
                 signer: crate::receipt_cmd::pinned_key(signer)?,
                 manifest_key: None,
                 allow_root: a.allow_root_policy,
-                image_store: crate::image_cmd::state_dir(&a.state_dir),
+                image_store: a.state_dir.clone(),
                 receipted: a.receipt_db.is_some(),
             })
         }
@@ -249,22 +249,6 @@ pub fn request_from(a: &RunArgs) -> Result<LaunchRequest> {
 pub fn parser() -> clap::Command {
     use clap::Args;
     RunArgs::augment_args(clap::Command::new("run")).bin_name("chio cage run")
-}
-
-/// Parse `chio cage run`'s flags (`args` without the program name). The parser is built once per
-/// thread and kept: a daemon's launch process inherits the one its spare built while it waited.
-pub fn parse_args(args: &[OsString]) -> std::result::Result<RunArgs, clap::Error> {
-    use clap::FromArgMatches;
-    thread_local! {
-        static PARSER: std::cell::RefCell<Option<clap::Command>> = const { std::cell::RefCell::new(None) };
-    }
-    PARSER.with(|kept| {
-        let mut kept = kept.borrow_mut();
-        let cmd = kept.get_or_insert_with(parser);
-        let matches =
-            cmd.try_get_matches_from_mut(std::iter::once(OsString::from("run")).chain(args.iter().cloned()))?;
-        RunArgs::from_arg_matches(&matches)
-    })
 }
 
 /// A launch's exit status and, when it got to launching, what the launch returned.
@@ -304,27 +288,48 @@ pub fn launch(
     teardown: TeardownAt,
     gate: Option<chio_cage::Gate<'_>>,
 ) -> Result<Done> {
+    require_root()?;
+    let request = request_from(a)?;
+    let receipts = a.receipt_db.as_deref().zip(a.kernel_key.as_deref());
+    launch_request(&request, receipts, Some(a), ahead, teardown, gate)
+}
+
+fn require_root() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
              (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"
         );
     }
+    Ok(())
+}
+
+/// [`launch`] of a request (the daemon's launch process calls it with an admitted one):
+/// `receipts` the store and seed to record in, `flags` the one-shot form's `--record` and
+/// `--json`.
+pub fn launch_request(
+    request: &LaunchRequest,
+    receipts: Option<(&Path, &Path)>,
+    flags: Option<&RunArgs>,
+    ahead: chio_cage::Ahead,
+    teardown: TeardownAt,
+    gate: Option<chio_cage::Gate<'_>>,
+) -> Result<Done> {
+    require_root()?;
     // A one-shot launch never writes the store of a running daemon (one writer per store); a
     // daemon's own launch processes (which hold their client's streams) write it under the
     // daemon's lock.
     let one_shot = crate::daemon::said::client_outputs().is_none();
-    let _store_lock = match &a.receipt_db {
-        Some(db) if one_shot => chio_supervisor::state_lock::share(db)?,
+    let _store_lock = match receipts {
+        Some((db, _)) if one_shot => chio_supervisor::state_lock::share(db)?,
         _ => None,
     };
-    let request = request_from(a)?;
     // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
-    let mut receipts = match (&a.receipt_db, &a.kernel_key) {
-        (Some(db), Some(seed)) => Some(LaunchReceipts::open(db, seed)?),
-        _ => None,
+    let mut receipts = match receipts {
+        Some((db, seed)) => Some(LaunchReceipts::open(db, seed)?),
+        None => None,
     };
-    let prepared = match launch::prepare(&request, receipts.as_mut())? {
+    let prepared = match launch::prepare(request, receipts.as_mut())? {
         Ok(p) => p,
         Err(refusal) => {
             for v in &refusal.violations {
@@ -347,13 +352,16 @@ pub fn launch(
         }
         eprintln!("{note}");
     }
-    let record_file = create_record_file(a)?;
+    let record_file = match flags {
+        Some(a) => create_record_file(a)?,
+        None => None,
+    };
     let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
     // In a daemon's launch process the command's output goes to the client's own descriptors,
     // and what was said before it goes out first.
     let (out, err) = crate::daemon::said::client_outputs().unwrap_or((stdout.as_fd(), stderr.as_fd()));
     crate::daemon::said::flush();
-    let io = Io { stdout: out, stderr: err, stdin: a.interactive.then(|| stdin.as_fd()) };
+    let io = Io { stdout: out, stderr: err, stdin: request.interactive.then(|| stdin.as_fd()) };
     let to = match receipts.as_mut() {
         Some(r) => Receipts::Launch(r),
         None => Receipts::Off,
@@ -372,7 +380,7 @@ pub fn launch(
         None if receipts.is_some() => eprintln!("chio: receipts {}", launched.receipts.join(" ")),
         None => {}
     }
-    report(a, &launched.record, record_file)?;
+    report(flags, &launched.record, record_file)?;
     Ok(Done { status: launched.status, launched: Some(launched) })
 }
 
@@ -390,9 +398,9 @@ pub fn create_record_file(a: &RunArgs) -> Result<Option<std::fs::File>> {
 
 /// Write the record to the `--record` file, say how the launch failed or ran unconfined, and
 /// print the record with `--json` (the last line on stderr).
-pub fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {
+pub fn report(flags: Option<&RunArgs>, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {
     let json = serde_json::to_string(rec)?;
-    if let (Some(mut f), Some(path)) = (record_file, &a.record) {
+    if let (Some(mut f), Some(path)) = (record_file, flags.and_then(|a| a.record.as_ref())) {
         f.write_all(format!("{json}\n").as_bytes())
             .and_then(|_| f.sync_all())
             .with_context(|| format!("writing record {}", path.display()))?;
@@ -408,24 +416,8 @@ pub fn report(a: &RunArgs, rec: &LaunchRecord, record_file: Option<std::fs::File
     } else if rec.state == State::NotConfined {
         writeln!(err, "chio: shadow mode: the target ran NOT CONFINED: {}", rec.not_confined.join("; "))?;
     }
-    if a.json {
+    if flags.is_some_and(|a| a.json) {
         writeln!(err, "{json}")?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The kept parser carries nothing from one parse to the next.
-    #[test]
-    fn a_kept_parser_starts_afresh_each_time() {
-        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
-        let first = parse_args(&os(&["--uid", "5", "--interactive", "--", "/bin/true"])).unwrap();
-        assert_eq!((first.uid, first.interactive, first.command.clone()), (Some(5), true, os(&["/bin/true"])));
-        assert!(parse_args(&os(&["--no-such-flag"])).is_err());
-        let second = parse_args(&os(&["--", "/bin/false", "x"])).unwrap();
-        assert_eq!((second.uid, second.interactive, second.command), (None, false, os(&["/bin/false", "x"])));
-    }
 }

@@ -10,9 +10,6 @@ use clap::Subcommand;
 
 use crate::progress::ImportProgress;
 
-/// Default state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/chio";
-
 /// `chio image …`
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
@@ -84,9 +81,7 @@ pub enum ImageCommand {
 
 /// The state directory from the flag, `CHIO_STATE_DIR`, or the default.
 pub fn state_dir(flag: &Option<PathBuf>) -> PathBuf {
-    flag.clone()
-        .or_else(|| std::env::var_os("CHIO_STATE_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+    chio_supervisor::state_dir(flag.as_deref())
 }
 
 fn open(flag: &Option<PathBuf>) -> Result<ImageStore> {

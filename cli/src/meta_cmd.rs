@@ -24,6 +24,21 @@ pub enum InternalCommand {
         #[arg(last = true, value_name = "ARGS")]
         args: Vec<OsString>,
     },
+    /// Print the daemon request (one `chio.supervisor.v2` line) that `chio cage run ARGS` or
+    /// `chio repository ARGS` with `--supervisor` would send, without sending it: for clients
+    /// written in other languages, and to read what a command line asks of the daemon.
+    Request {
+        /// The request's id.
+        #[arg(long, default_value = "1")]
+        id: String,
+        /// Announce the client's working directory among the descriptors (as `--supervisor`
+        /// clients do; an admin's relative paths resolve in it).
+        #[arg(long)]
+        cwd: bool,
+        /// `cage run …` or `repository …`.
+        #[arg(last = true, value_name = "ARGS", required = true)]
+        args: Vec<OsString>,
+    },
 }
 
 /// Print the completion script for `shell`.
@@ -41,6 +56,17 @@ pub fn internal(cmd: Command, c: &InternalCommand) -> Result<i32> {
         InternalCommand::Man { out } => {
             std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
             man_pages(&cmd, "chio", out)?;
+            Ok(0)
+        }
+        InternalCommand::Request { id, cwd, args } => {
+            let line = match crate::daemon::client::request_for(id, *cwd, args) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprint!("{e}");
+                    return Ok(2);
+                }
+            };
+            println!("{}", serde_json::to_string(&line)?);
             Ok(0)
         }
         InternalCommand::Parse { args } => {

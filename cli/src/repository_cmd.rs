@@ -13,7 +13,10 @@ use chio_supervisor::repository::{export, mcp, recover, status};
 use clap::Subcommand;
 
 /// `chio repository` subcommands.
-#[derive(Debug, Subcommand)]
+/// On the daemon's wire (`chio.supervisor.v2`) an operation is this enum's JSON: `{"execute":
+/// {"state": …, "operation_key": …, "deadline": 60, "json": true, "command": ["…"]}}`.
+#[derive(Debug, Clone, Subcommand, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub enum RepositoryCommand {
     /// Create a workspace from the committed tree of literal paths at one revision.
     #[command(

@@ -187,7 +187,7 @@ fn load_and_trial(a: &PreflightArgs) -> Result<Finding> {
         signer: crate::receipt_cmd::pinned_key(signer)?,
         manifest_key: Some(crate::receipt_cmd::pinned_key(manifest_key)?),
         allow_root: false,
-        image_store: crate::image_cmd::state_dir(&None),
+        image_store: None,
         receipted: true,
     };
     let options = PlanOptions::new(a.command.clone());

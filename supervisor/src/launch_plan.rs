@@ -34,8 +34,10 @@ fn err(msg: impl Into<String>) -> PlanError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageChoice {
-    /// The image store's state directory.
-    pub store_dir: PathBuf,
+    /// The image store's state directory (None: the launching process's own, see
+    /// [`crate::state_dir`]; a daemon's launch is on the daemon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_dir: Option<PathBuf>,
     /// Reference or image ID.
     pub reference: String,
     /// Replace the image's Entrypoint (`Some("")` clears it).
@@ -47,7 +49,7 @@ pub struct ImageChoice {
 /// (`supervisor::launch::LaunchRequest`): who may set which field is the daemon's admission's to
 /// decide, field by field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PlanOptions {
     /// Command and arguments (with an image: replaces its Cmd, after its Entrypoint). On the
     /// wire as strings: an argument that is not UTF-8 cannot travel to a daemon.
@@ -105,6 +107,12 @@ mod os_strings {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<OsString>, D::Error> {
         Ok(Vec::<String>::deserialize(d)?.into_iter().map(OsString::from).collect())
+    }
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions::new(Vec::new())
     }
 }
 
@@ -207,8 +215,9 @@ fn absolute(p: &Path, what: &str) -> Result<PathBuf, PlanError> {
 /// Root filesystem, environment, working directory, user and argv from an imported image (the
 /// caller's options applied later override them).
 fn apply_image(plan: &mut CagePlan, c: &ImageChoice, has_command: bool) -> Result<(File, ImageRecord), PlanError> {
-    let store = ImageStore::open_existing(&c.store_dir)
-        .map_err(|e| err(format!("image store {}: {e}", c.store_dir.display())))?;
+    let store_dir = crate::state_dir(c.store_dir.as_deref());
+    let store =
+        ImageStore::open_existing(&store_dir).map_err(|e| err(format!("image store {}: {e}", store_dir.display())))?;
     let rec = store.find(&c.reference).map_err(|e| err(e.to_string()))?;
     let held = store.hold(&rec).map_err(|e| err(format!("image {}: {e}", c.reference)))?;
     plan.root = RootSpec::Directory(store.rootfs(&rec));
@@ -381,7 +390,7 @@ mod tests {
     fn rootfs_and_image_conflict() {
         let mut o = PlanOptions::new(vec!["true".into()]);
         o.rootfs = Some("/r".into());
-        o.image = Some(ImageChoice { store_dir: "/nonexistent".into(), reference: "x".into(), entrypoint: None });
+        o.image = Some(ImageChoice { store_dir: Some("/nonexistent".into()), reference: "x".into(), entrypoint: None });
         assert!(build(&o).unwrap_err().0.contains("cannot both"));
     }
 }

@@ -19,6 +19,17 @@ pub fn test_switch_refused() -> Option<String> {
         .map(|k| k.to_string_lossy().into_owned())
 }
 
+/// The state directory (images, the daemon's journal and receipts) when neither a flag nor
+/// `CHIO_STATE_DIR` names one.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/chio";
+
+/// The state directory: `flag`, else `CHIO_STATE_DIR`, else [`DEFAULT_STATE_DIR`].
+pub fn state_dir(flag: Option<&std::path::Path>) -> std::path::PathBuf {
+    flag.map(std::path::Path::to_path_buf)
+        .or_else(|| std::env::var_os("CHIO_STATE_DIR").map(std::path::PathBuf::from))
+        .unwrap_or_else(|| std::path::PathBuf::from(DEFAULT_STATE_DIR))
+}
+
 mod file_access;
 pub mod image;
 pub mod launch;

@@ -65,9 +65,30 @@ def read_answer(s):
     return buf
 
 
+# The chio binary each daemon's socket belongs to (its request lines are that chio's).
+CHIO_OF = {}
+_templates = {}
+
+
+def line_for(sock_path, args, rid):
+    """The launch request line `chio cage run ARGS --supervisor` of the daemon's own chio sends,
+    as `rid`: chio.supervisor.v2 (written once by `chio internal request`), or for a chio from
+    before it (an earlier build under --compare) the argv form it speaks."""
+    chio = CHIO_OF[sock_path]
+    key = (chio, tuple(args))
+    if key not in _templates:
+        done = subprocess.run([chio, "internal", "request", "--id", "template", "--", "cage", "run", *args],
+                              capture_output=True, text=True)
+        _templates[key] = json.loads(done.stdout) if done.returncode == 0 else None
+    template = _templates[key]
+    if template is None:
+        return json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
+    return json.dumps({**template, "id": rid}).encode() + b"\n"
+
+
 def request(sock_path, args, rid):
     """One launch on a fresh connection; returns (ms, answer)."""
-    line = json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
+    line = line_for(sock_path, args, rid)
     null = os.open("/dev/null", os.O_WRONLY)
     t = time.perf_counter()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -86,12 +107,13 @@ class Kept:
     """One connection kept from request to request (as the agent environment keeps its own)."""
 
     def __init__(self, sock_path):
+        self.path = sock_path
         self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.s.connect(sock_path)
         self.null = os.open("/dev/null", os.O_WRONLY)
 
     def request(self, args, rid):
-        line = json.dumps({"id": rid, "op": "launch", "args": args, "fds": {"cwd": False, "stdin": False}}).encode() + b"\n"
+        line = line_for(self.path, args, rid)
         t = time.perf_counter()
         socket.send_fds(self.s, [line], [self.null, self.null])
         buf = read_answer(self.s)
@@ -165,9 +187,11 @@ def main():
             json.dump({"schema": "chio.supervisor-config.v1", "max_launches": 64, "max_connections": 256,
                        "max_launches_per_client": 64, "max_connections_per_client": 256}, f)
         daemons = [start_daemon(chio, tmp, "new", conf)]
+        CHIO_OF[daemons[0][1]] = chio
         try:
             if a.compare:
                 daemons.append(start_daemon(a.compare, tmp, "old", conf))
+                CHIO_OF[daemons[1][1]] = a.compare
             old_sock = daemons[1][1] if a.compare else None
             bench(a, chio, bwrap, root, daemons[0][1], daemons[0][0].pid, old_sock)
         finally:

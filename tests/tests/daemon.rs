@@ -559,9 +559,9 @@ fn the_launch_role_runs_signed_policies_under_the_pinned_signers_and_every_launc
     assert_eq!(store.count().unwrap(), 3, "refusals before admission write no receipt");
 }
 
-/// `--record` and `--json` are the client's to handle (`chio cage run --supervisor` strips them):
-/// in a raw request, from anyone, each alone is refused — a record path would be written by the
-/// launch process, as root, wherever the client named.
+/// `--record` and `--json` are the client's to handle: a request has no field for them, and one
+/// naming a record file anyway — which the launch process would write, as root, wherever the
+/// client said — is refused before anything runs, from anyone.
 #[test]
 fn a_raw_request_may_not_name_a_record_file() {
     if !privileged("daemon_raw_record") {
@@ -570,19 +570,28 @@ fn a_raw_request_may_not_name_a_record_file() {
     let dir = Scratch::new("daemon-raw-record");
     let d = Daemon::start(&dir, config(json!({})));
     let rec = dir.join("record.json");
-    for (i, args) in
-        [json!(["--record", s(&rec), "--", "/bin/true"]), json!(["--json", "--", "/bin/true"])].into_iter().enumerate()
-    {
+    let launch = |id: &str, extra: Value| {
+        let mut line = json!({"protocol": "chio.supervisor.v2", "op": "launch", "id": id,
+                              "launch": {"options": {"argv": ["/bin/true"]}}});
+        for (k, v) in extra.as_object().unwrap() {
+            line["launch"][k] = v.clone();
+        }
+        format!("{line}\n")
+    };
+    for (id, extra) in [("rec-0", json!({"record": s(&rec)})), ("rec-1", json!({"json": true}))] {
         let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
-        let answer =
-            raw_with_fds(&d.socket, launch_line(&format!("rec-{i}"), args.clone()).as_bytes(), &[&files[0], &files[1]]);
-        assert_eq!(answer["exit_code"], 125, "{args}: {answer}");
+        let answer = raw_with_fds(&d.socket, launch(id, extra.clone()).as_bytes(), &[&files[0], &files[1]]);
+        let field = extra.as_object().unwrap().keys().next().unwrap().clone();
         assert!(
-            answer["error"].as_str().is_some_and(|e| e.contains("--record and --json are the client's")),
-            "{answer}"
+            answer["error"].as_str().is_some_and(|e| e.contains(&format!("unknown field `{field}`"))),
+            "{extra}: {answer}"
         );
     }
     assert!(!rec.exists(), "the launch wrote a record where the request said");
+    // Control: the same request without them runs.
+    let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
+    let answer = raw_with_fds(&d.socket, launch("rec-2", json!({})).as_bytes(), &[&files[0], &files[1]]);
+    assert_eq!(answer["exit_status"], 0, "{answer}");
 }
 
 /// One raw request line on a fresh connection; the answer line (read even when sending failed).
@@ -626,10 +635,38 @@ fn send_with_fds(c: &UnixStream, line: &[u8], files: &[&std::fs::File]) {
     }
 }
 
-/// A launch request line (with its newline) whose stdout and stderr ride along, as `id`.
+/// The request line (with its newline) `chio cage run ARGS --supervisor` sends, as `id`, its
+/// stdout and stderr riding along (as `chio internal request` writes it).
 fn launch_line(id: &str, args: Value) -> String {
-    format!("{}\n", json!({"id": id, "op": "launch", "args": args, "fds": {"cwd": false, "stdin": false}}))
+    request_line(id, &["cage", "run"], args)
 }
+
+/// The request line `chio OP… ARGS --supervisor` sends, as `id` (stdout and stderr along; stdin
+/// too for `-i` and `repository serve`).
+fn request_line(id: &str, op: &[&str], args: Value) -> String {
+    let args: Vec<&str> = args.as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let out =
+        Command::new(chio()).args(["internal", "request", "--id", id, "--"]).args(op).args(&args).output().unwrap();
+    assert!(out.status.success(), "chio internal request {op:?} {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// A launch request line written by hand, as a client in another language would: `options` as
+/// `chio.supervisor.v2` takes them (what is not given takes its default).
+fn typed_line(id: &str, options: Value) -> String {
+    let line = json!({"protocol": "chio.supervisor.v2", "op": "launch", "id": id, "launch": {"options": options},
+                      "fds": {"cwd": false, "stdin": false}});
+    format!("{line}\n")
+}
+
+/// A launch whose launch process says something on the client's stderr and launches nothing: an
+/// environment file that is not there.
+fn saying_line(id: &str) -> String {
+    typed_line(id, json!({"argv": ["/bin/true"], "env_files": ["/nonexistent/chio-test-env"]}))
+}
+
+/// What [`saying_line`]'s launch process says.
+const SAID: &str = "env file /nonexistent/chio-test-env";
 
 /// A scratch workspace any uid may write (the cage's command runs as 65534).
 fn open_workspace(dir: &Scratch) -> PathBuf {
@@ -792,9 +829,9 @@ fn a_launch_passes_its_clients_variables_never_the_daemons() {
     for (key, value) in secrets {
         let out = dir.join(&format!("out-{key}"));
         let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
-        let line = launch_line(&format!("env-{key}"), json!(["--env", key, "--", "/bin/sh", "-c", show]));
+        let line = typed_line(&format!("env-{key}"), json!({"argv": ["/bin/sh", "-c", show], "env": [key]}));
         let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
-        assert_eq!(answer["exit_status"], 2, "{key}: {answer}");
+        assert_eq!(answer["exit_status"], 125, "{key}: {answer}");
         assert!(!std::fs::read_to_string(&out).unwrap().contains(value), "{key}: the daemon's value reached the cage");
     }
 }
@@ -821,8 +858,8 @@ fn a_clients_variables_never_set_chios_own_settings() {
         ["VALUE_NUL", "v\0"],
         ["KEPT", "yes"]
     ]);
-    let line = json!({"id": "env-settings", "op": "launch", "env": env,
-                      "args": ["--env", "KEPT", "--", "/bin/sh", "-c", "echo ${KEPT-unset}"],
+    let line = json!({"protocol": "chio.supervisor.v2", "op": "launch", "id": "env-settings", "env": env,
+                      "launch": {"options": {"argv": ["/bin/sh", "-c", "echo ${KEPT-unset}"], "env": ["KEPT"]}},
                       "fds": {"cwd": false, "stdin": false}});
     let (out, err) = (dir.join("out"), dir.join("err"));
     let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
@@ -844,23 +881,24 @@ fn an_argument_with_a_nul_byte_is_refused_not_cut() {
     }
     let dir = Scratch::new("daemon-nul");
     let d = Daemon::start(&dir, config(json!({})));
-    let ran = |id: &str, args: Value| {
+    let ran = |id: &str, line: String| {
         let (out, err) = (dir.join(&format!("{id}.out")), dir.join(&format!("{id}.err")));
         let files = [std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap()];
-        let answer = raw_with_fds(&d.socket, launch_line(id, args).as_bytes(), &[&files[0], &files[1]]);
+        let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
         (answer, std::fs::read_to_string(&out).unwrap(), std::fs::read_to_string(&err).unwrap())
     };
     let show = r#"printf '%s|' "$@""#;
-    for (id, args, says) in [
-        ("nul-arg", json!(["--", "/bin/sh", "-c", show, "sh", "a\0b", "c"]), "contains a NUL byte"),
-        ("nul-env", json!(["--env", "K=a\0b", "--", "/bin/sh", "-c", show, "sh", "c"]), "environment variable"),
+    for (id, options, says) in [
+        ("nul-arg", json!({"argv": ["/bin/sh", "-c", show, "sh", "a\0b", "c"]}), "contains a NUL byte"),
+        ("nul-env", json!({"argv": ["/bin/sh", "-c", show, "sh", "c"], "env": ["K=a\0b"]}), "environment variable"),
     ] {
-        let (answer, out, err) = ran(id, args);
+        let (answer, out, err) = ran(id, typed_line(id, options));
         assert_eq!(answer["exit_status"], 125, "{id}: {answer} {err}");
         assert_eq!(out, "", "{id}: the command ran");
         assert!(err.contains(says), "{id}: {err}");
     }
-    let (answer, out, err) = ran("whole", json!(["--env", "K=ab", "--", "/bin/sh", "-c", show, "sh", "ab", "c"]));
+    let whole = json!({"argv": ["/bin/sh", "-c", show, "sh", "ab", "c"], "env": ["K=ab"]});
+    let (answer, out, err) = ran("whole", typed_line("whole", whole));
     assert_eq!((answer["exit_status"].as_i64(), out.as_str()), (Some(0), "ab|c|"), "{answer} {err}");
 }
 
@@ -890,19 +928,15 @@ fn a_request_id_runs_once_and_a_turned_away_one_leaves_no_trace() {
     let (again, said) = send(&request(args), 2);
     assert_eq!(again["record"], first["record"]);
     assert_eq!(said, "", "a repeat wrote to the client's descriptors");
-    // Another request under the used id — even one whose arguments do not parse, which would
-    // print a usage error were it let go — is refused with nothing written.
-    let (other, said) = send(&request(json!(["--no-such-flag"])), 3);
+    // Another request under the used id — even one that would print an error were it let go —
+    // is refused with nothing written.
+    let (other, said) = send(saying_line("once-1").as_bytes(), 3);
     assert!(other["error"].as_str().unwrap_or_default().contains("already used for another request"), "{other}");
     assert_eq!(said, "", "a refused request wrote to the client's descriptors");
     assert_eq!(std::fs::read_to_string(ws.join("count")).unwrap(), "ran\n", "the request ran more than once");
     // The same for the repository leg's operations: another operation under a used id is refused
     // before anything of it runs (here `status`, which would complain on the client's stderr).
-    let repo = |state: &str| {
-        let line = json!({"id": "once-2", "op": "repository", "args": ["status", "--state", state],
-                          "fds": {"cwd": false, "stdin": false}});
-        format!("{line}\n").into_bytes()
-    };
+    let repo = |state: &str| request_line("once-2", &["repository"], json!(["status", "--state", state])).into_bytes();
     let (first, said) = send(&repo(s(&dir.join("absent-1"))), 4);
     assert!(first["exit_status"].as_i64().is_some_and(|c| c != 0) && said.contains("absent-1"), "{first} {said}");
     let (other, said) = send(&repo(s(&dir.join("absent-2"))), 5);
@@ -989,7 +1023,7 @@ fn hold_connections(socket: &Path, n: usize) -> Vec<UnixStream> {
     while held.len() < n {
         assert!(Instant::now() < until, "the daemon served only {} connections", held.len());
         let mut c = UnixStream::connect(socket).unwrap();
-        c.write_all(b"{\"id\":\"hold\",\"op\":\"ping\"}\n").unwrap();
+        c.write_all(b"{\"protocol\":\"chio.supervisor.v2\",\"id\":\"hold\",\"op\":\"ping\"}\n").unwrap();
         let mut line = String::new();
         BufReader::new(&c).read_line(&mut line).unwrap();
         match serde_json::from_str::<Value>(&line).unwrap()["role"].as_str() {
@@ -1000,6 +1034,9 @@ fn hold_connections(socket: &Path, n: usize) -> Vec<UnixStream> {
     held
 }
 
+/// The protocol field every request line starts with in these hand-written ones.
+const V2: &str = r#""protocol":"chio.supervisor.v2""#;
+
 #[test]
 fn hostile_requests_are_answered_and_stall_no_one() {
     if !privileged("daemon_hostile") {
@@ -1007,21 +1044,28 @@ fn hostile_requests_are_answered_and_stall_no_one() {
     }
     let dir = Scratch::new("daemon-hostile");
     let d = Daemon::start(&dir, config(json!({"max_connections": 2, "request_timeout_s": 1})));
-    let ping = br#"{"id":"p1","op":"ping"}"#.to_vec();
+    let ping = br#"{"protocol":"chio.supervisor.v2","id":"p1","op":"ping"}"#.to_vec();
     assert_eq!(raw(&d.socket, &[&ping[..], b"\n"].concat())["role"], "admin");
     assert_eq!(d.run(None, &["--", "/bin/true"], None).status.code(), Some(0));
     let fds = d.settled_fds();
     for (bytes, says) in [
         (b"garbage\n".to_vec(), "not a request"),
-        (br#"{"id":"x","op":"format-disk"}"#.iter().chain(b"\n").copied().collect(), "unknown operation"),
+        (format!("{{{V2},\"id\":\"x\",\"op\":\"format-disk\"}}\n").into_bytes(), "unknown variant `format-disk`"),
+        (typed_line("x", json!({"argv": ["/bin/true"]})).into_bytes(), "descriptors do not match"),
+        (format!("{{{V2},\"id\":\"../x\",\"op\":\"ping\"}}\n").into_bytes(), "request id"),
+        (format!("{{{V2},\"id\":\"\",\"op\":\"ping\"}}\n").into_bytes(), "request id"),
+        (format!("{{{V2},\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(129)).into_bytes(), "request id"),
+        (vec![b'x'; (1 << 20) + (64 << 10) * 2], "longer than"),
+        // A field the protocol does not have, and a request of the argv protocol before it.
+        (format!("{{{V2},\"id\":\"x\",\"op\":\"ping\",\"admin\":true}}\n").into_bytes(), "unknown field `admin`"),
         (
             br#"{"id":"x","op":"launch","args":["--","/bin/true"]}"#.iter().chain(b"\n").copied().collect(),
-            "descriptors do not match",
+            "names no protocol",
         ),
-        (br#"{"id":"../x","op":"ping"}"#.iter().chain(b"\n").copied().collect(), "request id"),
-        (br#"{"id":"","op":"ping"}"#.iter().chain(b"\n").copied().collect(), "request id"),
-        (format!("{{\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(129)).into_bytes(), "request id"),
-        (vec![b'x'; (1 << 20) + (64 << 10) * 2], "longer than"),
+        (
+            br#"{"protocol":"chio.supervisor.v9","id":"x","op":"ping"}"#.iter().chain(b"\n").copied().collect(),
+            "not \"chio.supervisor.v9\"",
+        ),
     ] {
         let answer = raw(&d.socket, &bytes);
         assert!(answer["error"].as_str().unwrap().contains(says), "{answer}");
@@ -1029,19 +1073,20 @@ fn hostile_requests_are_answered_and_stall_no_one() {
     // A request cut off by the client's end of sending is answered as such, not taken for a
     // clean goodbye.
     let mut c = UnixStream::connect(&d.socket).unwrap();
-    c.write_all(br#"{"id":"cut","op":"ping""#).unwrap();
+    c.write_all(br#"{"protocol":"chio.supervisor.v2","id":"cut","op":"ping""#).unwrap();
     c.shutdown(std::net::Shutdown::Write).unwrap();
     let mut said = String::new();
     c.read_to_string(&mut said).unwrap();
     assert!(said.contains("the request ended mid-line"), "{said:?}");
     // The longest id there may be is one.
-    let longest = format!("{{\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(128));
+    let longest = format!("{{{V2},\"id\":\"{}\",\"op\":\"ping\"}}\n", "i".repeat(128));
     assert_eq!(raw(&d.socket, longest.as_bytes())["role"], "admin");
     // Descriptors a request did not announce, or more than four: refused, and none kept.
     let null = std::fs::File::open("/dev/null").unwrap();
-    let answer = raw_with_fds(&d.socket, b"{\"id\":\"p2\",\"op\":\"ping\"}\n", &[&null, &null]);
+    let answer =
+        raw_with_fds(&d.socket, format!("{{{V2},\"id\":\"p2\",\"op\":\"ping\"}}\n").as_bytes(), &[&null, &null]);
     assert!(answer["error"].as_str().unwrap().contains("descriptors do not match"), "{answer}");
-    let answer = raw_with_fds(&d.socket, b"{\"id\":\"p3\",\"op\":\"ping\"}\n", &[&null; 6]);
+    let answer = raw_with_fds(&d.socket, format!("{{{V2},\"id\":\"p3\",\"op\":\"ping\"}}\n").as_bytes(), &[&null; 6]);
     assert!(answer["error"].as_str().unwrap().contains("more than 4 descriptors"), "{answer}");
     // Two idle clients hold both connection slots: a third is answered at once, not queued…
     let idle = hold_connections(&d.socket, 2);
@@ -1894,7 +1939,7 @@ fn one_client_holds_at_most_its_share() {
     // The long launch's client holds one connection; one more fits, a third does not.
     let _idle = UnixStream::connect(&d.socket).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let answer = raw(&d.socket, b"{\"id\":\"p\",\"op\":\"ping\"}\n");
+    let answer = raw(&d.socket, b"{\"protocol\":\"chio.supervisor.v2\",\"id\":\"p\",\"op\":\"ping\"}\n");
     assert!(answer["error"].as_str().unwrap().contains("uid 0 has its limit of 2 connections open"), "{answer}");
     // Another client is served meanwhile (and refused only for what its role may not do).
     let out = d.run(Some(65533), &["--", "/bin/true"], None);
@@ -2573,11 +2618,7 @@ fn a_daemon_in_its_own_mount_namespace_takes_its_clients_files() {
     let c = UnixStream::connect(&d.socket).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let null = std::fs::File::open("/dev/null").unwrap();
-    send_with_fds(
-        &c,
-        launch_line("fuse-err", json!(["--no-such-flag", "--", "/bin/true"])).as_bytes(),
-        &[&null, &stalled],
-    );
+    send_with_fds(&c, saying_line("fuse-err").as_bytes(), &[&null, &stalled]);
     let mut answer = String::new();
     BufReader::new(&c).read_line(&mut answer).expect("no answer in 10 s");
     let answer: Value = serde_json::from_str(&answer).unwrap();
@@ -2608,13 +2649,10 @@ fn a_descriptor_that_may_never_complete_is_refused_and_the_client_relays_it() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(control.try_wait().unwrap().is_none(), "control: the file system let a writer through");
     let null = std::fs::File::open("/dev/null").unwrap();
-    let bad_args = json!(["--no-such-flag", "--", "/bin/true"]);
-    let with_stdin = |id: &str| {
-        format!("{}\n", json!({"id": id, "op": "launch", "args": ["-i", "--", "/bin/cat"], "fds": {"stdin": true}}))
-    };
+    let with_stdin = |id: &str| launch_line(id, json!(["-i", "--", "/bin/cat"]));
     for (what, line, files) in [
-        ("stderr", launch_line("fuse-err", bad_args.clone()), vec![&null, &out]),
-        ("stdout", launch_line("fuse-out", bad_args), vec![&out, &null]),
+        ("stderr", saying_line("fuse-err"), vec![&null, &out]),
+        ("stdout", saying_line("fuse-out"), vec![&out, &null]),
         ("stdin", with_stdin("fuse-in"), vec![&null, &null, &input]),
     ] {
         let c = UnixStream::connect(&d.socket).unwrap();
@@ -2718,18 +2756,17 @@ fn a_client_that_reads_nothing_holds_no_launch() {
     use std::os::fd::AsRawFd;
     let dir = Scratch::new("daemon-unread");
     let d = Daemon::start(&dir, config(json!({"max_launches": 1})));
-    let bad_args = json!(["--no-such-flag", "--", "/bin/true"]);
     let null = std::fs::File::open("/dev/null").unwrap();
     let (r, w) = std::io::pipe().unwrap();
     let w = std::fs::File::from(std::os::fd::OwnedFd::from(w));
     let asked = Instant::now();
-    let answer = raw_with_fds(&d.socket, launch_line("read", bad_args.clone()).as_bytes(), &[&null, &w]);
-    assert_eq!(answer["exit_status"], 2, "{answer}");
+    let answer = raw_with_fds(&d.socket, saying_line("read").as_bytes(), &[&null, &w]);
+    assert_eq!(answer["exit_status"], 125, "{answer}");
     assert!(asked.elapsed() < Duration::from_secs(5), "a reading client waited {:?}", asked.elapsed());
     drop(w);
     let mut said = String::new();
     std::fs::File::from(std::os::fd::OwnedFd::from(r)).read_to_string(&mut said).unwrap();
-    assert_eq!(said.matches("unexpected argument '--no-such-flag'").count(), 1, "{said}");
+    assert_eq!(said.matches(SAID).count(), 1, "{said}");
     // Fill a pipe, then put its description back to blocking, as a client would hand it over.
     let (r, w) = std::io::pipe().unwrap();
     let w = std::fs::File::from(std::os::fd::OwnedFd::from(w));
@@ -2744,11 +2781,11 @@ fn a_client_that_reads_nothing_holds_no_launch() {
     let asked = Instant::now();
     let c = UnixStream::connect(&d.socket).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    send_with_fds(&c, launch_line("unread", bad_args).as_bytes(), &[&null, &w]);
+    send_with_fds(&c, saying_line("unread").as_bytes(), &[&null, &w]);
     let mut answer = String::new();
     BufReader::new(&c).read_line(&mut answer).unwrap_or_else(|e| panic!("no answer in 30 s ({e})"));
     let answer: Value = serde_json::from_str(&answer).unwrap();
-    assert_eq!(answer["exit_status"], 2, "{answer}");
+    assert_eq!(answer["exit_status"], 125, "{answer}");
     assert!(asked.elapsed() < Duration::from_secs(20), "took {:?}", asked.elapsed());
     let until = Instant::now() + Duration::from_secs(5);
     while !d.log().contains("the rest was dropped") {

@@ -15,28 +15,20 @@ use chio_cage::LaunchRecord;
 use serde_json::Value;
 
 use super::passed::Passed;
-use super::wire::{self, Documents, Fds, Request};
+use super::wire::{self, Fds, Protocol, Request};
 use crate::cage_cmd::RunArgs;
-
-/// Flags `cage run`'s client handles itself and never sends (each takes a value but `--json`).
-const CLIENT_FLAGS: [&str; 3] = ["--supervisor", "--record", "--json"];
 
 /// Send the launch `a` (parsed from this process's arguments) to the daemon at `socket`.
 pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
-    let raw: Vec<OsString> = std::env::args_os().skip(3).collect();
-    let args = forwarded(&raw, &CLIENT_FLAGS)?;
     let record_file = crate::cage_cmd::create_record_file(a)?;
-    let documents = match (&a.policy, &a.manifest) {
-        (Some(p), Some(m)) => Some(Documents { policy: read_text(p)?, manifest: read_text(m)? }),
-        _ => None,
-    };
-    let env = client_env();
-    let request = Request {
+    // The signed documents are read here, with the client's rights; the daemon's admission
+    // decides what of the request this client may ask.
+    let launch = crate::cage_cmd::request_from(a)?;
+    let request = Request::Launch {
+        protocol: Protocol::V2,
         id: random_id()?,
-        op: "launch".into(),
-        args,
-        env,
-        documents,
+        launch: Box::new(launch),
+        env: client_env(),
         fds: Fds { cwd: true, stdin: a.interactive },
     };
     let cwd = open_cwd()?;
@@ -44,6 +36,41 @@ pub fn cage_run(socket: &Path, a: &RunArgs) -> Result<i32> {
     let answer = exchange(socket, &request, passed.fds());
     say_dropped("the command's", passed.finish());
     finish(a, &answer?, record_file)
+}
+
+/// The request `chio cage run ARGS` or `chio repository ARGS` (`args` starting with `cage run`
+/// or `repository`) sends with `--supervisor`, as `id`; a usage error as clap words it.
+pub fn request_for(id: &str, cwd: bool, args: &[OsString]) -> std::result::Result<Request, String> {
+    let fds = |stdin| Fds { cwd, stdin };
+    let first: Vec<&str> = args.iter().take(2).filter_map(|a| a.to_str()).collect();
+    match first.as_slice() {
+        ["cage", "run", ..] => {
+            use clap::FromArgMatches;
+            let runs = std::iter::once(OsString::from("run")).chain(args[2..].iter().cloned());
+            let matches = crate::cage_cmd::parser().try_get_matches_from(runs).map_err(|e| e.to_string())?;
+            let a = RunArgs::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+            let launch = crate::cage_cmd::request_from(&a).map_err(|e| format!("{e:#}\n"))?;
+            Ok(Request::Launch {
+                protocol: Protocol::V2,
+                id: id.into(),
+                launch: Box::new(launch),
+                env: Vec::new(),
+                fds: fds(a.interactive),
+            })
+        }
+        ["repository", ..] => {
+            let command = crate::repository_cmd::parse_args(&args[1..]).map_err(|e| e.to_string())?;
+            let stdin = matches!(command, crate::repository_cmd::RepositoryCommand::Serve { .. });
+            Ok(Request::Repository {
+                protocol: Protocol::V2,
+                id: id.into(),
+                command: Box::new(command),
+                env: Vec::new(),
+                fds: fds(stdin),
+            })
+        }
+        _ => Err("give `cage run …` or `repository …`\n".into()),
+    }
 }
 
 /// Say what a relay of ours could not write (never on a stderr that could not be written).
@@ -61,17 +88,20 @@ fn say_dropped(whose: &str, left: Vec<(&str, u64)>) {
 pub fn repository(socket: &Path) -> Result<i32> {
     let raw: Vec<OsString> = std::env::args_os().skip(2).collect();
     let args = forwarded(&raw, &["--supervisor"])?;
+    let command = match crate::repository_cmd::parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>()) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return Ok(e.exit_code());
+        }
+    };
     // Only `serve` reads stdin: any other operation leaves the client's alone.
-    let reads_stdin = matches!(
-        crate::repository_cmd::parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>()),
-        Ok(crate::repository_cmd::RepositoryCommand::Serve { .. })
-    );
-    let request = Request {
+    let reads_stdin = matches!(command, crate::repository_cmd::RepositoryCommand::Serve { .. });
+    let request = Request::Repository {
+        protocol: Protocol::V2,
         id: random_id()?,
-        op: "repository".into(),
-        args,
+        command: Box::new(command),
         env: client_env(),
-        documents: None,
         fds: Fds { cwd: true, stdin: reads_stdin },
     };
     let cwd = open_cwd()?;
@@ -150,12 +180,7 @@ fn random_id() -> Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-fn read_text(p: &Path) -> Result<String> {
-    String::from_utf8(crate::doc_cmd::read(p)?).with_context(|| format!("{} is not UTF-8", p.display()))
-}
-
-/// The arguments to send: ours without the client's own flags (`strip`), `--policy-signer`
-/// as a key.
+/// The arguments to parse: ours without the client's own flags (`strip`).
 fn forwarded(raw: &[OsString], strip: &[&str]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut it = raw.iter();
@@ -170,17 +195,10 @@ fn forwarded(raw: &[OsString], strip: &[&str]) -> Result<Vec<String>> {
         }
         let name = s.split_once('=').map_or(s, |(n, _)| n);
         if strip.contains(&name) {
-            if name != "--json" && !s.contains('=') {
+            // Each takes a value, inline or next.
+            if !s.contains('=') {
                 it.next();
             }
-            continue;
-        }
-        if name == "--policy-signer" {
-            let value = match s.split_once('=') {
-                Some((_, v)) => v.to_string(),
-                None => it.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
-            };
-            out.push(format!("--policy-signer={}", crate::receipt_cmd::pinned_key(&value)?));
             continue;
         }
         out.push(s.to_string());
@@ -193,13 +211,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn client_flags_are_not_forwarded_and_the_command_is_kept_whole() {
+    fn the_client_flag_is_not_forwarded_and_the_command_is_kept_whole() {
         let raw: Vec<OsString> =
-            ["--supervisor", "/s", "--json", "--record=r.json", "--pids", "8", "--", "sh", "--json", "--record", "x"]
+            ["--supervisor", "/s", "execute", "--state", "ws", "--operation-key", "k", "--", "sh", "--supervisor", "x"]
                 .iter()
                 .map(OsString::from)
                 .collect();
-        assert!(crate::cage_cmd::parse_args(&raw).is_ok());
-        assert_eq!(forwarded(&raw, &CLIENT_FLAGS).unwrap(), ["--pids", "8", "--", "sh", "--json", "--record", "x"]);
+        let args = forwarded(&raw, &["--supervisor"]).unwrap();
+        assert_eq!(args, ["execute", "--state", "ws", "--operation-key", "k", "--", "sh", "--supervisor", "x"]);
+        assert!(crate::repository_cmd::parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>()).is_ok());
     }
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA: &str = "chio.supervisor-config.v1";
 
 /// What a connecting peer may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Any `chio cage run` launch, as root could run it (root is always admin).

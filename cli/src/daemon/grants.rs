@@ -15,13 +15,13 @@ use crate::repository_cmd::RepositoryCommand as R;
 /// Check `cmd` against the peer's role and grants, putting the daemon's and the grant's paths in.
 pub fn check(job: &Job, cmd: &mut R) -> Result<(), String> {
     let uid = job.uid;
-    if job.role == Role::Admin.name() {
+    if job.role == Role::Admin {
         if let R::Init { kernel_key: key @ None, .. } = cmd {
             *key = Some(daemon_key(job)?);
         }
         return Ok(());
     }
-    if job.role != Role::Repository.name() {
+    if job.role != Role::Repository {
         return Err(format!("uid {uid}: the repository operations need the admin or repository role"));
     }
     match cmd {

@@ -15,7 +15,7 @@ use chio_cage::Ahead;
 
 use super::config::{Role, WorkspaceGrant};
 use super::wire::Request;
-use crate::cage_cmd::{self, RunArgs};
+use crate::cage_cmd;
 use crate::repository_cmd::RepositoryCommand;
 use chio_supervisor::repository::git_source::ReadAs;
 
@@ -23,7 +23,7 @@ use chio_supervisor::repository::git_source::ReadAs;
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Job {
     /// The peer's role.
-    pub role: String,
+    pub role: Role,
     /// The peer's uid (for messages, and the owner of what it exports).
     pub uid: u32,
     /// The peer's primary gid.
@@ -89,7 +89,7 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Op
         Ok(j) => j,
         Err(e) => return go(gate).then(|| failure(&format!("the launcher received a malformed job: {e}")).into()),
     };
-    let id = job.request.id.clone();
+    let id = job.request.id().to_string();
     run_job(&job, client, gate, ahead).map(|a| Answered { id: Some(id), ..a })
 }
 
@@ -98,40 +98,24 @@ fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Opti
     if let Err(e) = take_client_side(job, client) {
         return go(gate).then(|| failure(&e).into());
     }
-    let args: Vec<OsString> = job.request.args.iter().map(OsString::from).collect();
-    if job.request.op == "repository" {
-        return go(gate).then(|| repository(job, &args, ahead));
-    }
-    let parsed = cage_cmd::parse_args(&args);
-    let admitted = match parsed {
-        Ok(mut a) => admit(job, &mut a).map(|_| a).map_err(Refused::Role),
-        Err(e) => Err(Refused::Usage(e)),
+    let launch = match &job.request {
+        Request::Repository { command, .. } => return go(gate).then(|| repository(job, (**command).clone(), ahead)),
+        Request::Launch { launch, .. } => (**launch).clone(),
+        Request::Ping { .. } => return go(gate).then(|| failure("a ping is not a job").into()),
     };
+    let admitted = super::admit::launch(job.role, job.uid, &job.daemon, launch);
     let gate = Gate::new(gate);
     // A launch builds its cage while the entry is written and waits at the gate only before
-    // its target goes on (see `cage_cmd::launch`); a policy's refusal writes a receipt, so a
-    // policy launch waits here, as every refusal does.
-    let builds_ahead = admitted.as_ref().is_ok_and(|a| a.policy.is_none());
+    // its target goes on (see `cage_cmd::launch_request`); a policy's refusal writes a receipt,
+    // so a policy launch waits here, as every refusal does.
+    let builds_ahead = admitted.as_ref().is_ok_and(|a| a.request.policy.is_none());
     if !builds_ahead && !gate.open() {
         return None;
     }
     Some(match admitted {
         Ok(a) => launched(&a, ahead, builds_ahead.then_some(&|| gate.open()))?,
-        // clap's own message and usage status, on the client's stderr, as the one-shot form.
-        Err(Refused::Usage(e)) => {
-            let _ = e.print();
-            json!({"exit_status": e.exit_code(), "record": null, "receipts": []}).to_string().into()
-        }
-        Err(Refused::Role(why)) => failure(&why).into(),
+        Err(why) => failure(&why).into(),
     })
-}
-
-/// Why a launch request is not run.
-enum Refused {
-    /// The arguments do not parse.
-    Usage(clap::Error),
-    /// The client's role does not allow them.
-    Role(String),
 }
 
 /// Wait at the gate: true once the daemon says go, false at EOF (the request is withdrawn).
@@ -167,47 +151,37 @@ impl Gate {
     }
 }
 
-/// Run the argument parser once while waiting for a job: that builds the parser, which the
-/// job's own parse then uses (see `cage_cmd::parse_args`), and touches memory the fork shares
-/// with the launcher, which the job would otherwise pay for.
+/// Read a launch request once while waiting for a job: that touches the deserializer's code
+/// and memory the fork shares with the launcher, which the job would otherwise pay for.
 pub fn warm() {
-    let _ = cage_cmd::parse_args(&[OsString::from("--"), OsString::from("/bin/true")]);
+    let line =
+        br#"{"protocol":"chio.supervisor.v2","op":"launch","id":"warm","launch":{"options":{"argv":["/bin/true"]}}}"#;
+    let _ = Request::parse(line);
 }
 
 /// `chio repository …` as the client asked, as far as its role allows (see [`super::grants`]).
 /// An `execute` takes what the spare made `ahead` for its cage, and its answer names the cage's
 /// root for the launcher (the next spare makes it ahead).
-fn repository(job: &Job, args: &[OsString], ahead: Ahead) -> Answered {
+fn repository(job: &Job, command: RepositoryCommand, ahead: Ahead) -> Answered {
     let mut root = None;
-    let status = match crate::repository_cmd::parse_args(args) {
-        Ok(mut cmd) => {
-            if let Err(why) = super::grants::check(job, &mut cmd) {
-                return json!({"error": why, "exit_code": 77}).to_string().into();
-            }
-            // The MCP server's answers are the client's stream, written as they come.
-            if matches!(cmd, RepositoryCommand::Serve { .. }) {
-                if let Err(e) = super::said::direct() {
-                    return failure(&format!("giving serve the client's stdout: {e}")).into();
-                }
-            }
-            match &cmd {
-                RepositoryCommand::Export { state, out } if job.role == Role::Repository.name() => {
-                    exported_as_client(job, state, out)
-                }
-                // A source is read with the client's rights, never the daemon's.
-                _ => {
-                    crate::repository_cmd::run_with(&cmd, ahead, &mut root, Some(ReadAs { uid: job.uid, gid: job.gid }))
-                        .unwrap_or_else(|e| {
-                            eprintln!("chio: {e:#}");
-                            1
-                        })
-                }
-            }
+    let mut cmd = command;
+    if let Err(why) = super::grants::check(job, &mut cmd) {
+        return json!({"error": why, "exit_code": 77}).to_string().into();
+    }
+    // The MCP server's answers are the client's stream, written as they come.
+    if matches!(cmd, RepositoryCommand::Serve { .. }) {
+        if let Err(e) = super::said::direct() {
+            return failure(&format!("giving serve the client's stdout: {e}")).into();
         }
-        Err(e) => {
-            let _ = e.print();
-            e.exit_code()
-        }
+    }
+    let status = match &cmd {
+        RepositoryCommand::Export { state, out } if job.role == Role::Repository => exported_as_client(job, state, out),
+        // A source is read with the client's rights, never the daemon's.
+        _ => crate::repository_cmd::run_with(&cmd, ahead, &mut root, Some(ReadAs { uid: job.uid, gid: job.gid }))
+            .unwrap_or_else(|e| {
+                eprintln!("chio: {e:#}");
+                1
+            }),
     };
     let text = json!({"exit_status": status, "record": null, "receipts": []}).to_string();
     Answered { text, teardown: None, root, id: None }
@@ -230,7 +204,10 @@ fn exported_as_client(job: &Job, state: &std::path::Path, out: &std::path::Path)
 /// Descriptors and environment: the client's stdin (and cwd) become ours, its stdout and stderr
 /// are held for the command's output and what this process says (see [`super::said`]).
 fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
-    let want = job.request.fds;
+    let (want, env) = match &job.request {
+        Request::Launch { fds, env, .. } | Request::Repository { fds, env, .. } => (*fds, env),
+        Request::Ping { .. } => return Err("a ping carries no descriptors".into()),
+    };
     if client.len() != want.count() {
         return Err(format!("the request announced {} descriptors and carried {}", want.count(), client.len()));
     }
@@ -255,13 +232,13 @@ fn take_client_side(job: &Job, client: Vec<OwnedFd>) -> Result<(), String> {
     super::said::take(out, err).map_err(|e| format!("taking the client's stdout and stderr: {e}"))?;
     // Only an admin's relative paths resolve in the client's directory; everyone else's launch
     // names no host path at all.
-    match (cwd, job.role.as_str()) {
-        (Some(dir), "admin") => {
+    match (cwd, job.role) {
+        (Some(dir), Role::Admin) => {
             nix::unistd::fchdir(&dir).map_err(|e| format!("the client's working directory: {e}"))?
         }
         _ => std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?,
     }
-    set_environment(&job.request.env, &job.daemon);
+    set_environment(env, &job.daemon);
     Ok(())
 }
 
@@ -319,60 +296,6 @@ fn is_chio_setting(k: &std::ffi::OsStr) -> bool {
     k.as_encoded_bytes().starts_with(b"CHIO_TEST_") || SETTINGS.iter().any(|s| k == *s)
 }
 
-/// What this role may launch, and the daemon's receipts and keys in place of any the client named.
-/// An allow-list: the admin anything, the launch role signed policies only, any other role
-/// (the repository role, whose commands run through its granted workspaces) nothing.
-fn admit(job: &Job, a: &mut RunArgs) -> Result<(), String> {
-    if job.role != Role::Admin.name() && job.role != Role::Launch.name() {
-        return Err(format!(
-            "uid {} has the {} role: it may not launch (its commands run through `chio repository execute` on \
-             the workspaces granted to it)",
-            job.uid, job.role
-        ));
-    }
-    if a.receipt_db.is_some() || a.kernel_key.is_some() {
-        return Err("--receipt-db and --kernel-key: the supervisor records every launch in its own store".into());
-    }
-    if a.record.is_some() || a.json {
-        return Err("--record and --json are the client's to handle (chio cage run --supervisor does)".into());
-    }
-    if job.role == Role::Launch.name() {
-        if a.policy.is_none() {
-            return Err(format!(
-                "uid {} has the launch role: it may only launch under a signed policy (--policy, --policy-signer, --manifest)",
-                job.uid
-            ));
-        }
-        if a.workspace.is_some() || a.state_dir.is_some() || a.allow_root_policy {
-            return Err(format!(
-                "uid {}: --workspace, --state-dir and --allow-root-policy name host paths or widen a policy; \
-                 only the admin role may give them to the supervisor",
-                job.uid
-            ));
-        }
-    }
-    if a.policy.is_some() {
-        let signer = a.policy_signer.clone().unwrap_or_default();
-        if job.daemon.policy_signers.is_empty() {
-            return Err("this supervisor pins no policy signers (policy_signers in its configuration)".into());
-        }
-        if !job.daemon.policy_signers.contains(&signer) {
-            return Err(format!(
-                "the policy signer {signer} is not one this supervisor pins (policy_signers in its configuration)"
-            ));
-        }
-        let Some(d) = &job.request.documents else {
-            return Err("a policy launch through the supervisor carries its signed documents".into());
-        };
-        a.documents = Some((d.policy.clone().into_bytes(), d.manifest.clone().into_bytes()));
-    }
-    if let Some(key) = &job.daemon.kernel_key {
-        a.receipt_db = Some(job.daemon.receipt_db.clone());
-        a.kernel_key = Some(key.clone());
-    }
-    Ok(())
-}
-
 /// A launch's answer, written straight from the record (through a `Value` tree, a record's few
 /// KiB cost several times as much).
 fn launch_answer(done: &cage_cmd::Done) -> String {
@@ -393,8 +316,9 @@ fn launch_answer(done: &cage_cmd::Done) -> String {
 
 /// Launch; the answer carries cage run's exit status, the record and the receipt ids. None when
 /// `gate` withdrew the launch (its cage is torn down here, and nothing was written).
-fn launched(a: &RunArgs, ahead: Ahead, gate: Option<chio_cage::Gate<'_>>) -> Option<Answered> {
-    let done = cage_cmd::launch(a, ahead, cage_cmd::TeardownAt::Later, gate);
+fn launched(a: &super::admit::Admitted, ahead: Ahead, gate: Option<chio_cage::Gate<'_>>) -> Option<Answered> {
+    let receipts = a.receipts.as_ref().map(|(db, key)| (db.as_path(), key.as_path()));
+    let done = cage_cmd::launch_request(&a.request, receipts, None, ahead, cage_cmd::TeardownAt::Later, gate);
     if gate.is_some_and(|open| !open()) {
         if let Ok(cage_cmd::Done { launched: Some(l), .. }) = done {
             if let Some(t) = l.teardown {

@@ -4,6 +4,7 @@
 //! It holds the kernel key and the receipt store, recovers what a previous daemon left, and
 //! only then says READY=1.
 
+mod admit;
 mod answer;
 pub mod client;
 pub mod config;

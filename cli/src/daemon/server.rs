@@ -299,9 +299,9 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
                 return drop(reply(&mut stream, &refusal(None, why, 2)).await);
             }
         };
-        let req: Request = match serde_json::from_slice(&line) {
+        let req = match Request::parse(&line) {
             Ok(r) => r,
-            Err(e) => return drop(reply(&mut stream, &refusal(None, format!("not a request: {e}"), 2)).await),
+            Err(why) => return drop(reply(&mut stream, &refusal(None, why, 2)).await),
         };
         let (reply, settling) = answer(&s, req, fds, Peer { uid, gid, pid, role }, &stream).await;
         let replied = match reply {
@@ -339,25 +339,25 @@ struct Peer {
 /// The reply to one request on `conn`.
 async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &UnixStream) -> (Reply, Settling) {
     let Peer { uid, role, .. } = peer;
-    if req.id.is_empty()
-        || req.id.len() > 128
-        || !req.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
+    let id = req.id().to_string();
+    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
         let why = "a request id is 1–128 characters of [A-Za-z0-9._-]".into();
         return (Reply::Line { text: refusal(None, why, 2).to_string(), from: 0 }, None);
     }
-    let id = req.id.clone();
     let mut settling = None;
-    let a = match req.op.as_str() {
-        "ping" if fds.is_empty() => {
-            Answer::Built(json!({"version": env!("CARGO_PKG_VERSION"), "role": role.name(), "uid": uid}))
+    let a = match &req {
+        _ if fds.len() != req.fd_count() => {
+            Answer::Built(refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2))
         }
-        "repository" if role == Role::Launch => Answer::Built(refusal(
+        Request::Ping { .. } => Answer::Built(
+            json!({"version": env!("CARGO_PKG_VERSION"), "protocol": wire::PROTOCOL, "role": role.name(), "uid": uid}),
+        ),
+        Request::Repository { .. } if role == Role::Launch => Answer::Built(refusal(
             None,
             format!("uid {uid}: the repository operations need the admin or repository role"),
             77,
         )),
-        "launch" | "repository" if fds.len() == req.fds.count() => match conn.as_fd().try_clone_to_owned() {
+        Request::Launch { .. } | Request::Repository { .. } => match conn.as_fd().try_clone_to_owned() {
             Ok(conn) => {
                 let (a, journaling) = launch(s, req, fds, peer, conn).await;
                 settling = journaling;
@@ -365,10 +365,6 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
             }
             Err(e) => Answer::Built(refusal(None, format!("the connection's descriptor: {e}"), 125)),
         },
-        "ping" | "launch" | "repository" => {
-            Answer::Built(refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2))
-        }
-        other => Answer::Built(refusal(None, format!("unknown operation {other:?} (ping, launch, repository)"), 2)),
     };
     (a.reply(&id), settling)
 }
@@ -417,15 +413,15 @@ async fn dispatch(
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
         .map_err(|e| e.to_string())?;
-    let key = format!("{JOURNAL_PREFIX}{uid}:{}", req.id);
-    let id = req.id.clone();
+    let key = format!("{JOURNAL_PREFIX}{uid}:{}", req.id());
+    let id = req.id().to_string();
     let begin = {
         let (key, digest) = (key.clone(), digest.clone());
         journal_started(s.journal.clone(), move |st| st.op_begin_dispatched(&key, &digest))
     };
     let mut daemon = s.daemon.clone();
     daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
-    let job = Job { role: role.name().into(), uid, gid, pid, request: req, daemon };
+    let job = Job { role, uid, gid, pid, request: req, daemon };
     let submitted = submit(s, &job, fds, &conn);
     drop(conn);
     let begun = match begin.await.map_err(|e| e.to_string()).and_then(|r| r) {

@@ -6,46 +6,110 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+use chio_supervisor::launch::LaunchRequest;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 use serde::{Deserialize, Serialize};
 
-/// The longest request line the daemon reads (argv, environment and two signed documents).
+use crate::repository_cmd::RepositoryCommand;
+
+/// The longest request line the daemon reads (a launch's options, environment and two signed
+/// documents).
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 /// The most descriptors one request may carry: stdout, stderr, working directory, stdin.
 pub const MAX_FDS: usize = 4;
+/// The protocol every request names: a request of another one (a `chio` of another version) is
+/// refused, naming both.
+pub const PROTOCOL: &str = "chio.supervisor.v2";
 
-/// A request from a client.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Request {
-    /// The client's id for this request: a repeat with the same request returns the retained
-    /// answer, a repeat with a different one is refused.
-    pub id: String,
-    /// `ping`, `launch` (`chio cage run`) or `repository` (`chio repository`).
-    pub op: String,
-    /// For `launch`: the arguments of `chio cage run` (without `--supervisor`, `--record`,
-    /// `--json`); for `repository`, those of `chio repository`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    /// For `launch`: the client's environment (what `--env KEY` and admitted variables read).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<(String, String)>,
-    /// For a policy launch: the signed policy and manifest, as the client read them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub documents: Option<Documents>,
-    /// Which descriptors ride on the request, in order after stdout and stderr.
-    #[serde(default)]
-    pub fds: Fds,
+/// [`PROTOCOL`], as a field that only takes that value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Protocol {
+    /// The typed protocol: a launch is a [`LaunchRequest`], a repository operation a
+    /// [`RepositoryCommand`].
+    #[serde(rename = "chio.supervisor.v2")]
+    V2,
 }
 
-/// The signed documents of a policy launch.
+/// A request from a client: one JSON object on one line, its operation named by `op`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Documents {
-    /// The operator-signed cage launch policy.
-    pub policy: String,
-    /// The publisher-signed tool manifest.
-    pub manifest: String,
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    /// Is the daemon there, and which role does it give the caller? (No descriptors.)
+    Ping {
+        /// [`PROTOCOL`].
+        protocol: Protocol,
+        /// The client's id for this request.
+        id: String,
+    },
+    /// A launch, as `chio cage run` makes it.
+    Launch {
+        /// [`PROTOCOL`].
+        protocol: Protocol,
+        /// The client's id for this request: a repeat with the same request returns the
+        /// retained answer, a repeat with a different one is refused.
+        id: String,
+        /// What to launch. Its relative paths resolve in the client's working directory (an
+        /// admin's only: no other role names a host path).
+        launch: Box<LaunchRequest>,
+        /// The client's environment (what `--env KEY` and a policy's admitted variables read).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<(String, String)>,
+        /// Which descriptors ride on the request, in order after stdout and stderr.
+        #[serde(default)]
+        fds: Fds,
+    },
+    /// A repository operation, as `chio repository` takes it.
+    Repository {
+        /// [`PROTOCOL`].
+        protocol: Protocol,
+        /// The client's id for this request (as for a launch).
+        id: String,
+        /// The operation.
+        command: Box<RepositoryCommand>,
+        /// The client's environment.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<(String, String)>,
+        /// Which descriptors ride on the request, in order after stdout and stderr.
+        #[serde(default)]
+        fds: Fds,
+    },
+}
+
+impl Request {
+    /// The request's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Request::Ping { id, .. } | Request::Launch { id, .. } | Request::Repository { id, .. } => id,
+        }
+    }
+
+    /// How many descriptors the request announces (none for a ping).
+    pub fn fd_count(&self) -> usize {
+        match self {
+            Request::Ping { .. } => 0,
+            Request::Launch { fds, .. } | Request::Repository { fds, .. } => fds.count(),
+        }
+    }
+
+    /// Read a request line: one of [`PROTOCOL`], else an error naming what is wrong with it.
+    pub fn parse(line: &[u8]) -> Result<Request, String> {
+        let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| format!("not a request: {e}"))?;
+        match value.get("protocol").and_then(|p| p.as_str()) {
+            Some(PROTOCOL) => {}
+            Some(other) => {
+                return Err(format!(
+                    "this supervisor speaks {PROTOCOL}, not {other:?}: use a chio of the supervisor's version"
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "the request names no protocol: this supervisor speaks {PROTOCOL} (a request of an older chio \
+                     carries `args`; use a chio of the supervisor's version)"
+                ))
+            }
+        }
+        serde_json::from_value(value).map_err(|e| format!("not a {PROTOCOL} request: {e}"))
+    }
 }
 
 /// The optional descriptors of a launch request (stdout and stderr always come first).

@@ -81,6 +81,32 @@ class ChioEnvironment:
             args += ["--env", f"{k}={v}"]
         return args + ["--", "/bin/bash", "-c", command]
 
+    def launch_request(self, command: str, cwd: str, timeout: int) -> dict:
+        """The daemon's launch request for `command`: what `cage_args` says, as typed options."""
+        c = self.config
+        ws = self._workspace()
+        st = ws.stat()
+        options = {
+            "argv": ["/bin/bash", "-c", command],
+            "workspace": str(ws),
+            "cwd": self._inner_cwd(ws, cwd),
+            "uid": c.uid if c.uid is not None else st.st_uid,
+            "gid": c.gid if c.gid is not None else st.st_gid,
+            "net": c.network,
+            "limits": {
+                "wall_ms": timeout * 1000,
+                "memory_bytes": common.size_bytes(c.memory),
+                "pids": c.pids,
+                "cpu_millis": common.cpu_millis(c.cpus),
+            },
+            "env": [f"{k}={v}" for k, v in c.env.items()],
+        }
+        if c.image:
+            options["image"] = {"reference": c.image, "entrypoint": ""}
+            if c.state_dir:
+                options["image"]["store_dir"] = c.state_dir
+        return {"launch": {"options": options}}
+
     def command_line(self, command: str, cwd: str, timeout: int, record: str) -> list[str]:
         """The `chio cage run` command line, writing its record to `record`."""
         args = self.cage_args(command, cwd, timeout)
@@ -136,8 +162,8 @@ class ChioEnvironment:
         back once the daemon answers: no reader thread, no pipe to fill."""
         out = os.memfd_create("chio-output")
         try:
-            args = self.cage_args(command, cwd, timeout)
-            reply = common.supervisor_request(self.config.supervisor, "launch", args, [out, out], timeout)
+            request = self.launch_request(command, cwd, timeout)
+            reply = common.supervisor_request(self.config.supervisor, "launch", request, [out, out], timeout)
             if "error" in reply or "exit_status" not in reply:
                 raise RuntimeError(f"the supervisor refused the command: {reply.get('error', reply)}")
             text = common.read_all(out).decode("utf-8", errors="replace")

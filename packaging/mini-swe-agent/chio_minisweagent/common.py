@@ -69,15 +69,40 @@ def serialize(env) -> dict:
 _connections: dict[str, socket.socket] = {}
 
 
-def supervisor_request(path: str, op: str, args: list[str], fds: list[int], timeout: int) -> dict:
-    """One request on the supervisor daemon's socket (`chio supervisor serve`): `op` with `args`,
-    `fds` (the command's stdout and stderr) passed with it; returns the daemon's answer.
+PROTOCOL = "chio.supervisor.v2"
+
+
+def size_bytes(text: str) -> int | None:
+    """A size as chio's flags take it ("512M", "64K", "2G", "4096"), or None for "none"."""
+    t = text.strip()
+    if t.lower() == "none":
+        return None
+    for suffix in ("iB", "ib", "B", "b"):
+        if t.endswith(suffix):
+            t = t[: -len(suffix)]
+            break
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    mult = units.get(t[-1:].lower(), 1)
+    return int(t[:-1] if mult != 1 else t) * mult
+
+
+def cpu_millis(text: str) -> int | None:
+    """CPUs as chio's --cpus takes them ("1", "0.5"), in thousandths, or None for "none"."""
+    if text.strip().lower() == "none":
+        return None
+    return round(float(text) * 1000)
+
+
+def supervisor_request(path: str, op: str, payload: dict, fds: list[int], timeout: int) -> dict:
+    """One request on the supervisor daemon's socket (`chio supervisor serve`, protocol
+    chio.supervisor.v2): `op` with `payload` (a launch's `launch`, a repository operation's
+    `command`), `fds` (the command's stdout and stderr) passed with it; returns the daemon's answer.
 
     A kept connection the daemon has closed meanwhile (its idle timeout, a restart) is replaced
     and the request sent again: under the same id, which the daemon runs at most once (a repeat
     gets the first one's answer)."""
     rid = os.urandom(16).hex()
-    line = json.dumps({"id": rid, "op": op, "args": args}).encode() + b"\n"
+    line = json.dumps({"protocol": PROTOCOL, "id": rid, "op": op, **payload}).encode() + b"\n"
     while True:
         kept = _connections.pop(path, None)
         s = kept or socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -110,19 +110,23 @@ class ChioRepositoryEnvironment:
         args = ["execute", "--state", self.config.state_dir, "--operation-key", key, "--deadline", str(timeout),
                 "--json", "--", command]
         if self.config.supervisor:
-            return self.request_supervisor(args, timeout)
+            execute = {"state": self.config.state_dir, "operation_key": key, "deadline": timeout, "json": True,
+                       "command": [command]}
+            return self.request_supervisor({"execute": execute}, timeout)
         argv = [self.config.chio, "repository", *args]
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 30,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         result = json.loads(done.stdout or b"{}")
         return result, done.stderr.decode("utf-8", errors="replace").strip() or f"chio exited {done.returncode}"
 
-    def request_supervisor(self, args: list[str], timeout: int) -> tuple[dict, str]:
-        """`chio repository ARGS` as one request to the daemon; its stdout and stderr come back
-        through two memfds passed with the request."""
+    def request_supervisor(self, command: dict, timeout: int) -> tuple[dict, str]:
+        """A `chio repository` operation (`command`, as the daemon's protocol takes it) as one
+        request to the daemon; its stdout and stderr come back through two memfds passed with
+        the request."""
         out, err = os.memfd_create("chio-stdout"), os.memfd_create("chio-stderr")
         try:
-            answer = common.supervisor_request(self.config.supervisor, "repository", args, [out, err], timeout)
+            payload = {"command": command}
+            answer = common.supervisor_request(self.config.supervisor, "repository", payload, [out, err], timeout)
             stderr = common.read_all(err).decode("utf-8", errors="replace").strip()
             if "error" in answer:
                 return {}, f"the supervisor refused it: {answer['error']} (exit {answer.get('exit_code')})"

@@ -31,8 +31,10 @@ pub struct PolicyLaunch {
     /// Let the policy run as uid/gid 0 or on the host's `/` (recorded in the launch's receipts).
     #[serde(default)]
     pub allow_root: bool,
-    /// The image store an admitted image id is looked up in.
-    pub image_store: PathBuf,
+    /// The image store an admitted image id is looked up in (None: the launching process's
+    /// own, see [`crate::state_dir`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_store: Option<PathBuf>,
     /// Whether the launch will be receipted (a policy requiring receipts refuses a launch that
     /// will not be).
     #[serde(default)]
@@ -177,8 +179,9 @@ pub fn admitted_plan(
         Rootfs::Directory(d) => RootSpec::Directory(PathBuf::from(d)),
         Rootfs::ImageId(id) => {
             let image = |e: std::io::Error| LaunchError::Plan(format!("image {id}: {e}"));
-            let store = ImageStore::open_existing(&p.image_store)
-                .map_err(|e| LaunchError::Plan(format!("image store {}: {e}", p.image_store.display())))?;
+            let store_dir = crate::state_dir(p.image_store.as_deref());
+            let store = ImageStore::open_existing(&store_dir)
+                .map_err(|e| LaunchError::Plan(format!("image store {}: {e}", store_dir.display())))?;
             let rec = store.find(id).map_err(image)?;
             held = Some(store.hold(&rec).map_err(image)?);
             RootSpec::Directory(store.rootfs(&rec))
@@ -247,7 +250,7 @@ mod tests {
                 "image",
                 Box::new(|o| {
                     o.image = Some(crate::launch_plan::ImageChoice {
-                        store_dir: "/var/lib/chio".into(),
+                        store_dir: None,
                         reference: "app".into(),
                         entrypoint: None,
                     })

@@ -294,7 +294,8 @@ fn run_cage(
     o.limits.output_bytes = OUTPUT_LIMIT;
     if let Some(id) = &ws.config.image_id {
         let store_dir = ws.settings.image_store.clone().ok_or_else(|| failed("settings.json names no image store"))?;
-        o.image = Some(ImageChoice { store_dir, reference: id.clone(), entrypoint: Some(String::new()) });
+        o.image =
+            Some(ImageChoice { store_dir: Some(store_dir), reference: id.clone(), entrypoint: Some(String::new()) });
     }
     o.annotations.insert("repository.operation_key".into(), req.operation_key.clone());
     o.annotations.insert("repository.workspace".into(), ws.config_digest.clone());

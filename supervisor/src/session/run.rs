@@ -230,7 +230,8 @@ fn start_and_launch(
     }
     if let Some(id) = &s.request.worker.image_id {
         let store_dir = workspace_image_store(s)?;
-        o.image = Some(ImageChoice { store_dir, reference: id.clone(), entrypoint: Some(String::new()) });
+        o.image =
+            Some(ImageChoice { store_dir: Some(store_dir), reference: id.clone(), entrypoint: Some(String::new()) });
     }
     o.tcp_ports = vec![MODEL_PORT];
     o.annotations.insert("session.id".into(), s.request.session_id.clone());
