@@ -1,4 +1,5 @@
-//! Who may launch what through the daemon: one decision over the typed request, field by field.
+//! Who may ask what of the daemon: one decision over the typed request, field by field for a
+//! launch, operation by operation and workspace by workspace for the repository leg.
 //! An allow-list. The admin role may launch anything `chio cage run` takes; the launch role only
 //! a signed policy's launch, naming no host path and widening nothing; any other role (the
 //! repository role, whose commands run through its granted workspaces) nothing. What chio's own
@@ -6,13 +7,14 @@
 //! client sets. The daemon then puts in what is its own: its receipt store and key, and whether
 //! the launch is receipted.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use chio_supervisor::launch::LaunchRequest;
 use chio_supervisor::launch_plan::PlanOptions;
 
-use super::config::Role;
+use super::config::{Role, WorkspaceGrant};
 use super::job::DaemonSide;
+use crate::repository_cmd::RepositoryCommand as R;
 
 /// A launch as the daemon will run it.
 #[derive(Debug)]
@@ -117,6 +119,105 @@ fn fields_set(o: &PlanOptions) -> Vec<&'static str> {
         ("tcp_ports", !tcp_ports.is_empty()),
     ];
     set.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect()
+}
+
+/// Admit the repository operation `cmd` from `uid` in `role`, putting the daemon's and the
+/// grant's own paths in, or say why not. An admin may ask anything `chio repository` takes (an
+/// `init` without `--kernel-key` signs with the daemon's key). The repository role: `execute`,
+/// `status` and `export` on a workspace granted to its uid, and `init` of a granted workspace
+/// from one of the grant's `sources`, signed with the daemon's key and on the daemon's image
+/// store. Paths are compared after resolving both sides, and the command then names the grant's
+/// own paths, not the client's: a link the client swaps after the check cannot point the
+/// operation elsewhere.
+pub fn repository(role: Role, uid: u32, daemon: &DaemonSide, cmd: &mut R) -> Result<(), String> {
+    let job = &Asker { uid, daemon };
+    if role == Role::Admin {
+        if let R::Init { kernel_key: key @ None, .. } = cmd {
+            *key = Some(daemon_key(job)?);
+        }
+        return Ok(());
+    }
+    if role != Role::Repository {
+        return Err(format!("uid {uid}: the repository operations need the admin or repository role"));
+    }
+    match cmd {
+        R::Execute { state, .. } | R::Status { state, .. } | R::Export { state, .. } => {
+            *state = existing_grant(job, state)?.state.clone();
+            Ok(())
+        }
+        R::Init { state, repository, image_store, kernel_key, .. } => {
+            if kernel_key.is_some() || image_store.is_some() {
+                return Err(format!(
+                    "uid {uid}: --kernel-key and --image-store are the supervisor's own (it signs with its key and \
+                     runs on its image store): give neither"
+                ));
+            }
+            let grant = new_grant(job, state)?;
+            let source = granted_source(grant, repository).ok_or_else(|| {
+                format!(
+                    "repository {} is not a source granted to uid {uid} for workspace {} (sources in the \
+                     supervisor's configuration)",
+                    repository.display(),
+                    grant.state.display()
+                )
+            })?;
+            *state = grant.state.clone();
+            *repository = source.clone();
+            *kernel_key = Some(daemon_key(job)?);
+            *image_store = Some(job.daemon.state_dir.clone());
+            Ok(())
+        }
+        _ => Err(format!("uid {uid}: the repository role may run init, execute, status and export only")),
+    }
+}
+
+/// Who asks, and the daemon's side of it.
+struct Asker<'d> {
+    uid: u32,
+    daemon: &'d DaemonSide,
+}
+
+fn daemon_key(job: &Asker) -> Result<PathBuf, String> {
+    job.daemon.kernel_key.clone().ok_or_else(|| {
+        "this supervisor has no kernel_key: a workspace it creates needs one to sign its receipts \
+         (kernel_key in its configuration)"
+            .to_string()
+    })
+}
+
+fn not_granted(job: &Asker, state: &Path) -> String {
+    format!(
+        "workspace {} is not granted to uid {} (workspaces in the supervisor's configuration)",
+        state.display(),
+        job.uid
+    )
+}
+
+/// The grant naming the existing workspace `state`.
+fn existing_grant<'j>(job: &Asker<'j>, state: &Path) -> Result<&'j WorkspaceGrant, String> {
+    // A path that does not resolve is "not granted" too: the daemon resolves as root, and its
+    // error would tell the client whether a path it cannot see exists.
+    let resolved = std::fs::canonicalize(state).map_err(|_| not_granted(job, state))?;
+    let same = |w: &&WorkspaceGrant| std::fs::canonicalize(&w.state).is_ok_and(|w| w == resolved);
+    job.daemon.workspaces.iter().find(same).ok_or_else(|| not_granted(job, state))
+}
+
+/// The grant naming the workspace `state` that `init` is to create (it need not exist yet: its
+/// parent is resolved, and the last component compared).
+fn new_grant<'j>(job: &Asker<'j>, state: &Path) -> Result<&'j WorkspaceGrant, String> {
+    let target = resolve_new(state).ok_or_else(|| not_granted(job, state))?;
+    let same = |w: &&WorkspaceGrant| resolve_new(&w.state).is_some_and(|w| w == target);
+    job.daemon.workspaces.iter().find(same).ok_or_else(|| not_granted(job, state))
+}
+
+fn resolve_new(p: &Path) -> Option<PathBuf> {
+    let name = p.file_name()?;
+    Some(std::fs::canonicalize(p.parent()?).ok()?.join(name))
+}
+
+fn granted_source<'g>(grant: &'g WorkspaceGrant, repository: &Path) -> Option<&'g PathBuf> {
+    let resolved = std::fs::canonicalize(repository).ok()?;
+    grant.sources.iter().find(|s| std::fs::canonicalize(s).is_ok_and(|s| s == resolved))
 }
 
 #[cfg(test)]
@@ -245,5 +346,94 @@ mod tests {
         let mut none_pinned = daemon(true);
         none_pinned.policy_signers.clear();
         assert!(launch(Role::Admin, 0, &none_pinned, req).unwrap_err().contains("pins no policy signers"));
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("chio-admit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn status(state: &Path) -> R {
+        R::Status { state: state.to_path_buf(), json: false }
+    }
+
+    /// The repository role: `execute`, `status` and `export` on its own granted workspaces, named
+    /// by the grant's path whatever path the client gave; `init` of a granted workspace from a
+    /// granted source, with the daemon's key and image store and neither of its own; nothing else.
+    /// The launch role no repository operation at all; the admin any, with the daemon's key when
+    /// it names none.
+    #[test]
+    fn the_repository_role_works_its_granted_workspaces_only() {
+        let dir = scratch("repository");
+        let (granted, other, source, fresh) = (dir.join("ws"), dir.join("other"), dir.join("src"), dir.join("new"));
+        for d in [&granted, &other, &source] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let mut d = daemon(true);
+        d.workspaces = vec![
+            WorkspaceGrant { uid: 1000, state: granted.clone(), sources: vec![] },
+            WorkspaceGrant { uid: 1000, state: fresh.clone(), sources: vec![source.clone()] },
+        ];
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&granted, &link).unwrap();
+        let mut cmd = R::Execute {
+            state: link,
+            operation_key: "k".into(),
+            deadline: 60,
+            json: false,
+            command: vec!["true".into()],
+        };
+        repository(Role::Repository, 1000, &d, &mut cmd).unwrap();
+        assert!(matches!(&cmd, R::Execute { state, .. } if *state == granted), "{cmd:?}");
+        let mine = |uid| d.workspaces.iter().filter(|w| w.uid == uid).cloned().collect::<Vec<_>>();
+        let stranger = DaemonSide { workspaces: mine(1001), ..d.clone() };
+        for (daemon, state) in [(&stranger, &granted), (&d, &other), (&d, &dir.join("absent"))] {
+            let why = repository(Role::Repository, 1001, daemon, &mut status(state)).unwrap_err();
+            assert!(why.contains("is not granted to uid 1001"), "{why}");
+        }
+        let init = |kernel_key: Option<PathBuf>, image_store: Option<PathBuf>, repository: &Path| R::Init {
+            state: fresh.clone(),
+            repository: repository.to_path_buf(),
+            revision: "HEAD".into(),
+            source_path: vec!["package".into()],
+            scratch_path: vec![],
+            image: None,
+            image_store,
+            kernel_key,
+            server_id: None,
+            json: false,
+        };
+        let mut cmd = init(None, None, &source);
+        repository(Role::Repository, 1000, &d, &mut cmd).unwrap();
+        match &cmd {
+            R::Init { state, kernel_key, image_store, .. } => {
+                assert_eq!((state, kernel_key, image_store), (&fresh, &d.kernel_key, &Some(d.state_dir.clone())))
+            }
+            other => panic!("{other:?}"),
+        }
+        for mut widened in
+            [init(Some("/home/me/key.seed".into()), None, &source), init(None, Some("/home/me/store".into()), &source)]
+        {
+            let why = repository(Role::Repository, 1000, &d, &mut widened).unwrap_err();
+            assert!(why.contains("are the supervisor's own"), "{why}");
+        }
+        let why = repository(Role::Repository, 1000, &d, &mut init(None, None, &other)).unwrap_err();
+        assert!(why.contains("is not a source granted"), "{why}");
+        for mut op in [R::Serve { state: granted.clone() }, R::Recover { state: granted.clone() }] {
+            let why = repository(Role::Repository, 1000, &d, &mut op).unwrap_err();
+            assert!(why.contains("init, execute, status and export only"), "{why}");
+        }
+        let why = repository(Role::Launch, 1000, &d, &mut status(&granted)).unwrap_err();
+        assert!(why.contains("need the admin or repository role"), "{why}");
+        // The admin: any operation, any path; an init without a key signs with the daemon's.
+        repository(Role::Admin, 0, &d, &mut R::Recover { state: other.clone() }).unwrap();
+        let mut cmd = init(None, None, &other);
+        repository(Role::Admin, 0, &d, &mut cmd).unwrap();
+        assert!(matches!(&cmd, R::Init { kernel_key, .. } if *kernel_key == d.kernel_key));
+        let why = repository(Role::Admin, 0, &daemon(false), &mut init(None, None, &other)).unwrap_err();
+        assert!(why.contains("has no kernel_key"), "{why}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

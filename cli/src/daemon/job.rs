@@ -165,7 +165,7 @@ pub fn warm() {
 fn repository(job: &Job, command: RepositoryCommand, ahead: Ahead) -> Answered {
     let mut root = None;
     let mut cmd = command;
-    if let Err(why) = super::grants::check(job, &mut cmd) {
+    if let Err(why) = super::admit::repository(job.role, job.uid, &job.daemon, &mut cmd) {
         return json!({"error": why, "exit_code": 77}).to_string().into();
     }
     // The MCP server's answers are the client's stream, written as they come.

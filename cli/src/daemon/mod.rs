@@ -9,7 +9,6 @@ mod answer;
 pub mod client;
 pub mod config;
 mod export_as;
-mod grants;
 pub mod job;
 pub mod launcher;
 mod passed;
