@@ -164,13 +164,7 @@ pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
 
 /// A pinned key given inline or in a file; checked (weak keys refused).
 pub fn pinned_key(arg: &str) -> Result<String> {
-    let hex = if arg.len() == 64 && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
-        arg.to_string()
-    } else {
-        std::fs::read_to_string(arg).with_context(|| format!("reading key file {arg}"))?.trim().to_string()
-    };
-    keys::public_key(&hex).with_context(|| format!("trusted kernel key {hex:?}"))?;
-    Ok(hex)
+    Ok(keys::pinned(arg)?)
 }
 
 fn verify_file(input: &Path, key: &str) -> Result<i32> {

@@ -1,22 +1,18 @@
 //! `chio repository`: the repository execution leg (init, execute, status, export,
-//! verify-export). The engine is `chio_supervisor::repository`; this is flags and output.
-//! Exit codes: 0 ok (execute: the command's status), 1 failure, 2 bad input, 3 refused by a
-//! check, 4 operation-key conflict, 5 evidence that does not verify.
+//! verify-export). The engine and the operation's output are `chio_supervisor::repository`'s
+//! (`operation`); this is flags. Exit codes: 0 ok (execute: the command's status), 1 failure, 2
+//! bad input, 3 refused by a check, 4 operation-key conflict, 5 evidence that does not verify.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
-use chio_supervisor::repository::execute::{self, ExecRequest, Transition};
-use chio_supervisor::repository::git_source::ReadAs;
-use chio_supervisor::repository::workspace::{self, InitRequest, RepoError};
-use chio_supervisor::repository::{export, mcp, recover, status};
+use chio_supervisor::repository::operation::{self, Operation};
 use clap::Subcommand;
 
+pub use chio_supervisor::repository::operation::{print_json, require_root};
+
 /// `chio repository` subcommands.
-/// On the daemon's wire (`chio.supervisor.v2`) an operation is this enum's JSON: `{"execute":
-/// {"state": …, "operation_key": …, "deadline": 60, "json": true, "command": ["…"]}}`.
-#[derive(Debug, Clone, Subcommand, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum RepositoryCommand {
     /// Create a workspace from the committed tree of literal paths at one revision.
     #[command(
@@ -131,18 +127,59 @@ pub enum RepositoryCommand {
     },
 }
 
-/// The line an export reports.
-pub fn exported(r: &export::ExportReport, out: &Path) -> String {
-    format!(
-        "exported {} transition(s), {} receipt(s) to {}; final {}",
-        r.transitions,
-        r.receipts,
-        out.display(),
-        r.final_digest
-    )
+impl RepositoryCommand {
+    /// The operation as a value: what runs, and what a daemon client sends.
+    pub fn operation(&self) -> Operation {
+        use RepositoryCommand as R;
+        match self {
+            R::Init {
+                state,
+                repository,
+                revision,
+                source_path,
+                scratch_path,
+                image,
+                image_store,
+                kernel_key,
+                server_id,
+                json,
+            } => Operation::Init {
+                state: state.clone(),
+                repository: repository.clone(),
+                revision: revision.clone(),
+                source_path: source_path.clone(),
+                scratch_path: scratch_path.clone(),
+                image: image.clone(),
+                image_store: image_store.clone(),
+                kernel_key: kernel_key.clone(),
+                server_id: server_id.clone(),
+                json: *json,
+            },
+            R::Execute { state, operation_key, deadline, json, command } => Operation::Execute {
+                state: state.clone(),
+                operation_key: operation_key.clone(),
+                deadline: *deadline,
+                json: *json,
+                command: command.clone(),
+            },
+            R::Status { state, json } => Operation::Status { state: state.clone(), json: *json },
+            R::Serve { state } => Operation::Serve { state: state.clone() },
+            R::Recover { state } => Operation::Recover { state: state.clone() },
+            R::Export { state, out } => Operation::Export { state: state.clone(), out: out.clone() },
+            R::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {
+                Operation::VerifyExport {
+                    bundle: bundle.clone(),
+                    repository: repository.clone(),
+                    revision: revision.clone(),
+                    source_path: source_path.clone(),
+                    kernel_key: kernel_key.clone(),
+                    server_id: server_id.clone(),
+                }
+            }
+        }
+    }
 }
 
-/// Run a repository subcommand.
 /// The parser of `chio repository`'s subcommands alone (the daemon's launch child parses a
 /// client's arguments with it).
 pub fn parse_args(args: &[std::ffi::OsString]) -> std::result::Result<RepositoryCommand, clap::Error> {
@@ -155,207 +192,5 @@ pub fn parse_args(args: &[std::ffi::OsString]) -> std::result::Result<Repository
 
 /// Run a `chio repository` command as the one-shot form does.
 pub fn run(cmd: &RepositoryCommand) -> Result<i32> {
-    run_with(cmd, chio_cage::Ahead::default(), &mut None, None)
-}
-
-/// [`run`], with what a daemon's spare made `ahead` for an `execute`'s cage; an `execute` sets
-/// `root` to its cage's root when a root made ahead could serve the next one's.
-/// `read_as`: whose rights an `init` reads its source with (a daemon's client; None: this
-/// process's own).
-pub fn run_with(
-    cmd: &RepositoryCommand,
-    ahead: chio_cage::Ahead,
-    root: &mut Option<chio_cage::RootKey>,
-    read_as: Option<ReadAs>,
-) -> Result<i32> {
-    match dispatch(cmd, ahead, root, read_as) {
-        Ok(code) => Ok(code),
-        Err(e) => {
-            eprintln!("chio: {e}");
-            Ok(e.exit_code())
-        }
-    }
-}
-
-/// Write to stdout; a closed pipe (`| head`) is an error named on stderr, not a panic.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        writeln!(std::io::stdout(), $($arg)*).map_err(|e| RepoError::Failed(format!("writing to stdout: {e}")))
-    }};
-}
-
-pub(crate) fn print_json(v: &impl serde::Serialize) -> Result<(), RepoError> {
-    let s = serde_json::to_string_pretty(v).map_err(|e| RepoError::Failed(e.to_string()))?;
-    say!("{s}")
-}
-
-fn dispatch(
-    cmd: &RepositoryCommand,
-    ahead: chio_cage::Ahead,
-    root: &mut Option<chio_cage::RootKey>,
-    read_as: Option<ReadAs>,
-) -> Result<i32, RepoError> {
-    match cmd {
-        RepositoryCommand::Init {
-            state,
-            repository,
-            revision,
-            source_path,
-            scratch_path,
-            image,
-            image_store,
-            kernel_key,
-            server_id,
-            json,
-        } => {
-            require_root("repository init")?;
-            let kernel_key = kernel_key.clone().ok_or_else(|| {
-                RepoError::Usage("--kernel-key: give the seed that signs the workspace's receipts".into())
-            })?;
-            let req = InitRequest {
-                state: state.clone(),
-                repository: repository.clone(),
-                revision: revision.clone(),
-                source_paths: source_path.clone(),
-                scratch_paths: scratch_path.clone(),
-                image: image.as_ref().map(|i| (crate::image_cmd::state_dir(image_store), i.clone())),
-                kernel_key,
-                server_id: server_id.clone(),
-                read_as,
-            };
-            let ws = workspace::init(&req)?;
-            let s = status::status(&ws)?;
-            if *json {
-                print_json(&s)?;
-            } else {
-                say!(
-                    "workspace {} at {}: commit {}, {} source path(s), baseline {}",
-                    s.workspace_id,
-                    state.display(),
-                    s.source_commit,
-                    s.source_paths.len(),
-                    s.baseline
-                )?;
-            }
-            Ok(0)
-        }
-        RepositoryCommand::Execute { state, operation_key, deadline, json, command } => {
-            require_root("repository execute")?;
-            let ws = workspace::open(state)?;
-            let req =
-                ExecRequest { operation_key: operation_key.clone(), command: command.join(" "), deadline_s: *deadline };
-            let r = execute::execute_with(&ws, &req, ahead)?;
-            root.clone_from(&r.root);
-            if *json {
-                print_json(&r)?;
-            } else {
-                use std::io::Write;
-                let mut out = std::io::stdout().lock();
-                let _ = out.write_all(r.output.as_bytes());
-                let _ = out.flush();
-                let replay = if r.replayed { " (retained result, not run again)" } else { "" };
-                match r.transition {
-                    Transition::Committed => eprintln!(
-                        "chio: exit {}{replay}; snapshot {}; receipt {}",
-                        r.exit_status,
-                        r.after.as_deref().unwrap_or("-"),
-                        r.receipt_id
-                    ),
-                    Transition::Refused => eprintln!(
-                        "chio: refused{replay}: {}; the workspace was put back to {} and stopped",
-                        r.reason.as_deref().unwrap_or("-"),
-                        r.before
-                    ),
-                    Transition::LaunchFailed => {
-                        eprintln!(
-                            "chio: the cage did not start the command{replay}: {}",
-                            r.reason.as_deref().unwrap_or("-")
-                        )
-                    }
-                }
-                if r.output_dropped > 0 {
-                    eprintln!("chio: {} more bytes of output were dropped", r.output_dropped);
-                }
-            }
-            Ok(match r.transition {
-                Transition::Refused => 3,
-                _ => r.exit_status,
-            })
-        }
-        RepositoryCommand::Status { state, json } => {
-            let s = status::status(&workspace::open(state)?)?;
-            if *json {
-                print_json(&s)?;
-            } else {
-                say!("workspace {} ({})", s.workspace_id, s.state)?;
-                if let Some(r) = &s.stopped_reason {
-                    say!("  stopped: {r}")?;
-                }
-                say!("  source   {} {:?}", s.source_commit, s.source_paths)?;
-                if !s.scratch_paths.is_empty() {
-                    say!("  scratch  {:?} (never snapshotted)", s.scratch_paths)?;
-                }
-                say!("  baseline {}", s.baseline)?;
-                say!("  head     {} ({} snapshots, {} receipts)", s.head, s.snapshots, s.receipts)?;
-                let ops: Vec<String> = s.operations.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                say!("  operations: {}", if ops.is_empty() { "none".into() } else { ops.join(", ") })?;
-            }
-            Ok(0)
-        }
-        RepositoryCommand::Serve { state } => {
-            require_root("repository serve")?;
-            // Opened once up front: a wrong state directory fails here, not at the first call.
-            drop(workspace::open(state)?);
-            let stdin = std::io::stdin().lock();
-            mcp::serve(state, stdin, std::io::stdout().lock())?;
-            Ok(0)
-        }
-        RepositoryCommand::Recover { state } => {
-            require_root("repository recover")?;
-            let report = recover::recover(&workspace::open(state)?)?;
-            print_json(&report)?;
-            Ok(if report.left_in_place.is_empty() { 0 } else { 3 })
-        }
-        RepositoryCommand::Export { state, out } => {
-            let ws = workspace::open(state)?;
-            let report = export::export(&ws, out)?;
-            say!("{}", exported(&report, out))?;
-            Ok(0)
-        }
-        RepositoryCommand::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {
-            let key = crate::receipt_cmd::pinned_key(kernel_key)
-                .map_err(|e| RepoError::Usage(format!("--kernel-key: {e:#}")))?;
-            let req = export::VerifyRequest {
-                bundle: bundle.clone(),
-                repository: repository.clone(),
-                revision: revision.clone(),
-                source_paths: source_path.clone(),
-                kernel_key: key,
-                server_id: server_id.clone(),
-            };
-            let report = export::verify_export(&req);
-            print_json(&report)?;
-            match &report.error {
-                None => Ok(0),
-                Some(e) => {
-                    eprintln!("chio: verification failed: {e}");
-                    Ok(5)
-                }
-            }
-        }
-    }
-}
-
-pub(crate) fn require_root(what: &str) -> Result<(), RepoError> {
-    if !nix_is_root() {
-        return Err(RepoError::Usage(format!(
-            "chio {what} needs root: it builds cages and hands the workspace to uid 65534, the uid commands run as"
-        )));
-    }
-    Ok(())
-}
-
-fn nix_is_root() -> bool {
-    nix::unistd::geteuid().is_root()
+    Ok(operation::run(&cmd.operation(), chio_cage::Ahead::default(), &mut None, None))
 }

@@ -58,6 +58,18 @@ pub fn unhex<const N: usize>(s: &str, what: &str) -> Result<[u8; N], KeyError> {
     Ok(out)
 }
 
+/// A pinned public key as a caller gives it — 64 hex digits, or a file holding them — checked,
+/// as hex.
+pub fn pinned(arg: &str) -> Result<String, KeyError> {
+    let hex = if arg.len() == 64 && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
+        arg.to_string()
+    } else {
+        fs::read_to_string(arg).map_err(|e| KeyError::Io(format!("reading key file {arg}: {e}")))?.trim().to_string()
+    };
+    public_key(&hex).map_err(|e| KeyError::Encoding(format!("trusted kernel key {hex:?}: {e}")))?;
+    Ok(hex)
+}
+
 /// A public key accepted for verification (strictly decoded, not weak).
 pub fn public_key(hex_key: &str) -> Result<VerifyingKey, KeyError> {
     let bytes = unhex::<32>(hex_key, "public key")?;

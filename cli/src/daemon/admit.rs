@@ -14,7 +14,7 @@ use chio_supervisor::launch_plan::PlanOptions;
 
 use super::config::{Role, WorkspaceGrant};
 use super::job::DaemonSide;
-use crate::repository_cmd::RepositoryCommand as R;
+use chio_supervisor::repository::operation::Operation as R;
 
 /// A launch as the daemon will run it.
 #[derive(Debug)]

@@ -14,6 +14,8 @@ use anyhow::{bail, Context, Result};
 use chio_cage::LaunchRecord;
 use serde_json::Value;
 
+use chio_supervisor::repository::operation::Operation;
+
 use super::passed::Passed;
 use super::wire::{self, Fds, Protocol, Request};
 use crate::cage_cmd::RunArgs;
@@ -59,8 +61,8 @@ pub fn request_for(id: &str, cwd: bool, args: &[OsString]) -> std::result::Resul
             })
         }
         ["repository", ..] => {
-            let command = crate::repository_cmd::parse_args(&args[1..]).map_err(|e| e.to_string())?;
-            let stdin = matches!(command, crate::repository_cmd::RepositoryCommand::Serve { .. });
+            let command = crate::repository_cmd::parse_args(&args[1..]).map_err(|e| e.to_string())?.operation();
+            let stdin = matches!(command, Operation::Serve { .. });
             Ok(Request::Repository {
                 protocol: Protocol::V2,
                 id: id.into(),
@@ -89,14 +91,14 @@ pub fn repository(socket: &Path) -> Result<i32> {
     let raw: Vec<OsString> = std::env::args_os().skip(2).collect();
     let args = forwarded(&raw, &["--supervisor"])?;
     let command = match crate::repository_cmd::parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>()) {
-        Ok(c) => c,
+        Ok(c) => c.operation(),
         Err(e) => {
             let _ = e.print();
             return Ok(e.exit_code());
         }
     };
     // Only `serve` reads stdin: any other operation leaves the client's alone.
-    let reads_stdin = matches!(command, crate::repository_cmd::RepositoryCommand::Serve { .. });
+    let reads_stdin = matches!(command, Operation::Serve { .. });
     let request = Request::Repository {
         protocol: Protocol::V2,
         id: random_id()?,

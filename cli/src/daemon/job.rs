@@ -16,8 +16,8 @@ use chio_cage::Ahead;
 use super::config::{Role, WorkspaceGrant};
 use super::wire::Request;
 use crate::cage_cmd;
-use crate::repository_cmd::RepositoryCommand;
 use chio_supervisor::repository::git_source::ReadAs;
+use chio_supervisor::repository::operation::{self, Operation as RepositoryCommand};
 
 /// What the daemon hands the launcher for one launch.
 #[derive(Debug, Serialize, Deserialize)]
@@ -177,11 +177,7 @@ fn repository(job: &Job, command: RepositoryCommand, ahead: Ahead) -> Answered {
     let status = match &cmd {
         RepositoryCommand::Export { state, out } if job.role == Role::Repository => exported_as_client(job, state, out),
         // A source is read with the client's rights, never the daemon's.
-        _ => crate::repository_cmd::run_with(&cmd, ahead, &mut root, Some(ReadAs { uid: job.uid, gid: job.gid }))
-            .unwrap_or_else(|e| {
-                eprintln!("chio: {e:#}");
-                1
-            }),
+        _ => operation::run(&cmd, ahead, &mut root, Some(ReadAs { uid: job.uid, gid: job.gid })),
     };
     let text = json!({"exit_status": status, "record": null, "receipts": []}).to_string();
     Answered { text, teardown: None, root, id: None }
@@ -191,7 +187,7 @@ fn repository(job: &Job, command: RepositoryCommand, ahead: Ahead) -> Answered {
 fn exported_as_client(job: &Job, state: &std::path::Path, out: &std::path::Path) -> i32 {
     match super::export_as::export(state, out, job.uid, job.gid) {
         Ok(r) => {
-            println!("{}", crate::repository_cmd::exported(&r, out));
+            println!("{}", operation::exported(&r, out));
             0
         }
         Err(e) => {

@@ -10,7 +10,7 @@ use chio_supervisor::launch::LaunchRequest;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 use serde::{Deserialize, Serialize};
 
-use crate::repository_cmd::RepositoryCommand;
+use chio_supervisor::repository::operation::Operation;
 
 /// The longest request line the daemon reads (a launch's options, environment and two signed
 /// documents).
@@ -25,7 +25,7 @@ pub const PROTOCOL: &str = "chio.supervisor.v2";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Protocol {
     /// The typed protocol: a launch is a [`LaunchRequest`], a repository operation a
-    /// [`RepositoryCommand`].
+    /// repository [`Operation`].
     #[serde(rename = "chio.supervisor.v2")]
     V2,
 }
@@ -65,7 +65,7 @@ pub enum Request {
         /// The client's id for this request (as for a launch).
         id: String,
         /// The operation.
-        command: Box<RepositoryCommand>,
+        command: Box<Operation>,
         /// The client's environment.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env: Vec<(String, String)>,

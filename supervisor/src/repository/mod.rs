@@ -20,3 +20,4 @@ pub(crate) fn crash_point(point: &str) {
     }
 }
 pub mod mcp;
+pub mod operation;
