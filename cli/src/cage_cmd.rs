@@ -2,16 +2,18 @@
 //! write the record, exit with the target's status (125/126/127 for cage failures).
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use std::io::Write;
+
 use anyhow::{bail, Context, Result};
-use chio_cage::{Bind, LaunchRecord, Mode, NetMode, State};
-pub use chio_supervisor::launch::TeardownAt;
-use chio_supervisor::launch::{self, How, Io, LaunchReceipts, LaunchRequest, Launched, PolicyLaunch, Receipts};
+use chio_cage::LaunchRecord;
+use chio_cage::{Bind, Mode, NetMode};
+use chio_supervisor::launch::front::{self, Report};
+use chio_supervisor::launch::{LaunchRequest, PolicyLaunch, TeardownAt};
 use chio_supervisor::launch_plan::{ImageChoice, PlanOptions};
 use clap::{Args, ValueEnum};
+use serde_json::Value;
 
 use crate::units::{arg, parse_cpus, parse_duration_ms, parse_size};
 
@@ -251,137 +253,20 @@ pub fn parser() -> clap::Command {
     RunArgs::augment_args(clap::Command::new("run")).bin_name("chio cage run")
 }
 
-/// A launch's exit status and, when it got to launching, what the launch returned.
-pub struct Done {
-    /// What `chio cage run` exits with.
-    pub status: i32,
-    /// The launch, when one ran (not when its policy refused it, or its gate withdrew it
-    /// before it began).
-    pub launched: Option<Launched>,
-}
-
-impl Done {
-    fn without_launch(status: i32) -> Done {
-        Done { status, launched: None }
-    }
-}
-
-/// Run the command; returns the process exit status.
+/// Run the command; returns the process exit status. One-shot: parse → [`launch::prepare`] →
+/// [`launch::run`] → report ([`front::launch_request`]); with `--supervisor`, the daemon runs it.
 pub fn run(a: &RunArgs) -> Result<i32> {
     if let Some(socket) = &a.supervisor {
-        return crate::daemon::client::cage_run(socket, a);
+        let record_file = create_record_file(a)?;
+        let answer = crate::daemon::client::cage_launch(socket, request_from(a)?, a.interactive)?;
+        return finish(a, &answer, record_file);
     }
-    Ok(launch(a, chio_cage::Ahead::default(), TeardownAt::First, None)?.status)
-}
-
-/// Launch the command in this process (the one-shot form, and the daemon's launch child, which
-/// brings what its launcher made `ahead` of the request and tears the cage down `Later`): parse
-/// → [`launch::prepare`] → [`launch::run`] → report.
-///
-/// `gate` (the daemon's): asked before the target goes on towards its exec and before anything
-/// is written; once it says no, the launch is withdrawn — its target killed before it ran, no
-/// receipt, nothing printed — and the result is to be dropped. A policy launch (a refusal writes
-/// a denial receipt) must pass it before this.
-pub fn launch(
-    a: &RunArgs,
-    ahead: chio_cage::Ahead,
-    teardown: TeardownAt,
-    gate: Option<chio_cage::Gate<'_>>,
-) -> Result<Done> {
-    require_root()?;
     let request = request_from(a)?;
+    let report = Report { record: create_record_file(a)?.zip(a.record.clone()), json: a.json };
     let receipts = a.receipt_db.as_deref().zip(a.kernel_key.as_deref());
-    launch_request(&request, receipts, Some(a), ahead, teardown, gate)
-}
-
-fn require_root() -> Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        bail!(
-            "chio cage run needs root: it creates namespaces, mounts and cgroups for the cage \
-             (run it as root, e.g. with sudo; the command itself runs as --uid, 65534 by default)"
-        );
-    }
-    Ok(())
-}
-
-/// [`launch`] of a request (the daemon's launch process calls it with an admitted one):
-/// `receipts` the store and seed to record in, `flags` the one-shot form's `--record` and
-/// `--json`.
-pub fn launch_request(
-    request: &LaunchRequest,
-    receipts: Option<(&Path, &Path)>,
-    flags: Option<&RunArgs>,
-    ahead: chio_cage::Ahead,
-    teardown: TeardownAt,
-    gate: Option<chio_cage::Gate<'_>>,
-) -> Result<Done> {
-    require_root()?;
-    // A one-shot launch never writes the store of a running daemon (one writer per store); a
-    // daemon's own launch processes (which hold their client's streams) write it under the
-    // daemon's lock.
-    let one_shot = crate::daemon::said::client_outputs().is_none();
-    let _store_lock = match receipts {
-        Some((db, _)) if one_shot => chio_supervisor::state_lock::share(db)?,
-        _ => None,
-    };
-    // Opened before anything runs: a bad key or a foreign store refuses the launch up front.
-    let mut receipts = match receipts {
-        Some((db, seed)) => Some(LaunchReceipts::open(db, seed)?),
-        None => None,
-    };
-    let prepared = match launch::prepare(request, receipts.as_mut())? {
-        Ok(p) => p,
-        Err(refusal) => {
-            for v in &refusal.violations {
-                eprintln!("refused: {v}");
-            }
-            if let Some(id) = &refusal.denial_receipt {
-                eprintln!("chio: denial receipt {id}");
-            }
-            eprintln!(
-                "chio: launch refused by policy {}: {} violation(s)",
-                refusal.policy_id,
-                refusal.violations.len()
-            );
-            return Ok(Done::without_launch(125));
-        }
-    };
-    if let Some(note) = prepared.workspace_note() {
-        if gate.is_some_and(|open| !open()) {
-            return Ok(Done::without_launch(125));
-        }
-        eprintln!("{note}");
-    }
-    let record_file = match flags {
-        Some(a) => create_record_file(a)?,
-        None => None,
-    };
-    let (stdout, stderr, stdin) = (std::io::stdout(), std::io::stderr(), std::io::stdin());
-    // In a daemon's launch process the command's output goes to the client's own descriptors,
-    // and what was said before it goes out first.
-    let (out, err) = crate::daemon::said::client_outputs().unwrap_or((stdout.as_fd(), stderr.as_fd()));
-    crate::daemon::said::flush();
-    let io = Io { stdout: out, stderr: err, stdin: request.interactive.then(|| stdin.as_fd()) };
-    let to = match receipts.as_mut() {
-        Some(r) => Receipts::Launch(r),
-        None => Receipts::Off,
-    };
-    let launched = launch::run(&prepared, io, to, How { ahead, teardown, gate });
-    if launched.withdrawn {
-        return Ok(Done { status: 125, launched: Some(launched) });
-    }
-    if launched.stderr_mid_line {
-        // chio's own lines (and the --json record) always start a line of their own.
-        eprintln!();
-    }
-    // A receipt that cannot be written never hides the record: it is still printed and saved.
-    match &launched.unrecorded {
-        Some(why) => eprintln!("chio: {} could not be recorded: {why}", launch::unrecorded_words(&launched.record)),
-        None if receipts.is_some() => eprintln!("chio: receipts {}", launched.receipts.join(" ")),
-        None => {}
-    }
-    report(flags, &launched.record, record_file)?;
-    Ok(Done { status: launched.status, launched: Some(launched) })
+    let done =
+        front::launch_request(&request, receipts, None, report, chio_cage::Ahead::default(), TeardownAt::First, None)?;
+    Ok(done.status)
 }
 
 /// Create the `--record` file before anything runs: a path that cannot be written refuses the
@@ -396,28 +281,25 @@ pub fn create_record_file(a: &RunArgs) -> Result<Option<std::fs::File>> {
         .transpose()
 }
 
-/// Write the record to the `--record` file, say how the launch failed or ran unconfined, and
-/// print the record with `--json` (the last line on stderr).
-pub fn report(flags: Option<&RunArgs>, rec: &LaunchRecord, record_file: Option<std::fs::File>) -> Result<()> {
-    let json = serde_json::to_string(rec)?;
-    if let (Some(mut f), Some(path)) = (record_file, flags.and_then(|a| a.record.as_ref())) {
-        f.write_all(format!("{json}\n").as_bytes())
-            .and_then(|_| f.sync_all())
-            .with_context(|| format!("writing record {}", path.display()))?;
+/// The daemon's answer to a launch, reported as the one-shot form reports its own: the refusal
+/// or the record (to `--record`, and with `--json` on stderr), the launch's exit status.
+fn finish(a: &RunArgs, answer: &Value, record_file: Option<std::fs::File>) -> Result<i32> {
+    if let Some(e) = answer.get("error").and_then(Value::as_str) {
+        eprintln!("chio: the supervisor refused the launch: {e}");
+        return Ok(answer.get("exit_code").and_then(Value::as_i64).map_or(125, |c| c as i32));
     }
-    let mut err = std::io::stderr().lock();
-    if let Some(f) = &rec.failure {
-        let state = match rec.state {
-            State::Rejected => "rejected",
-            State::Unsupported => "unsupported on this host",
-            _ => "cage failed",
-        };
-        writeln!(err, "chio: {state} at stage {}: {}: {}", f.stage.name(), f.code, f.detail)?;
-    } else if rec.state == State::NotConfined {
-        writeln!(err, "chio: shadow mode: the target ran NOT CONFINED: {}", rec.not_confined.join("; "))?;
+    let status =
+        answer.get("exit_status").and_then(Value::as_i64).context("the supervisor's answer has no exit_status")?;
+    if let Some(r) = answer.get("record").filter(|r| !r.is_null()) {
+        let rec: LaunchRecord = serde_json::from_value(r.clone()).context("the supervisor's launch record")?;
+        if let (Some(mut f), Some(path)) = (record_file, &a.record) {
+            f.write_all(format!("{}\n", serde_json::to_string(&rec)?).as_bytes())
+                .and_then(|_| f.sync_all())
+                .with_context(|| format!("writing record {}", path.display()))?;
+        }
+        if a.json {
+            eprintln!("{}", serde_json::to_string(&rec)?);
+        }
     }
-    if flags.is_some_and(|a| a.json) {
-        writeln!(err, "{json}")?;
-    }
-    Ok(())
+    Ok(status as i32)
 }

@@ -143,7 +143,9 @@ fn main() {
         Command::Manifest { command } => (doc_cmd::manifest(command), 1),
         Command::Image { command } => (image_cmd::run(command), 1),
         Command::Policy { command } => (doc_cmd::policy(command), 1),
-        Command::Repository { supervisor: Some(socket), .. } => (daemon::client::repository(socket), 1),
+        Command::Repository { supervisor: Some(socket), command } => {
+            (daemon::client::repository(socket, command.operation()), 1)
+        }
         Command::Repository { command, .. } => (repository_cmd::run(command), 1),
         Command::Session { command } => (session_cmd::run(command), 1),
         Command::Security { command } => (security_cmd::run(command), 1),

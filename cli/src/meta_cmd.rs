@@ -6,7 +6,11 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use chio_supervisor::daemon::wire::{Fds, Protocol, Request};
+use chio_supervisor::repository::operation::Operation;
 use clap::{Command, Subcommand};
+
+use crate::cage_cmd::RunArgs;
 
 /// `chio internal …` (hidden: for packaging and its tests).
 #[derive(Debug, Subcommand)]
@@ -59,7 +63,7 @@ pub fn internal(cmd: Command, c: &InternalCommand) -> Result<i32> {
             Ok(0)
         }
         InternalCommand::Request { id, cwd, args } => {
-            let line = match crate::daemon::client::request_for(id, *cwd, args) {
+            let line = match request_for(id, *cwd, args) {
                 Ok(r) => r,
                 Err(e) => {
                     eprint!("{e}");
@@ -92,4 +96,39 @@ fn man_pages(cmd: &Command, name: &str, out: &Path) -> Result<()> {
         man_pages(sub, &format!("{name}-{}", sub.get_name()), out)?;
     }
     Ok(())
+}
+
+/// The request `chio cage run ARGS` or `chio repository ARGS` (`args` starting with `cage run`
+/// or `repository`) sends with `--supervisor`, as `id`; a usage error as clap words it.
+pub fn request_for(id: &str, cwd: bool, args: &[OsString]) -> std::result::Result<Request, String> {
+    let fds = |stdin| Fds { cwd, stdin };
+    let first: Vec<&str> = args.iter().take(2).filter_map(|a| a.to_str()).collect();
+    match first.as_slice() {
+        ["cage", "run", ..] => {
+            use clap::FromArgMatches;
+            let runs = std::iter::once(OsString::from("run")).chain(args[2..].iter().cloned());
+            let matches = crate::cage_cmd::parser().try_get_matches_from(runs).map_err(|e| e.to_string())?;
+            let a = RunArgs::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+            let launch = crate::cage_cmd::request_from(&a).map_err(|e| format!("{e:#}\n"))?;
+            Ok(Request::Launch {
+                protocol: Protocol::V2,
+                id: id.into(),
+                launch: Box::new(launch),
+                env: Vec::new(),
+                fds: fds(a.interactive),
+            })
+        }
+        ["repository", ..] => {
+            let command = crate::repository_cmd::parse_args(&args[1..]).map_err(|e| e.to_string())?.operation();
+            let stdin = matches!(command, Operation::Serve { .. });
+            Ok(Request::Repository {
+                protocol: Protocol::V2,
+                id: id.into(),
+                command: Box::new(command),
+                env: Vec::new(),
+                fds: fds(stdin),
+            })
+        }
+        _ => Err("give `cage run …` or `repository …`\n".into()),
+    }
 }

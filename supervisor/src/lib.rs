@@ -30,6 +30,7 @@ pub fn state_dir(flag: Option<&std::path::Path>) -> std::path::PathBuf {
         .unwrap_or_else(|| std::path::PathBuf::from(DEFAULT_STATE_DIR))
 }
 
+pub mod daemon;
 mod file_access;
 pub mod image;
 pub mod launch;

@@ -13,6 +13,7 @@
 //! an unwritable workspace); after, it reports the [`Launched`] its own way (a record on stderr,
 //! a daemon's answer, a signed transition). Nothing here prints.
 
+pub mod front;
 mod policy;
 mod receipts;
 
@@ -62,6 +63,9 @@ pub enum LaunchError {
     /// The receipt store or key could not be used.
     #[error("{0}")]
     Receipts(String),
+    /// Anything else that stopped the launch (the words say what).
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl From<launch_plan::PlanError> for LaunchError {

@@ -9,12 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use chio_supervisor::launch::LaunchRequest;
-use chio_supervisor::launch_plan::PlanOptions;
+use crate::launch::LaunchRequest;
+use crate::launch_plan::PlanOptions;
 
 use super::config::{Role, WorkspaceGrant};
 use super::job::DaemonSide;
-use chio_supervisor::repository::operation::Operation as R;
+use crate::repository::operation::Operation as R;
 
 /// A launch as the daemon will run it.
 #[derive(Debug)]
@@ -223,7 +223,7 @@ fn granted_source<'g>(grant: &'g WorkspaceGrant, repository: &Path) -> Option<&'
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chio_supervisor::launch::PolicyLaunch;
+    use crate::launch::PolicyLaunch;
 
     const SIGNER: &str = "11aa";
 
@@ -265,7 +265,7 @@ mod tests {
             (
                 "image",
                 Box::new(|o| {
-                    o.image = Some(chio_supervisor::launch_plan::ImageChoice {
+                    o.image = Some(crate::launch_plan::ImageChoice {
                         store_dir: None,
                         reference: "app".into(),
                         entrypoint: None,

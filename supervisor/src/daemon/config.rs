@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use super::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// The schema name of the configuration file.
@@ -219,7 +219,7 @@ impl Config {
 /// be root's and writable by no one else, or sticky.
 fn open_root_owned(path: &Path) -> Result<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt;
-    let name = path.file_name().context("names no file")?;
+    let Some(name) = path.file_name() else { bail!("names no file") };
     let parent = std::fs::canonicalize(path.parent().unwrap_or(Path::new("."))).context("its directory")?;
     for dir in parent.ancestors() {
         let m = std::fs::symlink_metadata(dir).with_context(|| format!("directory {}", dir.display()))?;
@@ -239,7 +239,7 @@ fn open_root_owned(path: &Path) -> Result<(std::fs::File, std::fs::Metadata)> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(parent.join(name))
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => anyhow::anyhow!("a symbolic link (name the file it points to)"),
+            Some(libc::ELOOP) => super::DaemonError::msg("a symbolic link (name the file it points to)"),
             _ => e.into(),
         })?;
     let meta = file.metadata()?;

@@ -6,11 +6,11 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use chio_supervisor::launch::LaunchRequest;
+use crate::launch::LaunchRequest;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 use serde::{Deserialize, Serialize};
 
-use chio_supervisor::repository::operation::Operation;
+use crate::repository::operation::Operation;
 
 /// The longest request line the daemon reads (a launch's options, environment and two signed
 /// documents).

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use super::{Context, Result};
 use chio_kernel::journal::Begin;
 use chio_kernel::store::Store;
 use nix::sys::socket::MsgFlags;
@@ -91,7 +91,7 @@ pub async fn run(
         launcher,
     });
     eprintln!("chio supervisor: listening on {}", path.display());
-    chio_supervisor::service::notify(&format!("READY=1\nSTATUS=listening on {}", path.display()));
+    crate::service::notify(&format!("READY=1\nSTATUS=listening on {}", path.display()));
     let mut prune = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tokio::select! {
@@ -108,7 +108,7 @@ pub async fn run(
     let _ = std::fs::remove_file(path);
     let grace = Duration::from_secs(shared.config.stop_grace_s);
     let running = shared.running.load(Ordering::SeqCst);
-    chio_supervisor::service::notify(&format!("STOPPING=1\nSTATUS=stopping: {running} launch(es) running"));
+    crate::service::notify(&format!("STOPPING=1\nSTATUS=stopping: {running} launch(es) running"));
     eprintln!("chio supervisor: stopping: {running} launch(es) get {} s to finish", grace.as_secs());
     if !drained(&shared, grace).await {
         eprintln!("chio supervisor: the stop grace is over: killing the launches still running");

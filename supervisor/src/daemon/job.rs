@@ -15,9 +15,10 @@ use chio_cage::Ahead;
 
 use super::config::{Role, WorkspaceGrant};
 use super::wire::Request;
-use crate::cage_cmd;
-use chio_supervisor::repository::git_source::ReadAs;
-use chio_supervisor::repository::operation::{self, Operation as RepositoryCommand};
+use crate::launch::front::{self, Done};
+use crate::launch::TeardownAt;
+use crate::repository::git_source::ReadAs;
+use crate::repository::operation::{self, Operation as RepositoryCommand};
 
 /// What the daemon hands the launcher for one launch.
 #[derive(Debug, Serialize, Deserialize)]
@@ -106,7 +107,7 @@ fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Opti
     let admitted = super::admit::launch(job.role, job.uid, &job.daemon, launch);
     let gate = Gate::new(gate);
     // A launch builds its cage while the entry is written and waits at the gate only before
-    // its target goes on (see `cage_cmd::launch_request`); a policy's refusal writes a receipt,
+    // its target goes on (see `launch::front::launch_request`); a policy's refusal writes a receipt,
     // so a policy launch waits here, as every refusal does.
     let builds_ahead = admitted.as_ref().is_ok_and(|a| a.request.policy.is_none());
     if !builds_ahead && !gate.open() {
@@ -294,7 +295,7 @@ fn is_chio_setting(k: &std::ffi::OsStr) -> bool {
 
 /// A launch's answer, written straight from the record (through a `Value` tree, a record's few
 /// KiB cost several times as much).
-fn launch_answer(done: &cage_cmd::Done) -> String {
+fn launch_answer(done: &Done) -> String {
     #[derive(Serialize)]
     struct LaunchAnswer<'a> {
         exit_status: i32,
@@ -314,9 +315,15 @@ fn launch_answer(done: &cage_cmd::Done) -> String {
 /// `gate` withdrew the launch (its cage is torn down here, and nothing was written).
 fn launched(a: &super::admit::Admitted, ahead: Ahead, gate: Option<chio_cage::Gate<'_>>) -> Option<Answered> {
     let receipts = a.receipts.as_ref().map(|(db, key)| (db.as_path(), key.as_path()));
-    let done = cage_cmd::launch_request(&a.request, receipts, None, ahead, cage_cmd::TeardownAt::Later, gate);
+    let flush = || {
+        let _ = super::said::flush();
+    };
+    let client =
+        super::said::client_outputs().map(|(stdout, stderr)| front::Client { stdout, stderr, before_output: &flush });
+    let report = front::Report::default();
+    let done = front::launch_request(&a.request, receipts, client, report, ahead, TeardownAt::Later, gate);
     if gate.is_some_and(|open| !open()) {
-        if let Ok(cage_cmd::Done { launched: Some(l), .. }) = done {
+        if let Ok(Done { launched: Some(l), .. }) = done {
             if let Some(t) = l.teardown {
                 let _ = t.finish();
             }

@@ -12,8 +12,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
-use chio_supervisor::repository::export::{self, ExportReport, BUNDLE_FILES};
-use chio_supervisor::repository::workspace::{self, RepoError};
+use crate::repository::export::{self, ExportReport, BUNDLE_FILES};
+use crate::repository::workspace::{self, RepoError};
 use nix::unistd::{setfsgid, setfsuid, setgroups, Gid, Uid};
 
 /// Export the workspace at `state` to `out`, written as `uid`:`gid`.
