@@ -442,11 +442,16 @@ fn rust_calculator_walkthrough() {
 /// Keys, configuration, task, init, the operator's authorization, prepare: a session ready to run.
 fn prepared(dir: &Scratch, repo: &Path, provider: &Provider, extra: &Value) -> Option<PathBuf> {
     let (python, package) = venv()?;
+    Some(prepared_with(dir, &session_config(repo, &provider.url, &python, &package, extra)))
+}
+
+/// [`prepared`] with this session configuration.
+fn prepared_with(dir: &Scratch, session: &Value) -> PathBuf {
     for who in ["kernel", "operator"] {
         assert!(chio(&["keys", "generate", "--out", s(&dir.join(who))], &[]).status.success());
     }
     let (config, task, state) = (dir.join("session.json"), dir.join("issue.md"), dir.join("state"));
-    std::fs::write(&config, session_config(repo, &provider.url, &python, &package, extra).to_string()).unwrap();
+    std::fs::write(&config, session.to_string()).unwrap();
     std::fs::write(&task, "make the tests in package/ pass\n").unwrap();
     let seed = dir.join("kernel/signing.seed");
     let init = ["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state)];
@@ -461,7 +466,48 @@ fn prepared(dir: &Scratch, repo: &Path, provider: &Provider, extra: &Value) -> O
     let out =
         chio(&["session", "prepare", "--state", s(&state), "--authorization", s(&auth), "--trusted-key", s(&key)], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    Some(state)
+    state
+}
+
+/// A worker on an image runs on the very image the operator signed for: the request names the
+/// image's id (resolved at init from the reference in the configuration), and the worker's cage
+/// is launched on that image from the store init found it in (its record names the image). The
+/// image here holds no Python: the run fails, its record kept.
+#[test]
+fn a_worker_image_is_the_one_the_operator_signed() {
+    if !privileged("session_worker_image") {
+        return;
+    }
+    let Some((python, package)) = venv() else { return };
+    let dir = Scratch::new("session-worker-image");
+    let repo = calculator_repo(&dir.0);
+    let provider = scripted_provider(FIX);
+    let archive = dir.join("worker.tar");
+    chio_tests::docker_save_with(
+        &archive,
+        &[("chio/worker:test", chio_tests::shared_rootfs(Path::new(PROBE)), "A=1")],
+        false,
+    );
+    let images = dir.join("images");
+    let out = chio(&["image", "import", s(&archive), "--state-dir", s(&images)], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let image_id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut session = session_config(&repo, &provider.url, &python, &package, &json!({}));
+    session["worker"]["image"] = json!("chio/worker:test");
+    session["worker"]["read_only_paths"] = json!([]);
+    let state = prepared_with(&dir, &session);
+    let request: Value =
+        serde_json::from_slice(&std::fs::read(state.join("provisioning-request.json")).unwrap()).unwrap();
+    assert_eq!(request["worker"]["image_id"], json!(image_id), "the signed request names another image");
+    let out = chio(&["session", "run", "--state", s(&state)], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert!(!out.status.success(), "a worker without Python ran");
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(state.join("worker-launch.json"))
+            .unwrap_or_else(|e| panic!("no worker launch record ({e}): {}", String::from_utf8_lossy(&out.stderr))),
+    )
+    .unwrap();
+    assert_eq!(record["annotations"]["image.id"], json!(image_id), "{record}");
+    assert!(steps(&provider.seen).is_empty(), "the provider was called");
 }
 
 fn session_state(state: &Path) -> (String, u64) {
