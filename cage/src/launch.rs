@@ -498,12 +498,13 @@ fn launch_cage(
             (pid, ends, sys::step_aside(pid), false)
         }
     };
-    // From here the init exists: every error path must kill it before returning.
+    // From here the init exists: until supervision takes it, any way out kills and reaps it.
+    let guard = InitGuard(Some(init));
     let SupEnds { sock, stdout, stderr, result, stdin } = ends;
     let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
     let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take() };
-    let started = start_cage(plan, rec, &hierarchy, held, fresh, known, hooks);
-    let (exec_at, pidfd) = started.inspect_err(|_| kill_and_reap(init))?;
+    let (exec_at, pidfd) = start_cage(plan, rec, &hierarchy, held, fresh, known, hooks)?;
+    let init = guard.hand_over();
     let cg = held.cgroup.as_ref();
     let mut on_result = || held.usage = cg.map(LaunchCgroup::usage);
     let ended = supervise::run(supervise::Run {
@@ -524,6 +525,26 @@ fn launch_cage(
     }
     rec.outcome = Some(ended.outcome);
     Ok(())
+}
+
+/// The cage's init from its clone until supervision takes it: dropped on the way — a setup
+/// stage that failed, a refusal at the exec stop, a withdrawn launch, a panic — it is killed
+/// and reaped, so that no failed launch leaves a cage behind.
+struct InitGuard(Option<libc::pid_t>);
+
+impl InitGuard {
+    /// The init, now supervision's to end.
+    fn hand_over(mut self) -> libc::pid_t {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for InitGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            kill_and_reap(pid);
+        }
+    }
 }
 
 /// Whether an init cloned ahead can take this plan: it made every namespace and is in the
