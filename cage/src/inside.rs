@@ -83,7 +83,7 @@ fn fail(stage: Stage, code: &'static str, detail: impl std::fmt::Display) -> Fai
 
 impl Ctx<'_> {
     fn inject(&self, stage: Stage) -> Result<(), Fail> {
-        if self.plan.inject_failure == Some(stage) {
+        if self.plan.fails_on_purpose(stage) {
             return Err(fail(
                 stage,
                 "injected_failure",
@@ -883,7 +883,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script.copy);
     }
     // A test hook's other file is opened now: under the target's filter openat2 is ENOSYS.
-    let swap = match &plan.test_hook {
+    let swap = match plan.test_hook() {
         Some(h @ TestHook::Exe(other)) if plan.hook(h) => Some(open_checked(other)?),
         _ => None,
     };

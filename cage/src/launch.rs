@@ -259,7 +259,7 @@ fn check_limits(l: &crate::plan::Limits) -> Result<(), String> {
 }
 
 fn inject(plan: &CagePlan, stage: Stage) -> Result<(), Stop> {
-    if plan.inject_failure == Some(stage) {
+    if plan.fails_on_purpose(stage) {
         return Err(stop(stage, "injected_failure", format!("test-only failure injected at stage {}", stage.name())));
     }
     Ok(())
@@ -284,7 +284,7 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mu
     inject(plan, Stage::Resolve)?;
     ensure_stdio();
     ensure_staging(&plan.staging_dir).map_err(|e| stop(Stage::Resolve, "staging_unavailable", e))?;
-    let abi = plan.landlock_abi_cap.map_or(landlock::abi(), |cap| landlock::abi().min(cap));
+    let abi = plan.landlock_abi_cap().map_or(landlock::abi(), |cap| landlock::abi().min(cap));
     require(
         plan,
         rec,
@@ -550,7 +550,8 @@ impl Drop for InitGuard {
 /// Whether an init cloned ahead can take this plan: it made every namespace and is in the
 /// cgroup made ahead, so the plan must not withhold one (a test hook) and must fit that cgroup.
 fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
-    let withholds = matches!(plan.test_hook, Some(crate::plan::TestHook::Namespace(_) | crate::plan::TestHook::Cgroup));
+    let withholds =
+        matches!(plan.test_hook(), Some(crate::plan::TestHook::Namespace(_) | crate::plan::TestHook::Cgroup));
     !withholds && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
 }
 
@@ -900,7 +901,7 @@ impl Traced<'_> {
                 problems.push("a file changed after it was hashed (its size, mtime or ctime moved)".into());
             }
         }
-        if plan.inject_failure == Some(Stage::Observe) {
+        if plan.fails_on_purpose(Stage::Observe) {
             problems.push("test-only failure injected at stage observe".into());
         }
         rec.observed = Some(observed);

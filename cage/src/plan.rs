@@ -338,6 +338,7 @@ impl TestHook {
 }
 
 /// `CHIO_TEST_HOOK`'s text form of a test hook, which is how a plan carries one.
+#[cfg(feature = "test-hooks")]
 mod hook_text {
     use super::TestHook;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -350,6 +351,20 @@ mod hook_text {
         let text: Option<String> = Option::deserialize(d)?;
         text.map(|t| TestHook::parse(&t).map_err(serde::de::Error::custom)).transpose()
     }
+}
+
+/// The test suites' switches on a plan (builds with the `test-hooks` feature only). Each can
+/// only make a launch fail or claim less host support, never weaken a cage.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TestSwitches {
+    /// Fail this stage on purpose.
+    pub fail_stage: Option<Stage>,
+    /// Pretend the host's landlock ABI is at most this.
+    pub landlock_abi_cap: Option<u32>,
+    /// Make one exec-stop fact false, or one step misbehave.
+    #[serde(with = "hook_text")]
+    pub hook: Option<TestHook>,
 }
 
 /// One launch, fully resolved. It crosses a process boundary once: a daemon's spare clones the
@@ -391,13 +406,10 @@ pub struct CagePlan {
     pub staging_dir: PathBuf,
     /// cgroup v2 directory under which launch cgroups are created; `None` = detect.
     pub cgroup_v2_root: Option<PathBuf>,
-    /// Test-only: fail this stage on purpose (a failure can only deny, never weaken).
-    pub inject_failure: Option<Stage>,
-    /// Test-only: pretend the host's landlock ABI is at most this.
-    pub landlock_abi_cap: Option<u32>,
-    /// Test-only: make one exec-stop fact false (builds with the `test-hooks` feature only).
-    #[serde(with = "hook_text")]
-    pub test_hook: Option<TestHook>,
+    /// The test suites' switches; a build without the `test-hooks` feature has none.
+    #[cfg(feature = "test-hooks")]
+    #[serde(default)]
+    pub test: TestSwitches,
     /// Where parts of the plan came from (an image's entrypoint, cmd, user, ...), copied into
     /// the launch record as they are.
     pub annotations: std::collections::BTreeMap<String, String>,
@@ -428,16 +440,43 @@ impl CagePlan {
             expect_sha256: None,
             staging_dir: PathBuf::from("/run/chio/cage-root"),
             cgroup_v2_root: None,
-            inject_failure: None,
-            landlock_abi_cap: None,
-            test_hook: None,
+            #[cfg(feature = "test-hooks")]
+            test: TestSwitches::default(),
             annotations: Default::default(),
         }
     }
 
+    /// The test hook the plan names (never in a build without test hooks).
+    pub fn test_hook(&self) -> Option<&TestHook> {
+        #[cfg(feature = "test-hooks")]
+        return self.test.hook.as_ref();
+        #[cfg(not(feature = "test-hooks"))]
+        None
+    }
+
     /// True when this build acts on test hooks and the plan names `hook`.
     pub fn hook(&self, hook: &TestHook) -> bool {
-        cfg!(feature = "test-hooks") && self.test_hook.as_ref() == Some(hook)
+        self.test_hook() == Some(hook)
+    }
+
+    /// True when the plan asks `stage` to fail on purpose (never in a build without test hooks).
+    pub fn fails_on_purpose(&self, stage: Stage) -> bool {
+        #[cfg(feature = "test-hooks")]
+        return self.test.fail_stage == Some(stage);
+        #[cfg(not(feature = "test-hooks"))]
+        {
+            let _ = stage;
+            false
+        }
+    }
+
+    /// The landlock ABI the test suites pretend the host has at most (never in a build
+    /// without test hooks).
+    pub fn landlock_abi_cap(&self) -> Option<u32> {
+        #[cfg(feature = "test-hooks")]
+        return self.test.landlock_abi_cap;
+        #[cfg(not(feature = "test-hooks"))]
+        None
     }
 }
 
@@ -452,21 +491,24 @@ mod tests {
         plan.root = RootSpec::Directory("/images/a".into());
         plan.binds.push(Bind { source: "/src".into(), dest: "/dst".into(), writable: true });
         plan.limits.memory_bytes = Some(1 << 20);
-        plan.inject_failure = Some(Stage::Pivot);
         plan.annotations.insert("entrypoint".into(), "x".into());
-        let mut hooks = vec![None];
-        if cfg!(feature = "test-hooks") {
+        let back: CagePlan = serde_json::from_slice(&serde_json::to_vec(&plan).unwrap()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{plan:?}"));
+        #[cfg(feature = "test-hooks")]
+        {
+            plan.test.fail_stage = Some(Stage::Pivot);
+            let mut hooks = vec![None];
             for t in ["exe=/x", "no_new_privs", "seccomp", "bounding", "caps", "uid", "gid", "groups", "ns=net"] {
                 hooks.push(Some(TestHook::parse(t).unwrap()));
             }
             for t in ["ns=ipc", "ns=uts", "ns=cgroup", "cgroup", "fd", "cwd", "channel", "mount_flags"] {
                 hooks.push(Some(TestHook::parse(t).unwrap()));
             }
-        }
-        for hook in hooks {
-            plan.test_hook = hook;
-            let back: CagePlan = serde_json::from_slice(&serde_json::to_vec(&plan).unwrap()).unwrap();
-            assert_eq!(format!("{back:?}"), format!("{plan:?}"));
+            for hook in hooks {
+                plan.test.hook = hook;
+                let back: CagePlan = serde_json::from_slice(&serde_json::to_vec(&plan).unwrap()).unwrap();
+                assert_eq!(format!("{back:?}"), format!("{plan:?}"));
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use chio_cage::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
+use chio_cage::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::image::store::{ImageRecord, ImageStore};
@@ -338,22 +338,30 @@ pub fn apply_environment_overrides(plan: &mut CagePlan) -> Result<(), PlanError>
     if let Some(d) = std::env::var_os("CHIO_CGROUP_V2_ROOT") {
         plan.cgroup_v2_root = Some(PathBuf::from(d));
     }
-    // Test switches act only in the test suites' build (any other refuses to start with one set).
-    if !crate::TEST_HOOKS {
-        return Ok(());
-    }
+    // Test switches act only in the test suites' build (any other refuses to start with one set,
+    // and its plans have no field for them).
+    #[cfg(feature = "test-hooks")]
+    test_switches(plan)?;
+    Ok(())
+}
+
+/// The test suites' switches from the environment (`CHIO_TEST_FAIL_STAGE`, `CHIO_TEST_HOOK`,
+/// `CHIO_TEST_LANDLOCK_ABI`).
+#[cfg(feature = "test-hooks")]
+fn test_switches(plan: &mut CagePlan) -> Result<(), PlanError> {
+    use chio_cage::Stage;
     if let Ok(s) = std::env::var("CHIO_TEST_FAIL_STAGE") {
         let stage = Stage::parse(&s).ok_or_else(|| err(format!("CHIO_TEST_FAIL_STAGE={s} names no stage")))?;
         if stage == Stage::Supervise {
             return Err(err("CHIO_TEST_FAIL_STAGE=supervise: only setup stages can be made to fail"));
         }
-        plan.inject_failure = Some(stage);
+        plan.test.fail_stage = Some(stage);
     }
     if let Ok(s) = std::env::var("CHIO_TEST_HOOK") {
-        plan.test_hook = Some(chio_cage::TestHook::parse(&s).map_err(PlanError)?);
+        plan.test.hook = Some(chio_cage::TestHook::parse(&s).map_err(PlanError)?);
     }
     if let Ok(s) = std::env::var("CHIO_TEST_LANDLOCK_ABI") {
-        plan.landlock_abi_cap =
+        plan.test.landlock_abi_cap =
             Some(s.parse().map_err(|_| err(format!("CHIO_TEST_LANDLOCK_ABI={s} is not a number")))?);
     }
     Ok(())
