@@ -714,12 +714,7 @@ fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
         Ok(()) => exit_now(125),
         Err(f) => {
             ctx.report(&f);
-            let code = match f.code {
-                "target_not_found" => 127,
-                "target_not_executable" => 126,
-                _ => 125,
-            };
-            exit_now(code)
+            exit_now(crate::record::failure_exit_status(f.code))
         }
     }
 }

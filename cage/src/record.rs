@@ -64,6 +64,17 @@ pub struct Failure {
     pub detail: String,
 }
 
+/// The exit status of a launch that failed with `code`, as `chio cage run` (and the cage's
+/// init, for the same failure) reports it: 127 the target was not found in the cage, 126 it
+/// cannot be executed, 125 any other cage failure.
+pub fn failure_exit_status(code: &str) -> i32 {
+    match code {
+        "target_not_found" => 127,
+        "target_not_executable" => 126,
+        _ => 125,
+    }
+}
+
 /// The executable that was run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
@@ -334,11 +345,7 @@ impl LaunchRecord {
     /// for a cage failure / not executable / not found.
     pub fn exit_status(&self) -> i32 {
         if let Some(f) = &self.failure {
-            return match f.code.as_str() {
-                "target_not_found" => 127,
-                "target_not_executable" => 126,
-                _ => 125,
-            };
+            return failure_exit_status(&f.code);
         }
         match &self.outcome {
             Some(Outcome { exit_code: Some(c), .. }) => *c,
