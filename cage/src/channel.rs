@@ -15,7 +15,6 @@ use nix::sys::socket::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::Stage;
 use crate::record::Reported;
 
 /// Supervisor → target: it is held under ptrace; it may exec once set up.
@@ -43,21 +42,14 @@ pub enum CageMsg {
     /// per hierarchy, created while the init was building its namespaces.
     Join,
     /// A setup stage failed; the cage exits without running the target.
-    Failed {
-        /// Stage that failed.
-        stage: Stage,
-        /// Stable code.
-        code: String,
-        /// Explanation.
-        detail: String,
-    },
+    Failed(crate::failure::Failure),
     /// The target exists (the message's credentials carry its pid) and sets itself up; it
     /// execs only once the supervisor, which attaches ptrace meanwhile, answers [`GO`].
     Hello,
     /// Everything before exec is in place; the fds carry the executable (and script, if any).
     Ready {
         /// Facts only the cage can report.
-        reported: Reported,
+        reported: Box<Reported>,
         /// Path of the executed file inside the cage.
         exec_path: String,
         /// Path of the script when the target is a `#!` script.

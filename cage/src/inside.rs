@@ -14,6 +14,7 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::unistd::{dup2_stderr, dup2_stdout, Pid};
 
 use crate::channel::{self, CageMsg, GO};
+use crate::failure::{FailCode, Failure};
 use crate::identity;
 use crate::landlock::{fs as lfs, net as lnet, Ruleset};
 use crate::mounts::{Access, Prepared};
@@ -70,32 +71,18 @@ pub struct Ctx<'a> {
     pub root_ahead: Option<&'a crate::mounts::RootAhead>,
 }
 
-/// How a stage failed.
-struct Fail {
-    stage: Stage,
-    code: &'static str,
-    detail: String,
-}
-
-fn fail(stage: Stage, code: &'static str, detail: impl std::fmt::Display) -> Fail {
-    Fail { stage, code, detail: detail.to_string() }
-}
-
 impl Ctx<'_> {
-    fn inject(&self, stage: Stage) -> Result<(), Fail> {
+    fn inject(&self, stage: Stage) -> Result<(), Failure> {
         if self.plan.fails_on_purpose(stage) {
-            return Err(fail(
-                stage,
-                "injected_failure",
-                format!("test-only failure injected at stage {}", stage.name()),
-            ));
+            return Err(
+                FailCode::InjectedFailure.at(stage, format!("test-only failure injected at stage {}", stage.name()))
+            );
         }
         Ok(())
     }
 
-    fn report(&self, f: &Fail) {
-        let msg = CageMsg::Failed { stage: f.stage, code: f.code.to_string(), detail: f.detail.clone() };
-        let _ = channel::send(self.sock, &msg, &[]);
+    fn report(&self, f: &Failure) {
+        let _ = channel::send(self.sock, &CageMsg::Failed(f.clone()), &[]);
     }
 }
 
@@ -153,8 +140,8 @@ fn init_start(sock: RawFd, supervisor_ends: [RawFd; 5]) {
     }
 }
 
-fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
-    hide_argv().map_err(|e| fail(Stage::Namespaces, "argv_hide_failed", e))?;
+fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
+    hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
     // The pid namespace came with clone; the rest are made here, so that their cost (a new
     // network namespace is the dearest) overlaps the supervisor's cgroup and janitor work.
     let plan = ctx.plan;
@@ -175,10 +162,10 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     ctx.inject(Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
     if flags & libc::CLONE_NEWUTS != 0 {
-        nix::unistd::sethostname("chio").map_err(|e| fail(Stage::Network, "hostname_failed", e))?;
+        nix::unistd::sethostname("chio").map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
     }
     if plan.net == NetMode::Loopback {
-        loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
+        loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;
     }
     if ctx.await_cgroup {
         join_cgroup(ctx.sock, !plan.hook(&TestHook::Cgroup))?;
@@ -186,28 +173,29 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
     ctx.inject(Stage::Namespaces)?;
     // We are in the launch cgroup, which becomes the namespace root.
     if !plan.hook(&TestHook::Namespace("cgroup")) {
-        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     }
     // The init leads a new session so the target has no controlling tty.
     let _ = nix::unistd::setsid();
     block_forwarded_signals();
-    spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+    spawn_target(ctx, &prepared).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
 }
 
 /// Unshare the namespaces in `flags`, entering the network namespace made ahead (`netns`, or
 /// -1) instead of unsharing one.
-fn enter_namespaces(mut flags: libc::c_int, netns: RawFd) -> Result<(), Fail> {
+fn enter_namespaces(mut flags: libc::c_int, netns: RawFd) -> Result<(), Failure> {
     if netns >= 0 {
         let wanted = flags & libc::CLONE_NEWNET != 0;
-        enter_netns(netns, wanted).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+        enter_netns(netns, wanted).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
         flags &= !libc::CLONE_NEWNET;
     }
-    unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))
+    unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))
 }
 
 /// The mount namespace this process is in (device and inode of `/proc/self/ns/mnt`).
-fn mount_namespace() -> Result<(u64, u64), Fail> {
-    let st = nix::sys::stat::stat(c"/proc/self/ns/mnt").map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+fn mount_namespace() -> Result<(u64, u64), Failure> {
+    let st =
+        nix::sys::stat::stat(c"/proc/self/ns/mnt").map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     Ok((st.st_dev, st.st_ino))
 }
 
@@ -215,26 +203,23 @@ fn mount_namespace() -> Result<(u64, u64), Fail> {
 /// init was cloned in: a pivot_root and detach of the old root there would take the supervisor's
 /// (for a one-shot launch, the host's) root away. Checked here, before any mount, whatever the
 /// unshare before it did.
-fn build_root(ctx: &Ctx<'_>, supervisors: (u64, u64)) -> Result<Prepared, Fail> {
+fn build_root(ctx: &Ctx<'_>, supervisors: (u64, u64)) -> Result<Prepared, Failure> {
     if mount_namespace()? == supervisors {
-        return Err(fail(
-            Stage::Namespaces,
-            "namespace_failed",
-            "the init is still in the supervisor's mount namespace: no mount is made there",
-        ));
+        return Err(FailCode::NamespaceFailed
+            .at(Stage::Namespaces, "the init is still in the supervisor's mount namespace: no mount is made there"));
     }
     let prepared = Prepared::build(ctx.plan, ctx.root_ahead).map_err(|e| {
         let code = match e.kind() {
-            io::ErrorKind::NotFound => "path_not_found",
-            io::ErrorKind::InvalidInput => "path_refused",
-            _ => "resolve_failed",
+            io::ErrorKind::NotFound => FailCode::PathNotFound,
+            io::ErrorKind::InvalidInput => FailCode::PathRefused,
+            _ => FailCode::ResolveFailed,
         };
-        fail(Stage::Resolve, code, e)
+        code.at(Stage::Resolve, e)
     })?;
     ctx.inject(Stage::Mounts)?;
-    prepared.attach(&ctx.plan.staging_dir).map_err(|e| fail(Stage::Mounts, "mount_failed", e))?;
+    prepared.attach(&ctx.plan.staging_dir).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
     ctx.inject(Stage::Pivot)?;
-    prepared.pivot().map_err(|e| fail(Stage::Pivot, "pivot_failed", e))?;
+    prepared.pivot().map_err(|e| FailCode::PivotFailed.at(Stage::Pivot, e))?;
     Ok(prepared)
 }
 
@@ -268,8 +253,7 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         Ok(Some(p)) => p,
         Ok(None) => exit_now(0),
         Err(f) => {
-            let _ =
-                channel::send(a.sock, &CageMsg::Failed { stage: f.stage, code: f.code.into(), detail: f.detail }, &[]);
+            let _ = channel::send(a.sock, &CageMsg::Failed(f), &[]);
             exit_now(1)
         }
     };
@@ -305,14 +289,14 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
 /// launch cgroup. (A mount namespace is a copy of the host's mount table when it is made; where
 /// the host's mounts do not propagate, one made before the request would miss a mount made
 /// since — and see what it covers, a directory the host has hidden under another mount.)
-fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Fail> {
-    hide_argv().map_err(|e| fail(Stage::Namespaces, "argv_hide_failed", e))?;
+fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Failure> {
+    hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
     enter_namespaces(UNSHARED & !libc::CLONE_NEWNS, a.netns)?;
-    nix::unistd::sethostname("chio").map_err(|e| fail(Stage::Network, "hostname_failed", e))?;
+    nix::unistd::sethostname("chio").map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
     if a.await_cgroup {
         join_cgroup(a.sock, true)?;
     }
-    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     let _ = nix::unistd::setsid();
     channel::warm();
     // The plan stops it: what is not mapped yet faults in as it runs.
@@ -335,23 +319,23 @@ fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
 
 /// An init ahead, once it has its plan: its mount namespace (the host's mounts as they are
 /// now), the root, the network, the ceilings, the target.
-fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Fail> {
+fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     let supervisors = mount_namespace()?;
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| fail(Stage::Namespaces, "namespace_failed", e))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     let prepared = build_root(ctx, supervisors)?;
     ctx.inject(Stage::Network)?;
     if ctx.plan.net == NetMode::Loopback {
-        loopback_up().map_err(|e| fail(Stage::Network, "loopback_failed", e))?;
+        loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;
     }
     await_ceilings(ctx.sock)?;
     ctx.inject(Stage::Namespaces)?;
     block_forwarded_signals();
-    spawn_target(ctx, &prepared).map_err(|e| fail(Stage::Namespaces, "fork_failed", e))
+    spawn_target(ctx, &prepared).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
 }
 
 /// An init ahead is in the launch cgroup already; the target may exist only once the request's
 /// ceilings are written there.
-fn await_ceilings(sock: RawFd) -> Result<(), Fail> {
+fn await_ceilings(sock: RawFd) -> Result<(), Failure> {
     // SAFETY: the fd stays open for the whole call (the init's status channel).
     match channel::recv(unsafe { BorrowedFd::borrow_raw(sock) }) {
         Ok(channel::Received { msg: Some(CageMsg::Ceilings), .. }) => Ok(()),
@@ -485,7 +469,7 @@ fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
 
 /// cgroup v1: wait for the supervisor's `tasks` files and move ourselves in (writing "0"). A
 /// thread moving itself skips the global threadgroup lock that moving another process takes.
-fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Fail> {
+fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Failure> {
     // SAFETY: the fd stays open for the whole call (it is the init's status channel, a
     // descriptor number from the context).
     let got = channel::recv(unsafe { BorrowedFd::borrow_raw(sock) });
@@ -496,8 +480,8 @@ fn join_cgroup(sock: RawFd, join: bool) -> Result<(), Fail> {
     };
     for fd in fds.into_iter().filter(|_| join) {
         // "0": ourselves, into the cgroup whose tasks file the supervisor opened.
-        if nix::unistd::write(&fd, b"0").map_err(|e| fail(Stage::Cgroup, "cgroup_failed", e))? != 1 {
-            return Err(fail(Stage::Cgroup, "cgroup_failed", "a short write to a cgroup tasks file"));
+        if nix::unistd::write(&fd, b"0").map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))? != 1 {
+            return Err(FailCode::CgroupFailed.at(Stage::Cgroup, "a short write to a cgroup tasks file"));
         }
     }
     Ok(())
@@ -705,7 +689,7 @@ fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
     let sock = match arrange_fds(ctx) {
         Ok(s) => s,
         Err(e) => {
-            ctx.report(&fail(Stage::Identity, "fd_setup_failed", e));
+            ctx.report(&FailCode::FdSetupFailed.at(Stage::Identity, e));
             exit_now(125)
         }
     };
@@ -714,7 +698,7 @@ fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
         Ok(()) => exit_now(125),
         Err(f) => {
             ctx.report(&f);
-            exit_now(crate::record::failure_exit_status(f.code))
+            exit_now(f.code.exit_status())
         }
     }
 }
@@ -783,9 +767,9 @@ fn default_disposition(sig: libc::c_int) {
     };
 }
 
-fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
+fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
     // First, so that the supervisor attaches ptrace while the rest is set up.
-    channel::send(ctx.sock, &CageMsg::Hello, &[]).map_err(|e| fail(Stage::Identity, "channel_failed", e))?;
+    channel::send(ctx.sock, &CageMsg::Hello, &[]).map_err(|e| FailCode::ChannelFailed.at(Stage::Identity, e))?;
     let plan = ctx.plan;
     reset_signals();
     // A fixed file-creation mask, not the invoker's: the daemon's unit runs with 0077, a shell
@@ -795,7 +779,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     // survives an exec, and would run the command without address-space randomisation (the
     // cage's filter refuses personality changes, so the command cannot undo it either).
     nix::sys::personality::set(nix::sys::personality::Persona::empty())
-        .map_err(|e| fail(Stage::Identity, "personality_failed", e))?;
+        .map_err(|e| FailCode::PersonalityFailed.at(Stage::Identity, e))?;
     let mut reported = Reported {
         proc_verified: true,
         loopback_up: loopback_is_up(),
@@ -806,46 +790,48 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         ..Reported::default()
     };
     ctx.inject(Stage::Identity)?;
-    identity::set_rlimits(&plan.limits).map_err(|e| fail(Stage::Identity, "rlimit_failed", e))?;
+    identity::set_rlimits(&plan.limits).map_err(|e| FailCode::RlimitFailed.at(Stage::Identity, e))?;
     let last = identity::last_cap();
     ctx.inject(Stage::Capabilities)?;
     // Test hooks skip or delay one of these steps; the exec-stop check must then catch it.
     let late_caps = plan.hook(&TestHook::NoNewPrivs);
     let hooked_caps = late_caps || plan.hook(&TestHook::Bounding) || plan.hook(&TestHook::Caps);
     if plan.hook(&TestHook::Caps) {
-        identity::raise_inheritable().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+        identity::raise_inheritable().map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
     if !plan.hook(&TestHook::Bounding) {
-        identity::drop_bounding_and_lock(last).map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+        identity::drop_bounding_and_lock(last)
+            .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
     let uid = if plan.hook(&TestHook::Uid) { plan.uid.wrapping_sub(1) } else { plan.uid };
     let gid = if plan.hook(&TestHook::Gid) { plan.gid.wrapping_sub(1) } else { plan.gid };
-    identity::set_ids(uid, gid).map_err(|e| fail(Stage::Identity, "identity_failed", e))?;
+    identity::set_ids(uid, gid).map_err(|e| FailCode::IdentityFailed.at(Stage::Identity, e))?;
     if plan.hook(&TestHook::Groups) {
         // One group (CAP_SETGID is still effective here).
         let _ = nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(gid)]);
     }
     if !hooked_caps {
-        identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+        identity::clear_caps().map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
     reported.capabilities_cleared = identity::caps_all_clear(last);
     if !reported.capabilities_cleared && !hooked_caps {
-        return Err(fail(Stage::Capabilities, "capabilities_remain", "a capability set is not empty after dropping"));
+        return Err(
+            FailCode::CapabilitiesRemain.at(Stage::Capabilities, "a capability set is not empty after dropping")
+        );
     }
     reported.securebits = identity::securebits();
     if reported.securebits != identity::SECUREBITS && !plan.hook(&TestHook::Bounding) {
-        return Err(fail(
+        return Err(FailCode::SecurebitsUnset.at(
             Stage::Capabilities,
-            "securebits_unset",
             format!("securebits are {:#x} after locking, not {:#x}", reported.securebits, identity::SECUREBITS),
         ));
     }
     if !late_caps {
-        identity::no_new_privs().map_err(|e| fail(Stage::Identity, "no_new_privs_failed", e))?;
+        identity::no_new_privs().map_err(|e| FailCode::NoNewPrivsFailed.at(Stage::Identity, e))?;
     }
-    let cwd = path::cstring(&plan.cwd).map_err(|e| fail(Stage::Identity, "cwd_unavailable", e))?;
+    let cwd = path::cstring(&plan.cwd).map_err(|e| FailCode::CwdUnavailable.at(Stage::Identity, e))?;
     if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
-        return Err(fail(Stage::Identity, "cwd_unavailable", format!("cannot enter {}: {e}", plan.cwd.display())));
+        return Err(FailCode::CwdUnavailable.at(Stage::Identity, format!("cannot enter {}: {e}", plan.cwd.display())));
     }
     if plan.hook(&TestHook::Cwd) {
         let _ = nix::unistd::chdir(c"/");
@@ -864,17 +850,17 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
         fds.extend([s.file.as_raw_fd(), s.copy.as_raw_fd()]);
     }
     let ready = CageMsg::Ready {
-        reported,
+        reported: Box::new(reported),
         exec_path: target.exec_path.to_string_lossy().into_owned(),
         script_path: target.script.as_ref().map(|s| s.path.to_string_lossy().into_owned()),
         script_fd: target.script.as_ref().map(|s| s.copy.as_raw_fd()),
     };
-    channel::send(ctx.sock, &ready, &fds).map_err(|e| fail(Stage::Target, "channel_failed", e))?;
+    channel::send(ctx.sock, &ready, &fds).map_err(|e| FailCode::ChannelFailed.at(Stage::Target, e))?;
     if let Some(script) = target.script {
         // The sealed copy is kept open across exec for the interpreter (its number is in argv):
         // FD_CLOEXEC cleared. The file it was copied from closes here.
         fcntl(&script.copy, FcntlArg::F_SETFD(FdFlag::empty()))
-            .map_err(|e| fail(Stage::Target, "script_fd_failed", e))?;
+            .map_err(|e| FailCode::ScriptFdFailed.at(Stage::Target, e))?;
         let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script.copy);
     }
     // A test hook's other file is opened now: under the target's filter openat2 is ENOSYS.
@@ -884,10 +870,10 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     };
     ctx.inject(Stage::Seccomp)?;
     if !plan.hook(&TestHook::Seccomp) {
-        seccomp::install(ctx.filters).map_err(|e| fail(Stage::Seccomp, "seccomp_failed", e))?;
+        seccomp::install(ctx.filters).map_err(|e| FailCode::SeccompFailed.at(Stage::Seccomp, e))?;
     }
     if late_caps {
-        identity::clear_caps().map_err(|e| fail(Stage::Capabilities, "capability_drop_failed", e))?;
+        identity::clear_caps().map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
     // The supervisor has attached ptrace (it checks the executable's digest before the exec stop
     // ends); anything but GO stops here.
@@ -906,11 +892,13 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Fail> {
     let exec_fd = hooked_exec(plan, target.exec_fd, swap);
     let err = exec(&target.argv, &plan.env, exec_fd.as_raw_fd());
     let code = match err.raw_os_error() {
-        Some(libc::ENOENT) => "target_not_found",
-        Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM) => "target_not_executable",
-        _ => "exec_failed",
+        Some(libc::ENOENT) => FailCode::TargetNotFound,
+        Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM) => {
+            FailCode::TargetNotExecutable
+        }
+        _ => FailCode::ExecFailed,
     };
-    Err(fail(Stage::Exec, code, format!("executing {}: {err}", target.exec_path.display())))
+    Err(code.at(Stage::Exec, format!("executing {}: {err}", target.exec_path.display())))
 }
 
 /// Test hook: append a byte to `p` (the file hashed, or the one about to be opened).
@@ -932,7 +920,7 @@ fn hooked_exec(plan: &CagePlan, verified: OwnedFd, swap: Option<OwnedFd>) -> Own
     swap.unwrap_or(verified)
 }
 
-fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Result<(), Fail> {
+fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Result<(), Failure> {
     let abi = ctx.landlock_abi;
     reported.landlock_abi = abi;
     let status = |ok: bool| if ok { "FullyEnforced" } else { "NotEnforced" }.to_string();
@@ -941,7 +929,7 @@ fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Re
         reported.landlock_net = status(false);
         reported.landlock_scope = status(false);
         return match ctx.plan.mode {
-            Mode::Enforced => Err(fail(Stage::Landlock, "landlock_unsupported", "the host has no landlock")),
+            Mode::Enforced => Err(FailCode::LandlockUnsupported.at(Stage::Landlock, "the host has no landlock")),
             Mode::Shadow => Ok(()),
         };
     }
@@ -967,11 +955,11 @@ fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Re
         }
         Ok(rs)
     };
-    let rs = build().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
+    let rs = build().map_err(|e| FailCode::LandlockFailed.at(Stage::Landlock, e))?;
     let (net, scoped) = (rs.net, rs.scoped);
     // Each class the ruleset handles has the crate's status for it; below ABI 4 the file rights
     // lack truncate, so the file class is partial whatever the kernel says of the ruleset.
-    let enforced = rs.restrict_self().map_err(|e| fail(Stage::Landlock, "landlock_failed", e))?;
+    let enforced = rs.restrict_self().map_err(|e| FailCode::LandlockFailed.at(Stage::Landlock, e))?;
     reported.landlock_fs = if abi >= 4 { enforced.clone() } else { "PartiallyEnforced".to_string() };
     reported.landlock_net = if net { enforced.clone() } else { status(false) };
     reported.landlock_scope = if scoped { enforced } else { status(false) };
@@ -1007,12 +995,12 @@ fn open_in_root(p: &Path) -> io::Result<OwnedFd> {
     path::resolve_in(root.as_fd(), p, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY)
 }
 
-fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
+fn find_target(plan: &CagePlan) -> Result<Resolved, Failure> {
     let Some(argv0) = plan.argv.first() else {
-        return Err(fail(Stage::Target, "target_not_found", "empty command"));
+        return Err(FailCode::TargetNotFound.at(Stage::Target, "empty command"));
     };
     let not_found =
-        |what: &Path| fail(Stage::Target, "target_not_found", format!("{}: not found in the cage", what.display()));
+        |what: &Path| FailCode::TargetNotFound.at(Stage::Target, format!("{}: not found in the cage", what.display()));
     let path = if argv0.as_bytes().contains(&b'/') {
         let p = plan.cwd.join(argv0);
         open_checked(&p).map(|fd| (fd, p))?
@@ -1026,10 +1014,11 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
     if !head.starts_with(b"#!") {
         return Ok(Resolved { exec_fd: fd, exec_path: p, script: None, argv: plan.argv.clone() });
     }
-    let (interp, arg) = parse_shebang(head)
-        .ok_or_else(|| fail(Stage::Target, "target_not_executable", format!("{}: malformed #! line", p.display())))?;
-    let interp_fd = open_checked(Path::new(&interp)).map_err(|f| Fail {
-        code: "target_not_executable",
+    let (interp, arg) = parse_shebang(head).ok_or_else(|| {
+        FailCode::TargetNotExecutable.at(Stage::Target, format!("{}: malformed #! line", p.display()))
+    })?;
+    let interp_fd = open_checked(Path::new(&interp)).map_err(|f| Failure {
+        code: FailCode::TargetNotExecutable,
         detail: format!("{}: interpreter {}", p.display(), f.detail),
         ..f
     })?;
@@ -1039,15 +1028,14 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
     // interpreter runs is what runs.
     let limit = script_limit(plan);
     let copy = crate::sealed::copy(fd.as_fd(), c"chio-script", limit).map_err(|e| match e.raw_os_error() {
-        Some(libc::EFBIG) => fail(
+        Some(libc::EFBIG) => FailCode::ScriptTooLarge.at(
             Stage::Target,
-            "script_too_large",
             format!(
                 "{}: larger than the {limit} bytes a script may have (its RLIMIT_FSIZE, at most 64 MiB)",
                 p.display()
             ),
         ),
-        _ => fail(Stage::Target, "script_copy_failed", format!("copying {} to a sealed memfd: {e}", p.display())),
+        _ => FailCode::ScriptCopyFailed.at(Stage::Target, format!("copying {} to a sealed memfd: {e}", p.display())),
     })?;
     let mut argv = vec![interp.clone()];
     argv.extend(arg);
@@ -1062,16 +1050,16 @@ fn find_target(plan: &CagePlan) -> Result<Resolved, Fail> {
 }
 
 /// Open a candidate executable inside the root; it must be a regular file.
-fn open_checked(p: &Path) -> Result<OwnedFd, Fail> {
+fn open_checked(p: &Path) -> Result<OwnedFd, Failure> {
     let fd = open_in_root(p).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => {
-            fail(Stage::Target, "target_not_found", format!("{}: {e}", p.display()))
+            FailCode::TargetNotFound.at(Stage::Target, format!("{}: {e}", p.display()))
         }
-        _ => fail(Stage::Target, "target_not_executable", format!("{}: {e}", p.display())),
+        _ => FailCode::TargetNotExecutable.at(Stage::Target, format!("{}: {e}", p.display())),
     })?;
-    let st = sys::fstat(fd.as_fd()).map_err(|e| fail(Stage::Target, "target_not_executable", e))?;
+    let st = sys::fstat(fd.as_fd()).map_err(|e| FailCode::TargetNotExecutable.at(Stage::Target, e))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(fail(Stage::Target, "target_not_executable", format!("{}: not a regular file", p.display())));
+        return Err(FailCode::TargetNotExecutable.at(Stage::Target, format!("{}: not a regular file", p.display())));
     }
     Ok(fd)
 }

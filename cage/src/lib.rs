@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod channel;
 mod child_stops;
 pub mod digests;
+pub mod failure;
 pub mod identity;
 mod inside;
 mod janitor;

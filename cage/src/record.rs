@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Limits, Mode, NetMode, Stage};
+use crate::plan::{Limits, Mode, NetMode};
 
 /// Device and inode numbers are 64-bit (overlayfs with `xino=on` sets the top bits): in a signed
 /// document they are decimal strings, since canonical JSON numbers are exact only to 2^53.
@@ -53,27 +53,7 @@ pub enum State {
     Unsupported,
 }
 
-/// Why a launch failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    /// Stable machine-readable code (`digest_mismatch`, `target_not_found`, ...).
-    pub code: String,
-    /// The stage that failed.
-    pub stage: Stage,
-    /// Operator-readable explanation.
-    pub detail: String,
-}
-
-/// The exit status of a launch that failed with `code`, as `chio cage run` (and the cage's
-/// init, for the same failure) reports it: 127 the target was not found in the cage, 126 it
-/// cannot be executed, 125 any other cage failure.
-pub fn failure_exit_status(code: &str) -> i32 {
-    match code {
-        "target_not_found" => 127,
-        "target_not_executable" => 126,
-        _ => 125,
-    }
-}
+pub use crate::failure::{FailCode, Failure};
 
 /// The executable that was run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -345,7 +325,7 @@ impl LaunchRecord {
     /// for a cage failure / not executable / not found.
     pub fn exit_status(&self) -> i32 {
         if let Some(f) = &self.failure {
-            return failure_exit_status(&f.code);
+            return f.code.exit_status();
         }
         match &self.outcome {
             Some(Outcome { exit_code: Some(c), .. }) => *c,

@@ -90,6 +90,56 @@ fn injected_failure_at_every_stage_stops_the_target() {
     assert!(ws.join("ran").exists());
 }
 
+/// Whatever way a launch fails before its target runs — each setup stage made to fail, a launch
+/// withdrawn after its target was seized, evidence that cannot be recorded at the exec stop —
+/// the launch has killed and reaped its cage's init (and its janitor) by the time it returns:
+/// the calling process, which goes on living (a daemon's), has no child left, not even a zombie.
+/// (A janitor that has removed the cgroup and said so exits on its own; the next launch reaps it.)
+#[test]
+fn a_failed_launch_leaves_no_process_behind() {
+    let Some(e) = env("teardown") else { return };
+    let once = env!("CARGO_BIN_EXE_chio-launch-once");
+    let run = |how: &str| {
+        let out = Command::new(once)
+            .args([e.rootfs.to_str().unwrap(), how, "--", "/probe", "euid"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{how}: {}", String::from_utf8_lossy(&out.stderr));
+        // The target's own output (the control's) comes first; the probe's line is the last.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut line: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+        assert_eq!(line["children_before"], serde_json::json!([]), "{how}: {line}");
+        let left: Vec<serde_json::Value> = line["children_after"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| !c.as_str().unwrap().contains(" (chio-janitor) "))
+            .cloned()
+            .collect();
+        line["children_after"] = serde_json::Value::Array(left);
+        line
+    };
+    let mut hows: Vec<&str> = SETUP_STAGES.to_vec();
+    hows.extend(["withdrawn", "evidence"]);
+    for how in hows {
+        let line = run(how);
+        assert_eq!(line["state"], "BootstrapFailed", "{how}: {line}");
+        let expected = match how {
+            "observe" => "fact_mismatch",
+            "withdrawn" => "withdrawn",
+            "evidence" => "evidence_not_recorded",
+            _ => "injected_failure",
+        };
+        assert_eq!(line["failure"]["code"], expected, "{how}: {line}");
+        assert_eq!(line["children_after"], serde_json::json!([]), "{how}: the launch left a process: {line}");
+    }
+    // Control: the same launch, not made to fail, runs its target (and leaves nothing either).
+    let line = run("none");
+    assert_eq!(line["state"], "FullyEnforced", "{line}");
+    assert_eq!(line["children_after"], serde_json::json!([]), "{line}");
+}
+
 #[test]
 fn target_not_found_is_127() {
     let Some(e) = env("not_found") else { return };
