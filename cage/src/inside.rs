@@ -15,11 +15,12 @@ use nix::unistd::{dup2_stderr, dup2_stdout, Pid};
 
 use crate::channel::{self, CageMsg, GO};
 use crate::failure::{FailCode, Failure};
+use crate::fault::{self, TestHook};
 use crate::identity;
 use crate::landlock::{fs as lfs, net as lnet, Ruleset};
 use crate::mounts::{Access, Prepared};
 use crate::path;
-use crate::plan::{CagePlan, Mode, NetMode, Stage, TestHook};
+use crate::plan::{CagePlan, Mode, NetMode, Stage};
 use crate::record::Reported;
 use crate::seccomp::{self, Filters};
 use crate::sys;
@@ -72,15 +73,6 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn inject(&self, stage: Stage) -> Result<(), Failure> {
-        if self.plan.fails_on_purpose(stage) {
-            return Err(
-                FailCode::InjectedFailure.at(stage, format!("test-only failure injected at stage {}", stage.name()))
-            );
-        }
-        Ok(())
-    }
-
     fn report(&self, f: &Failure) {
         let _ = channel::send(self.sock, &CageMsg::Failed(f.clone()), &[]);
     }
@@ -97,7 +89,7 @@ pub(crate) static HOOK_SUPERVISOR: std::sync::atomic::AtomicU32 = std::sync::ato
 
 /// The cage's init: the child of clone(CLONE_NEWPID), PID 1 of the new pid namespace.
 pub fn init_main(ctx: &Ctx<'_>) -> ! {
-    if ctx.plan.hook(&TestHook::OrphanEarly) {
+    if fault::on(ctx.plan, &TestHook::OrphanEarly) {
         await_orphaned();
     }
     init_start(ctx.sock, ctx.supervisor_ends);
@@ -152,14 +144,14 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
         ("ipc", libc::CLONE_NEWIPC),
         ("uts", libc::CLONE_NEWUTS),
     ] {
-        if plan.hook(&TestHook::Namespace(name)) {
+        if fault::on(plan, &TestHook::Namespace(name)) {
             flags &= !flag;
         }
     }
     let supervisors = mount_namespace()?;
     enter_namespaces(flags, ctx.netns)?;
     let prepared = build_root(ctx, supervisors)?;
-    ctx.inject(Stage::Network)?;
+    fault::fail_at(ctx.plan, Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
     if flags & libc::CLONE_NEWUTS != 0 {
         nix::unistd::sethostname("chio").map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
@@ -168,11 +160,11 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
         loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;
     }
     if ctx.await_cgroup {
-        join_cgroup(ctx.sock, !plan.hook(&TestHook::Cgroup))?;
+        join_cgroup(ctx.sock, !fault::on(plan, &TestHook::Cgroup))?;
     }
-    ctx.inject(Stage::Namespaces)?;
+    fault::fail_at(ctx.plan, Stage::Namespaces)?;
     // We are in the launch cgroup, which becomes the namespace root.
-    if !plan.hook(&TestHook::Namespace("cgroup")) {
+    if !fault::on(plan, &TestHook::Namespace("cgroup")) {
         unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     }
     // The init leads a new session so the target has no controlling tty.
@@ -216,9 +208,9 @@ fn build_root(ctx: &Ctx<'_>, supervisors: (u64, u64)) -> Result<Prepared, Failur
         };
         code.at(Stage::Resolve, e)
     })?;
-    ctx.inject(Stage::Mounts)?;
+    fault::fail_at(ctx.plan, Stage::Mounts)?;
     prepared.attach(&ctx.plan.staging_dir).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
-    ctx.inject(Stage::Pivot)?;
+    fault::fail_at(ctx.plan, Stage::Pivot)?;
     prepared.pivot().map_err(|e| FailCode::PivotFailed.at(Stage::Pivot, e))?;
     Ok(prepared)
 }
@@ -323,12 +315,12 @@ fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     let supervisors = mount_namespace()?;
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     let prepared = build_root(ctx, supervisors)?;
-    ctx.inject(Stage::Network)?;
+    fault::fail_at(ctx.plan, Stage::Network)?;
     if ctx.plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;
     }
     await_ceilings(ctx.sock)?;
-    ctx.inject(Stage::Namespaces)?;
+    fault::fail_at(ctx.plan, Stage::Namespaces)?;
     block_forwarded_signals();
     spawn_target(ctx, &prepared).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
 }
@@ -518,14 +510,14 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let last = identity::last_cap();
     // The init takes the target's identity with no capabilities: that is exactly enough to
     // forward signals to it (a capability-less root could not signal uid 65534).
-    let shed = match ctx.plan.hook(&TestHook::InitPrivileged) {
+    let shed = match fault::on(ctx.plan, &TestHook::InitPrivileged) {
         true => Ok(()),
         false => identity::set_rlimits(&ctx.plan.limits)
             .and_then(|_| identity::drop_bounding_and_lock(last))
             .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
             .and_then(|_| identity::clear_caps())
             .and_then(|_| identity::no_new_privs())
-            .and_then(|_| match ctx.plan.hook(&TestHook::InitShedFails) {
+            .and_then(|_| match fault::on(ctx.plan, &TestHook::InitShedFails) {
                 true => Err(io::Error::other("test hook: the init's shedding fails")),
                 false => Ok(()),
             }),
@@ -546,10 +538,10 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     if shed.is_err() || orphaned || !detached || seccomp::install_init(ctx.filters).is_err() {
         give_up(target);
     }
-    let aborts = ctx.plan.hook(&TestHook::InitAborts);
+    let aborts = fault::on(ctx.plan, &TestHook::InitAborts);
     // Last, close everything else: the supervisor waits for EOF on the status channel before it
     // lets the target run, so EOF also proves the init has shed every privilege.
-    if !ctx.plan.hook(&TestHook::Channel) && sys::close_from(4).is_err() {
+    if !fault::on(ctx.plan, &TestHook::Channel) && sys::close_from(4).is_err() {
         give_up(target);
     }
     // Raw: nix has no wait4 with rusage, and the init's filter allows exactly these syscalls.
@@ -789,24 +781,24 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
         seccomp_refuses: seccomp::REFUSALS.iter().map(|r| r.to_string()).collect(),
         ..Reported::default()
     };
-    ctx.inject(Stage::Identity)?;
+    fault::fail_at(ctx.plan, Stage::Identity)?;
     identity::set_rlimits(&plan.limits).map_err(|e| FailCode::RlimitFailed.at(Stage::Identity, e))?;
     let last = identity::last_cap();
-    ctx.inject(Stage::Capabilities)?;
+    fault::fail_at(ctx.plan, Stage::Capabilities)?;
     // Test hooks skip or delay one of these steps; the exec-stop check must then catch it.
-    let late_caps = plan.hook(&TestHook::NoNewPrivs);
-    let hooked_caps = late_caps || plan.hook(&TestHook::Bounding) || plan.hook(&TestHook::Caps);
-    if plan.hook(&TestHook::Caps) {
+    let late_caps = fault::on(plan, &TestHook::NoNewPrivs);
+    let hooked_caps = late_caps || fault::on(plan, &TestHook::Bounding) || fault::on(plan, &TestHook::Caps);
+    if fault::on(plan, &TestHook::Caps) {
         identity::raise_inheritable().map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
-    if !plan.hook(&TestHook::Bounding) {
+    if !fault::on(plan, &TestHook::Bounding) {
         identity::drop_bounding_and_lock(last)
             .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
-    let uid = if plan.hook(&TestHook::Uid) { plan.uid.wrapping_sub(1) } else { plan.uid };
-    let gid = if plan.hook(&TestHook::Gid) { plan.gid.wrapping_sub(1) } else { plan.gid };
+    let uid = if fault::on(plan, &TestHook::Uid) { plan.uid.wrapping_sub(1) } else { plan.uid };
+    let gid = if fault::on(plan, &TestHook::Gid) { plan.gid.wrapping_sub(1) } else { plan.gid };
     identity::set_ids(uid, gid).map_err(|e| FailCode::IdentityFailed.at(Stage::Identity, e))?;
-    if plan.hook(&TestHook::Groups) {
+    if fault::on(plan, &TestHook::Groups) {
         // One group (CAP_SETGID is still effective here).
         let _ = nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(gid)]);
     }
@@ -820,7 +812,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
         );
     }
     reported.securebits = identity::securebits();
-    if reported.securebits != identity::SECUREBITS && !plan.hook(&TestHook::Bounding) {
+    if reported.securebits != identity::SECUREBITS && !fault::on(plan, &TestHook::Bounding) {
         return Err(FailCode::SecurebitsUnset.at(
             Stage::Capabilities,
             format!("securebits are {:#x} after locking, not {:#x}", reported.securebits, identity::SECUREBITS),
@@ -833,13 +825,13 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
     if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
         return Err(FailCode::CwdUnavailable.at(Stage::Identity, format!("cannot enter {}: {e}", plan.cwd.display())));
     }
-    if plan.hook(&TestHook::Cwd) {
+    if fault::on(plan, &TestHook::Cwd) {
         let _ = nix::unistd::chdir(c"/");
     }
-    ctx.inject(Stage::Landlock)?;
+    fault::fail_at(ctx.plan, Stage::Landlock)?;
     apply_landlock(ctx, &prepared.access, &mut reported)?;
-    ctx.inject(Stage::Target)?;
-    if let (true, Some(argv0)) = (plan.hook(&TestHook::TouchBeforeOpen), plan.argv.first()) {
+    fault::fail_at(ctx.plan, Stage::Target)?;
+    if let (true, Some(argv0)) = (fault::on(plan, &TestHook::TouchBeforeOpen), plan.argv.first()) {
         // The supervisor hashes its early guess while the cage sets up; give it the time.
         std::thread::sleep(std::time::Duration::from_millis(300));
         append_byte(&plan.cwd.join(argv0));
@@ -864,12 +856,12 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
         let _kept_open: RawFd = std::os::fd::IntoRawFd::into_raw_fd(script.copy);
     }
     // A test hook's other file is opened now: under the target's filter openat2 is ENOSYS.
-    let swap = match plan.test_hook() {
-        Some(h @ TestHook::Exe(other)) if plan.hook(h) => Some(open_checked(other)?),
+    let swap = match fault::hook(plan) {
+        Some(h @ TestHook::Exe(other)) if fault::on(plan, h) => Some(open_checked(other)?),
         _ => None,
     };
-    ctx.inject(Stage::Seccomp)?;
-    if !plan.hook(&TestHook::Seccomp) {
+    fault::fail_at(ctx.plan, Stage::Seccomp)?;
+    if !fault::on(plan, &TestHook::Seccomp) {
         seccomp::install(ctx.filters).map_err(|e| FailCode::SeccompFailed.at(Stage::Seccomp, e))?;
     }
     if late_caps {
@@ -881,12 +873,12 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
         Ok(Some(GO)) => {}
         _ => exit_now(125),
     }
-    ctx.inject(Stage::Exec)?;
-    if plan.hook(&TestHook::Touch) && matches!(channel::recv_byte(ctx.sock), Ok(Some(GO))) {
+    fault::fail_at(ctx.plan, Stage::Exec)?;
+    if fault::on(plan, &TestHook::Touch) && matches!(channel::recv_byte(ctx.sock), Ok(Some(GO))) {
         // The supervisor says it has taken the file's identity: change it before the exec.
         append_byte(&target.exec_path);
     }
-    if plan.hook(&TestHook::StallBeforeExec) {
+    if fault::on(plan, &TestHook::StallBeforeExec) {
         std::thread::sleep(std::time::Duration::from_secs(3600));
     }
     let exec_fd = hooked_exec(plan, target.exec_fd, swap);
@@ -912,7 +904,7 @@ fn append_byte(p: &Path) {
 /// The fd to execute: the verified one, or what a test hook says instead (`swap`, another file;
 /// or the verified one with an extra fd left open across exec).
 fn hooked_exec(plan: &CagePlan, verified: OwnedFd, swap: Option<OwnedFd>) -> OwnedFd {
-    if plan.hook(&TestHook::Fd) {
+    if fault::on(plan, &TestHook::Fd) {
         // SAFETY: a copy of fd 0 without FD_CLOEXEC, left open on purpose (raw: a test hook on a
         // descriptor number).
         unsafe { libc::fcntl(0, libc::F_DUPFD, 9) };

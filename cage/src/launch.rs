@@ -26,11 +26,12 @@ use crate::channel::{self, CageMsg, ABORT, GO};
 use crate::child_stops::ChildStops;
 use crate::digests::{Digests, Identity};
 use crate::failure::{FailCode, Failure};
+use crate::fault::{self, TestHook};
 use crate::inside::{self, Ctx};
 use crate::janitor;
 use crate::landlock;
 use crate::observe::{self, Expect};
-use crate::plan::{CagePlan, Mode, Stage, TestHook};
+use crate::plan::{CagePlan, Mode, Stage};
 use crate::prehash::{self, Early};
 use crate::record::{self, CgroupFacts, LaunchRecord, State, Target, SCHEMA};
 use crate::seccomp::{self, Filters};
@@ -236,15 +237,6 @@ fn check_limits(l: &crate::plan::Limits) -> Result<(), String> {
     Ok(())
 }
 
-fn inject(plan: &CagePlan, stage: Stage) -> Result<(), Failure> {
-    if plan.fails_on_purpose(stage) {
-        return Err(
-            FailCode::InjectedFailure.at(stage, format!("test-only failure injected at stage {}", stage.name()))
-        );
-    }
-    Ok(())
-}
-
 /// Shadow mode records a missing fact and goes on; enforced mode stops.
 fn require(plan: &CagePlan, rec: &mut LaunchRecord, ok: bool, s: Failure) -> Result<(), Failure> {
     if ok {
@@ -261,10 +253,10 @@ fn require(plan: &CagePlan, rec: &mut LaunchRecord, ok: bool, s: Failure) -> Res
 
 fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mut Held) -> Result<(), Failure> {
     check_plan(plan)?;
-    inject(plan, Stage::Resolve)?;
+    fault::fail_at(plan, Stage::Resolve)?;
     ensure_stdio();
     ensure_staging(&plan.staging_dir).map_err(|e| FailCode::StagingUnavailable.at(Stage::Resolve, e))?;
-    let abi = plan.landlock_abi_cap().map_or(landlock::abi(), |cap| landlock::abi().min(cap));
+    let abi = fault::landlock_abi(plan, landlock::abi());
     require(
         plan,
         rec,
@@ -274,7 +266,7 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mu
     )?;
     let filters = seccomp::compiled().as_ref().map_err(|e| FailCode::SeccompFailed.at(Stage::Seccomp, e))?;
     rec.mark("resolve");
-    inject(plan, Stage::Cgroup)?;
+    fault::fail_at(plan, Stage::Cgroup)?;
     let result = launch_cage(plan, sinks, rec, filters, abi, held);
     rec.mark("target_ended");
     if let Some(cg) = &held.cgroup {
@@ -461,7 +453,7 @@ fn launch_cage(
         Hierarchy::take(plan.cgroup_v2_root.as_deref()).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?;
     // One that does not fit this plan is killed here (before its cgroup is made over).
     let pre = held.ahead_init.take().filter(|_| ahead_init_fits(plan, &hierarchy, held));
-    inject(plan, Stage::Namespaces)?;
+    fault::fail_at(plan, Stage::Namespaces)?;
     let feed = sinks.stdin.is_some();
     let known = sinks.ahead.digests;
     let started = pre.map(|p| p.start(plan, abi, feed));
@@ -526,8 +518,7 @@ impl Drop for InitGuard {
 /// Whether an init cloned ahead can take this plan: it made every namespace and is in the
 /// cgroup made ahead, so the plan must not withhold one (a test hook) and must fit that cgroup.
 fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
-    let withholds =
-        matches!(plan.test_hook(), Some(crate::plan::TestHook::Namespace(_) | crate::plan::TestHook::Cgroup));
+    let withholds = matches!(fault::hook(plan), Some(TestHook::Namespace(_) | TestHook::Cgroup));
     !withholds && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
 }
 
@@ -566,13 +557,13 @@ fn clone_init(
         root_ahead: root_ahead.as_ref(),
     };
     // (A test hook leaves the init outside the launch cgroup.)
-    let into = v2_dir.as_ref().filter(|_| !plan.hook(&TestHook::Cgroup));
-    if plan.hook(&TestHook::OrphanEarly) {
+    let into = v2_dir.as_ref().filter(|_| !fault::on(plan, &TestHook::Cgroup));
+    if fault::on(plan, &TestHook::OrphanEarly) {
         inside::HOOK_SUPERVISOR.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     }
     match clone_pid_ns(into.map(AsFd::as_fd)) {
         Ok(0) => inside::init_main(&ctx),
-        Ok(_) if plan.hook(&TestHook::OrphanEarly) => {
+        Ok(_) if fault::on(plan, &TestHook::OrphanEarly) => {
             // Test hook: the supervisor dies the moment its init exists, before it sends a word.
             // SAFETY: _exit ends this process at once (nix has no _exit).
             unsafe { libc::_exit(9) }
@@ -703,7 +694,7 @@ fn verify_and_exec(
         release_tracee(tpid);
         return Err(FailCode::Withdrawn.at(Stage::Exec, "the launch was withdrawn before its command ran"));
     }
-    if plan.hook(&TestHook::GoLate) {
+    if fault::on(plan, &TestHook::GoLate) {
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
     // The target sets itself up meanwhile: one that failed there has reported why and may have
@@ -796,8 +787,8 @@ fn verify_traced(
     };
     rec.target = Some(target);
     verified?;
-    inject(plan, Stage::Verify)?;
-    if plan.hook(&TestHook::Touch) {
+    fault::fail_at(plan, Stage::Verify)?;
+    if fault::on(plan, &TestHook::Touch) {
         // Test hook: tell the target its file's identity is taken; it changes the file now.
         let _ = channel::send_byte(sock.as_raw_fd(), GO);
     }
@@ -837,7 +828,7 @@ impl Traced<'_> {
     fn exec_and_observe(&self, rec: &mut LaunchRecord, hook: Option<OnEnforced<'_>>) -> Result<Instant, Failure> {
         let plan = self.plan;
         // Test hook: the target stalls before its exec, and the wait for it is short.
-        let within = match plan.hook(&TestHook::StallBeforeExec) {
+        let within = match fault::on(plan, &TestHook::StallBeforeExec) {
             true => Duration::from_millis(1000),
             false => Duration::from_millis(SETUP_TIMEOUT_MS as u64),
         };
@@ -873,7 +864,7 @@ impl Traced<'_> {
                 problems.push("a file changed after it was hashed (its size, mtime or ctime moved)".into());
             }
         }
-        if plan.fails_on_purpose(Stage::Observe) {
+        if fault::fails(plan, Stage::Observe) {
             problems.push("test-only failure injected at stage observe".into());
         }
         rec.observed = Some(observed);
@@ -891,7 +882,7 @@ impl Traced<'_> {
                 FailCode::EvidenceNotRecorded.at(Stage::Observe, e)
             })?;
         }
-        if plan.hook(&TestHook::KillAtExecStop) {
+        if fault::on(plan, &TestHook::KillAtExecStop) {
             let _ = kill(Pid::from_raw(self.tpid), Signal::SIGKILL);
         }
         // Detached, the tracee continues from the exec stop. Detaching fails only for a tracee

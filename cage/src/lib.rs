@@ -10,6 +10,7 @@ pub mod channel;
 mod child_stops;
 pub mod digests;
 pub mod failure;
+pub mod fault;
 pub mod identity;
 mod inside;
 mod janitor;
@@ -28,8 +29,9 @@ pub mod supervise;
 pub mod sys;
 
 pub use ahead::Ahead;
+pub use fault::TestHook;
 pub use launch::{launch, launch_to_end, Teardown, NAMESPACES};
 pub use mounts::RootKey;
-pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage, TestHook};
+pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
 pub use record::{LaunchRecord, State};
 pub use supervise::{Gate, Sinks};

@@ -18,8 +18,9 @@ use std::path::{Path, PathBuf};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use crate::fault::{self, TestHook};
 use crate::path::{self, cstring};
-use crate::plan::{CagePlan, RootSpec, TestHook};
+use crate::plan::{CagePlan, RootSpec};
 use crate::record::SourceFact;
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
@@ -180,7 +181,7 @@ impl RootKey {
     /// top-level entries, no test hook on mount flags.
     pub fn of(plan: &CagePlan) -> Option<RootKey> {
         let top_binds = plan.binds.iter().any(|b| top_level_name(&b.dest).is_some());
-        (!top_binds && !plan.hook(&TestHook::MountFlags)).then(|| RootKey {
+        (!top_binds && !fault::on(plan, &TestHook::MountFlags)).then(|| RootKey {
             root: plan.root.clone(),
             tmp_bytes: plan.limits.tmp_bytes,
             shm_bytes: plan.limits.shm_bytes,
@@ -318,7 +319,7 @@ impl Prepared {
     /// this plan (see [`RootAhead`]).
     pub fn build(plan: &CagePlan, ahead: Option<&RootAhead>) -> io::Result<Prepared> {
         let mask_proc = plan.uid == 0 || plan.gid == 0;
-        let strip = if plan.hook(&TestHook::MountFlags) { MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC } else { 0 };
+        let strip = if fault::on(plan, &TestHook::MountFlags) { MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC } else { 0 };
         let mut p = match ahead.filter(|a| a.serves(RootKey::of(plan).as_ref())) {
             Some(a) => a.prepared.try_clone(mask_proc)?,
             None => {
@@ -333,7 +334,7 @@ impl Prepared {
             }
         };
         // (Without its own network namespace — a test hook — the host's would be changed.)
-        p.no_ephemeral_ports = plan.tcp_bind.is_empty() && !plan.hook(&TestHook::Namespace("net"));
+        p.no_ephemeral_ports = plan.tcp_bind.is_empty() && !fault::on(plan, &TestHook::Namespace("net"));
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
             let ro = plan.workspace_read_only;

@@ -201,172 +201,6 @@ impl Stage {
     }
 }
 
-/// A test-only fault that makes one fact the supervisor checks at the exec stop false, through a
-/// real unmet condition in the cage (a step skipped or undone). Only builds with the
-/// `test-hooks` feature act on one; other builds refuse a plan that names one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TestHook {
-    /// Execute this file (inside the cage) instead of the verified one.
-    Exe(PathBuf),
-    /// Skip no_new_privs (landlock and seccomp are applied while capabilities still allow it).
-    NoNewPrivs,
-    /// Skip the seccomp filter.
-    Seccomp,
-    /// Skip dropping the bounding set, clearing ambient and locking securebits.
-    Bounding,
-    /// Put a capability in the inheritable set and skip emptying the sets (the inheritable
-    /// set survives exec).
-    Caps,
-    /// Run as the plan's uid minus one.
-    Uid,
-    /// Run as the plan's gid minus one.
-    Gid,
-    /// Keep a supplementary group.
-    Groups,
-    /// Do not unshare this namespace (`mnt`, `net`, `ipc`, `uts` or `cgroup`).
-    Namespace(&'static str),
-    /// Do not join the launch cgroup.
-    Cgroup,
-    /// Leave an extra fd open across exec.
-    Fd,
-    /// Change to `/` after entering the working directory.
-    Cwd,
-    /// The init keeps its copy of the status channel.
-    Channel,
-    /// Mount the image's entries without read-only and `/tmp`, `/dev/shm` without noexec (to
-    /// show landlock alone refuses writes and execution there).
-    MountFlags,
-    /// Change the file sent for hashing in place once the supervisor has hashed it (after GO),
-    /// before the exec (as another writer of the workspace might).
-    Touch,
-    /// Change the command's file (argv[0], a path) in place before opening it, once the
-    /// supervisor has had the time to hash its early guess of it.
-    TouchBeforeOpen,
-    /// The target is killed (SIGKILL from the host) at its exec stop once every fact is checked,
-    /// before it is let go: as the OOM killer or an operator might.
-    KillAtExecStop,
-    /// The supervisor exits the moment its init exists, and the init waits, before its first
-    /// step, until it is gone: orphaned before it armed its parent-death signal, which will
-    /// then never come, and before the supervisor sent it anything.
-    OrphanEarly,
-    /// The init's shedding of its privileges fails (as a refused setresuid or capability drop
-    /// would): it must end the cage rather than supervise it privileged.
-    InitShedFails,
-    /// The init skips its shedding altogether (root, every capability, no `no_new_privs`) and
-    /// goes on as if it had shed: only the supervisor's reading of it at the exec stop is left
-    /// to refuse the launch.
-    InitPrivileged,
-    /// The target sleeps instead of making its exec (as one of a file on a file system that
-    /// does not answer would), and the supervisor waits for its exec stop 1 s, not 30.
-    StallBeforeExec,
-    /// The init aborts when the target has ended, under its filter (as a bug in it would): the
-    /// launch must end then, not spin until its deadline.
-    InitAborts,
-    /// The supervisor sends its go only once the target has had the time to finish its own
-    /// setup (300 ms): one that failed there has reported it and ended by then.
-    GoLate,
-}
-
-impl TestHook {
-    /// The `CHIO_TEST_HOOK` value that [`TestHook::parse`] reads back as this hook.
-    pub fn text(&self) -> String {
-        match self {
-            TestHook::Exe(p) => format!("exe={}", p.display()),
-            TestHook::NoNewPrivs => "no_new_privs".into(),
-            TestHook::Seccomp => "seccomp".into(),
-            TestHook::Bounding => "bounding".into(),
-            TestHook::Caps => "caps".into(),
-            TestHook::Uid => "uid".into(),
-            TestHook::Gid => "gid".into(),
-            TestHook::Groups => "groups".into(),
-            TestHook::Namespace(ns) => format!("ns={ns}"),
-            TestHook::Cgroup => "cgroup".into(),
-            TestHook::Fd => "fd".into(),
-            TestHook::Cwd => "cwd".into(),
-            TestHook::Channel => "channel".into(),
-            TestHook::MountFlags => "mount_flags".into(),
-            TestHook::Touch => "touch".into(),
-            TestHook::TouchBeforeOpen => "touch_before_open".into(),
-            TestHook::KillAtExecStop => "kill_at_exec_stop".into(),
-            TestHook::OrphanEarly => "orphan_early".into(),
-            TestHook::InitShedFails => "init_shed_fails".into(),
-            TestHook::InitPrivileged => "init_privileged".into(),
-            TestHook::StallBeforeExec => "stall_before_exec".into(),
-            TestHook::InitAborts => "init_aborts".into(),
-            TestHook::GoLate => "go_late".into(),
-        }
-    }
-
-    /// Parse `CHIO_TEST_HOOK`'s value (`exe=/path`, `no_new_privs`, `ns=net`, ...).
-    pub fn parse(s: &str) -> Result<TestHook, String> {
-        if !cfg!(feature = "test-hooks") {
-            return Err("this chio was built without test hooks (the `test-hooks` feature)".into());
-        }
-        Ok(match s {
-            "no_new_privs" => TestHook::NoNewPrivs,
-            "seccomp" => TestHook::Seccomp,
-            "bounding" => TestHook::Bounding,
-            "caps" => TestHook::Caps,
-            "uid" => TestHook::Uid,
-            "gid" => TestHook::Gid,
-            "groups" => TestHook::Groups,
-            "ns=mnt" => TestHook::Namespace("mnt"),
-            "ns=net" => TestHook::Namespace("net"),
-            "ns=ipc" => TestHook::Namespace("ipc"),
-            "ns=uts" => TestHook::Namespace("uts"),
-            "ns=cgroup" => TestHook::Namespace("cgroup"),
-            "cgroup" => TestHook::Cgroup,
-            "fd" => TestHook::Fd,
-            "cwd" => TestHook::Cwd,
-            "channel" => TestHook::Channel,
-            "mount_flags" => TestHook::MountFlags,
-            "touch" => TestHook::Touch,
-            "touch_before_open" => TestHook::TouchBeforeOpen,
-            "kill_at_exec_stop" => TestHook::KillAtExecStop,
-            "orphan_early" => TestHook::OrphanEarly,
-            "init_shed_fails" => TestHook::InitShedFails,
-            "init_privileged" => TestHook::InitPrivileged,
-            "stall_before_exec" => TestHook::StallBeforeExec,
-            "init_aborts" => TestHook::InitAborts,
-            "go_late" => TestHook::GoLate,
-            _ => match s.strip_prefix("exe=") {
-                Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
-                _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),
-            },
-        })
-    }
-}
-
-/// `CHIO_TEST_HOOK`'s text form of a test hook, which is how a plan carries one.
-#[cfg(feature = "test-hooks")]
-mod hook_text {
-    use super::TestHook;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(hook: &Option<TestHook>, s: S) -> Result<S::Ok, S::Error> {
-        hook.as_ref().map(TestHook::text).serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TestHook>, D::Error> {
-        let text: Option<String> = Option::deserialize(d)?;
-        text.map(|t| TestHook::parse(&t).map_err(serde::de::Error::custom)).transpose()
-    }
-}
-
-/// The test suites' switches on a plan (builds with the `test-hooks` feature only). Each can
-/// only make a launch fail or claim less host support, never weaken a cage.
-#[cfg(feature = "test-hooks")]
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct TestSwitches {
-    /// Fail this stage on purpose.
-    pub fail_stage: Option<Stage>,
-    /// Pretend the host's landlock ABI is at most this.
-    pub landlock_abi_cap: Option<u32>,
-    /// Make one exec-stop fact false, or one step misbehave.
-    #[serde(with = "hook_text")]
-    pub hook: Option<TestHook>,
-}
-
 /// One launch, fully resolved. It crosses a process boundary once: a daemon's spare clones the
 /// cage's init before the request, and sends it the plan when the request comes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -409,7 +243,7 @@ pub struct CagePlan {
     /// The test suites' switches; a build without the `test-hooks` feature has none.
     #[cfg(feature = "test-hooks")]
     #[serde(default)]
-    pub test: TestSwitches,
+    pub test: crate::fault::Switches,
     /// Where parts of the plan came from (an image's entrypoint, cmd, user, ...), copied into
     /// the launch record as they are.
     pub annotations: std::collections::BTreeMap<String, String>,
@@ -441,48 +275,17 @@ impl CagePlan {
             staging_dir: PathBuf::from("/run/chio/cage-root"),
             cgroup_v2_root: None,
             #[cfg(feature = "test-hooks")]
-            test: TestSwitches::default(),
+            test: Default::default(),
             annotations: Default::default(),
         }
-    }
-
-    /// The test hook the plan names (never in a build without test hooks).
-    pub fn test_hook(&self) -> Option<&TestHook> {
-        #[cfg(feature = "test-hooks")]
-        return self.test.hook.as_ref();
-        #[cfg(not(feature = "test-hooks"))]
-        None
-    }
-
-    /// True when this build acts on test hooks and the plan names `hook`.
-    pub fn hook(&self, hook: &TestHook) -> bool {
-        self.test_hook() == Some(hook)
-    }
-
-    /// True when the plan asks `stage` to fail on purpose (never in a build without test hooks).
-    pub fn fails_on_purpose(&self, stage: Stage) -> bool {
-        #[cfg(feature = "test-hooks")]
-        return self.test.fail_stage == Some(stage);
-        #[cfg(not(feature = "test-hooks"))]
-        {
-            let _ = stage;
-            false
-        }
-    }
-
-    /// The landlock ABI the test suites pretend the host has at most (never in a build
-    /// without test hooks).
-    pub fn landlock_abi_cap(&self) -> Option<u32> {
-        #[cfg(feature = "test-hooks")]
-        return self.test.landlock_abi_cap;
-        #[cfg(not(feature = "test-hooks"))]
-        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "test-hooks")]
+    use crate::fault::TestHook;
 
     /// A plan crosses to an init cloned ahead as JSON: it must arrive whole, hook included.
     #[test]
