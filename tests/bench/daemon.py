@@ -178,6 +178,11 @@ def main():
     bwrap = lb.ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-daemon-") as tmp:
         root = lb.build_rootfs(tmp)
+        # Fresh copies side by side, as launch.py times them (a binary run from the build tree
+        # measured slower than its own copy).
+        chio = lb.copied(chio, os.path.join(tmp, "chio"))
+        if a.compare:
+            a.compare = lb.copied(a.compare, os.path.join(tmp, "chio-old"))
         if a.image_shape:
             for d in IMAGE_TOP:
                 os.makedirs(os.path.join(root, d), exist_ok=True)

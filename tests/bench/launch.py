@@ -22,6 +22,7 @@ that no process, mount, cgroup or fd is left behind.
 import argparse
 import concurrent.futures
 import os
+import random
 import re
 import shutil
 import statistics
@@ -62,6 +63,21 @@ def build_rootfs(tmp):
         f.write("int main(void) { return 0; }\n")
     sh("gcc", "-static", "-O2", "-o", os.path.join(root, "true"), src)
     return root
+
+
+def copied(src, dst):
+    shutil.copy2(src, dst)
+    return dst
+
+
+def shuffled(cmds):
+    """The commands in a new random order (seeded: a rerun shuffles alike)."""
+    items = list(cmds.items())
+    SHUFFLE.shuffle(items)
+    return items
+
+
+SHUFFLE = random.Random(1)
 
 
 def timed(cmd, env=None):
@@ -106,6 +122,11 @@ def main():
     bwrap = ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-") as tmp:
         root = build_rootfs(tmp)
+        # Both builds timed from fresh copies side by side: the same binary run from the build
+        # tree measured 5-9% slower than its copy elsewhere, which would pass for a regression.
+        chio = copied(chio, os.path.join(tmp, "chio"))
+        if a.compare:
+            a.compare = copied(a.compare, os.path.join(tmp, "chio-other"))
         cg2 = os.path.join(tmp, "cgroup2")
         os.makedirs(cg2)
         sh("mount", "-t", "cgroup2", "none", cg2)
@@ -146,7 +167,7 @@ def run_shapes(a, chio, root, tmp):
             timed(cmd)
     samples = {k: [] for k in cmds}
     for _ in range(a.runs):
-        for k, cmd in cmds.items():
+        for k, cmd in shuffled(cmds):
             samples[k].append(timed(cmd))
     print(f"where the target lives, {a.runs} runs each, interleaved (median ms):")
     for sh_ in shapes:
@@ -174,7 +195,9 @@ def run_all(a, chio, bwrap, root, v2env):
                 timed(cmd, envs.get(k))
         samples = {k: [] for k in cmds}
         for _ in range(a.runs):
-            for k, cmd in cmds.items():
+            # A new order each round: a launch timed right after another's teardown (a bwrap's
+            # namespaces and mounts are freed after it exits) would otherwise always pay for it.
+            for k, cmd in shuffled(cmds):
                 samples[k].append(timed(cmd, envs.get(k)))
         med = {k: statistics.median(v) for k, v in samples.items()}
         print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p90 ms):")
