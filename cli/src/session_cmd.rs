@@ -37,6 +37,10 @@ pub enum SessionCommand {
         /// The image store (default $CHIO_STATE_DIR or /var/lib/chio).
         #[arg(long = "image-store", value_name = "DIR")]
         image_store: Option<PathBuf>,
+        /// The tool server id the workspace's receipts name; a recipient pins it with
+        /// `repository verify-export --server-id`.
+        #[arg(long = "server-id", value_name = "ID")]
+        server_id: Option<String>,
     },
     /// Sign the authorization of a provisioning request with the operator's seed.
     #[command(
@@ -142,7 +146,7 @@ fn failed(e: impl std::fmt::Display) -> RepoError {
 
 fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
     match cmd {
-        SessionCommand::Init { config, task_file, state, kernel_key, image_store } => {
+        SessionCommand::Init { config, task_file, state, kernel_key, image_store, server_id } => {
             crate::repository_cmd::require_root("session init")?;
             let s = session::init(&session::InitRequest {
                 state: state.clone(),
@@ -150,6 +154,7 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
                 task: task_file.clone(),
                 kernel_key: kernel_key.clone(),
                 image_store: crate::image_cmd::state_dir(image_store),
+                server_id: server_id.clone(),
             })?;
             println!(
                 "session {} at {}: review {} and have the operator authorize it",

@@ -252,6 +252,10 @@ fn tampered_or_foreign_bundles_are_refused() {
         let e = report["error"].as_str().unwrap_or_default().to_string();
         assert!(e.contains(words), "expected {words:?} in {e:?}");
     };
+    // An emptied patch: an empty change set is a valid result only when nothing changed.
+    let b = copy("emptied-patch");
+    std::fs::write(b.join("changes.patch"), "").unwrap();
+    expect(&b, "HEAD", &["package"], "changes.patch does not turn the baseline into the final snapshot");
     // An edited patch.
     let b = copy("edited-patch");
     let p = std::fs::read_to_string(b.join("changes.patch")).unwrap().replace("+one", "+ONE");
@@ -390,7 +394,66 @@ fn tampered_or_foreign_bundles_are_refused() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
     let out = with_server("another-server");
     assert_eq!(out.status.code(), Some(5));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("server"), "{}", String::from_utf8_lossy(&out.stdout));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["error"],
+        "verification failed: the bundle is for server id \"calc-server\", not the pinned \"another-server\"",
+        "operator words, no Rust Debug form"
+    );
+}
+
+/// A session that changed nothing has a result all the same: an empty, signed, verifiable change
+/// set; a server id pinned against a workspace that named none is refused in words.
+#[test]
+fn a_result_without_changes_verifies() {
+    if !privileged("no_change_result") {
+        return;
+    }
+    let dir = Scratch::new("repo-nochange");
+    let repo = calculator(&dir.0);
+    let ws = init(&dir, &repo, &["package"]);
+    let (code, r) = exec(&ws, "look", "30", "ls package");
+    assert_eq!(code, 0, "{r}");
+    let bundle = dir.join("bundle");
+    let out = chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::metadata(bundle.join("changes.patch")).unwrap().len(), 0, "no change, an empty patch");
+    let recipient = dir.join("recipient");
+    git(&dir.0, &["clone", "-q", s(&repo), s(&recipient)]);
+    let (code, report, err) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
+    assert_eq!(code, 0, "{report} {err}");
+    for k in ["baseline_matches", "final_matches", "patch_matches"] {
+        assert_eq!(report[k], true, "{k}: {report}");
+    }
+    assert_eq!(report["verified_transitions"], 1, "{report}");
+    // A patch planted in an empty change set is refused.
+    std::fs::write(
+        bundle.join("changes.patch"),
+        "diff --git a/package/x b/package/x\nnew file mode 100644\n--- /dev/null\n+++ b/package/x\n@@ -0,0 +1 @@\n+x\n",
+    )
+    .unwrap();
+    let (code, report, _) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
+    assert_eq!((code, report["patch_matches"].as_bool()), (5, Some(false)), "{report}");
+    let out = chio(&[
+        "repository",
+        "verify-export",
+        "--bundle",
+        s(&bundle),
+        "--repository",
+        s(&recipient),
+        "--revision",
+        "HEAD",
+        "--source-path",
+        "package",
+        "--kernel-key",
+        s(&ws.public),
+        "--server-id",
+        "sandbox",
+    ]);
+    assert_eq!(out.status.code(), Some(5));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = report["error"].as_str().unwrap();
+    assert!(e.contains("names no server id") && !e.contains("None") && !e.contains("Some("), "{e}");
 }
 
 #[test]

@@ -315,7 +315,9 @@ fn walkthrough(dir: &Scratch, repo: &Path, commands: &'static [&'static str], ex
     let verify = |key: &Path| {
         let bundle = result.join("bundle");
         let args = ["repository", "verify-export", "--bundle", s(&bundle), "--repository", s(&recipient)];
-        let rest = ["--revision", "HEAD", "--source-path", "package", "--kernel-key", s(key)];
+        // The server id `session init` named, pinned by the recipient.
+        let rest =
+            ["--revision", "HEAD", "--source-path", "package", "--kernel-key", s(key), "--server-id", "calc-sandbox"];
         chio(&[&args[..], &rest].concat(), &[])
     };
     let out = verify(&dir.join("kernel/public.key"));
@@ -456,7 +458,8 @@ fn prepared_with(dir: &Scratch, session: &Value) -> PathBuf {
     let seed = dir.join("kernel/signing.seed");
     let init = ["session", "init", "--config", s(&config), "--task-file", s(&task), "--state", s(&state)];
     let store = dir.join("images");
-    let out = chio(&[&init[..], &["--kernel-key", s(&seed), "--image-store", s(&store)]].concat(), &[]);
+    let named = ["--server-id", "calc-sandbox"];
+    let out = chio(&[&init[..], &["--kernel-key", s(&seed), "--image-store", s(&store)], &named].concat(), &[]);
     assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
     let (auth, request) = (dir.join("auth.json"), state.join("provisioning-request.json"));
     let operator = dir.join("operator/signing.seed");

@@ -369,8 +369,18 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
     if want != have {
         return Err(mismatch(format!("the bundle's scope is {:?}, not {:?}", config.source_paths, r.source_paths)));
     }
-    if r.server_id.is_some() && r.server_id != config.server_id {
-        return Err(mismatch(format!("the bundle is for server {:?}, not {:?}", config.server_id, r.server_id)));
+    if let Some(want) = &r.server_id {
+        match &config.server_id {
+            Some(have) if have == want => {}
+            Some(have) => {
+                return Err(mismatch(format!("the bundle is for server id {have:?}, not the pinned {want:?}")));
+            }
+            None => {
+                return Err(mismatch(format!(
+                    "the bundle names no server id, and {want:?} was pinned (the workspace was initialised without --server-id)"
+                )));
+            }
+        }
     }
     let config_digest = config.digest()?;
     // Every snapshot the workspace took held to its ceilings, so an archive past them is refused

@@ -289,7 +289,7 @@ fn dispatch(
             match &report.error {
                 None => Ok(0),
                 Some(e) => {
-                    eprintln!("chio: verification failed: {e}");
+                    eprintln!("chio: {e}");
                     Ok(5)
                 }
             }

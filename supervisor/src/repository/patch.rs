@@ -163,7 +163,9 @@ impl Trees {
             c
         };
         run(with_index(&["read-tree", base]), "reading the baseline tree")?;
-        let mut apply = with_index(&["apply", "--cached", "--whitespace=nowarn"]);
+        // `--allow-empty`: a session that changed nothing has an empty patch, a valid result
+        // (the caller still compares trees: an empty patch for a changed snapshot is refused).
+        let mut apply = with_index(&["apply", "--cached", "--allow-empty", "--whitespace=nowarn"]);
         apply.stdin(patch);
         run(apply, "the patch does not apply to the baseline")?;
         Ok(String::from_utf8_lossy(&run(with_index(&["write-tree"]), "writing the patched tree")?).trim().to_string())

@@ -309,6 +309,9 @@ pub(crate) fn random_hex(n: usize) -> io::Result<String> {
 pub fn init(r: &InitRequest) -> Result<Workspace, RepoError> {
     let key = keys::read_seed(&r.kernel_key).map_err(|e| RepoError::Usage(format!("--kernel-key: {e}")))?;
     git_source::check_source_paths(&r.source_paths)?;
+    if let Some(id) = &r.server_id {
+        check_server_id(id)?;
+    }
     let mut r = r.clone();
     let created;
     (r.state, created) = new_state_dir(&r.state)?;
@@ -324,6 +327,17 @@ pub fn init(r: &InitRequest) -> Result<Workspace, RepoError> {
         }
     }
     result
+}
+
+/// A server id is a name an operator types and reads in receipts: 1 to 128 characters, none of
+/// them a control character or white space.
+fn check_server_id(id: &str) -> Result<(), RepoError> {
+    if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(RepoError::Usage(format!(
+            "--server-id {id:?}: give 1 to 128 characters, no white space or control characters"
+        )));
+    }
+    Ok(())
 }
 
 fn init_in(r: &InitRequest, key: &SigningKey) -> Result<Workspace, RepoError> {

@@ -60,6 +60,8 @@ pub struct InitRequest {
     pub kernel_key: PathBuf,
     /// The image store (for `image` and `worker.image`).
     pub image_store: PathBuf,
+    /// The tool server id the workspace's receipts name (`verify-export --server-id` pins it).
+    pub server_id: Option<String>,
 }
 
 /// An opened session (its files read, nothing locked).
@@ -153,7 +155,7 @@ fn init_in(state: &Path, r: &InitRequest, config: SessionConfig, task: String) -
         scratch_paths: config.scratch_paths.clone(),
         image: config.image.as_ref().map(|i| (r.image_store.clone(), i.clone())),
         kernel_key: r.kernel_key.clone(),
-        server_id: None,
+        server_id: r.server_id.clone(),
         read_as: None,
     })?;
     let worker_image = match &config.worker.image {
