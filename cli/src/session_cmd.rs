@@ -144,6 +144,33 @@ fn failed(e: impl std::fmt::Display) -> RepoError {
     RepoError::Failed(e.to_string())
 }
 
+/// One line on stdout. A reader that went away (`chio session status | head -1`) is told on
+/// stderr and exits 1: never a panic, and never taken for a line written.
+fn say(line: std::fmt::Arguments) -> Result<(), RepoError> {
+    use std::io::Write as _;
+    writeln!(std::io::stdout(), "{line}").map_err(|e| RepoError::Failed(format!("writing to stdout: {e}")))
+}
+
+/// The agent's status in words: its trajectory's, or why there is none.
+fn agent_status(o: &session::Outcome) -> String {
+    match &o.agent_exit_status {
+        Some(s) => s.clone(),
+        None if o.worker_exit_status > 128 => {
+            format!("stopped without a status (the worker was killed by signal {})", o.worker_exit_status - 128)
+        }
+        None => "stopped without a status (no trajectory written)".into(),
+    }
+}
+
+/// ", ceilings hit: wall_time" or nothing.
+fn limits_hit(hit: &[String]) -> String {
+    if hit.is_empty() {
+        String::new()
+    } else {
+        format!("; ceilings hit: {}", hit.join(", "))
+    }
+}
+
 fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
     match cmd {
         SessionCommand::Init { config, task_file, state, kernel_key, image_store, server_id } => {
@@ -156,12 +183,12 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
                 image_store: crate::image_cmd::state_dir(image_store),
                 server_id: server_id.clone(),
             })?;
-            println!(
+            say(format_args!(
                 "session {} at {}: review {} and have the operator authorize it",
                 s.request.session_id,
                 state.display(),
                 s.dir.join("provisioning-request.json").display()
-            );
+            ))?;
             Ok(0)
         }
         SessionCommand::Authorize { key, request, out } => {
@@ -183,7 +210,7 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
         SessionCommand::Prepare { state, authorization, trusted_key } => {
             let key = pinned_key(trusted_key).map_err(|e| RepoError::Usage(format!("--trusted-key: {e:#}")))?;
             let s = session::prepare(state, authorization, &key)?;
-            println!("session {} prepared: the authorization is admitted", s.request.session_id);
+            say(format_args!("session {} prepared: the authorization is admitted", s.request.session_id))?;
             Ok(0)
         }
         SessionCommand::Run { state, json, resend_unknown } => {
@@ -192,12 +219,13 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             if *json {
                 print_json(&outcome)?;
             } else {
-                println!(
-                    "agent {}; {} model call(s); worker exit {}",
-                    outcome.agent_exit_status.as_deref().unwrap_or("(no trajectory)"),
+                say(format_args!(
+                    "agent {}; {} model call(s); worker exit {}{}",
+                    agent_status(&outcome),
                     outcome.model_calls,
-                    outcome.worker_exit_status
-                );
+                    outcome.worker_exit_status,
+                    limits_hit(&outcome.worker_limits_hit)
+                ))?;
             }
             Ok(if outcome.submitted { 0 } else { 1 })
         }
@@ -206,12 +234,13 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             if *json {
                 print_json(&st)?;
             } else {
-                println!("session {} ({}), {} model call(s)", st.session_id, st.state, st.model_calls);
+                // Each line through `say`: `status | head -1` closes the pipe after the first.
+                say(format_args!("session {} ({}), {} model call(s)", st.session_id, st.state, st.model_calls))?;
                 if let Some(o) = &st.outcome {
-                    println!("  agent {}", o.agent_exit_status.as_deref().unwrap_or("(no trajectory)"));
+                    say(format_args!("  agent {}{}", agent_status(o), limits_hit(&o.worker_limits_hit)))?;
                 }
                 if let Some(w) = &st.workspace {
-                    println!("  workspace {} head {} ({} receipts)", w.workspace_id, w.head, w.receipts);
+                    say(format_args!("  workspace {} head {} ({} receipts)", w.workspace_id, w.head, w.receipts))?;
                 }
             }
             Ok(0)

@@ -634,12 +634,28 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["worker_limits_hit"], json!(["wall_time"]), "{outcome}");
     assert_eq!(outcome["submitted"], false);
+    assert_eq!(outcome["agent_exit_status"], Value::Null, "an empty status is no status: {outcome}");
     assert_eq!(wait_gone(&tag, std::time::Duration::from_secs(10)), Vec::<u32>::new(), "the command outlived the run");
     let st: Value =
         serde_json::from_slice(&chio(&["session", "status", "--state", s(&state), "--json"], &[]).stdout).unwrap();
     assert_eq!(st["state"], "completed", "{st}");
     let ops = &st["workspace"]["operations"];
     assert_eq!((ops["completed"].as_u64(), ops["outcome_unknown"].as_u64()), (Some(1), Some(1)), "{st}");
+    // In words: why the agent has no status, and the ceiling it hit.
+    let text = chio(&["session", "status", "--state", s(&state)], &[]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("  agent stopped without a status") && text.contains("ceilings hit: wall_time"), "{text}");
+    // A reader that went away (`| head -1`): said on stderr, exit 1, no panic.
+    let (read, write) = std::io::pipe().unwrap();
+    drop(read);
+    let out = Command::new(chio_bin(&PathBuf::from(PROBE)))
+        .args(["session", "status", "--state", s(&state)])
+        .stdout(write)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("writing to stdout") && !err.contains("panicked"), "{err}");
     let result = dir.join("result");
     let out = chio(&["session", "result", "--state", s(&state), "--out", s(&result)], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -130,7 +130,12 @@ pub fn run(dir: &Path, resend_unknown: bool) -> Result<Outcome, RepoError> {
     let trajectory = read_worker_file(&s.dir.join("out").join("trajectory.json"), MAX_TRAJECTORY_BYTES)
         .ok()
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-    let status = trajectory.as_ref().and_then(|t| t["info"]["exit_status"].as_str()).map(str::to_string);
+    // An agent killed before it finished leaves an empty status in its trajectory: no status.
+    let status = trajectory
+        .as_ref()
+        .and_then(|t| t["info"]["exit_status"].as_str())
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
     let outcome = Outcome {
         submitted: status.as_deref() == Some("Submitted"),
         agent_exit_status: status,
