@@ -124,6 +124,10 @@ pub enum RepositoryCommand {
         /// The server id the workspace must name.
         #[arg(long = "server-id", value_name = "ID")]
         server_id: Option<String>,
+        /// Print the claims document (chio.claims.v1): each check as a claim with its evidence,
+        /// and the bundle tried under a fresh key and with its patch edited (both must be refused).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -166,7 +170,7 @@ impl RepositoryCommand {
             R::Serve { state } => Operation::Serve { state: state.clone() },
             R::Recover { state } => Operation::Recover { state: state.clone() },
             R::Export { state, out } => Operation::Export { state: state.clone(), out: out.clone() },
-            R::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {
+            R::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id, json } => {
                 Operation::VerifyExport {
                     bundle: bundle.clone(),
                     repository: repository.clone(),
@@ -174,6 +178,7 @@ impl RepositoryCommand {
                     source_path: source_path.clone(),
                     kernel_key: kernel_key.clone(),
                     server_id: server_id.clone(),
+                    json: *json,
                 }
             }
         }

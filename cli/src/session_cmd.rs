@@ -95,6 +95,24 @@ pub enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What the session shows, each claim computed from its state with its evidence: the
+    /// operator's authorization, the worker's record, the model-call journal, the receipts and
+    /// the patch verified as a recipient would, a wrong key and an edited patch refused.
+    #[command(
+        after_help = "Exit status: 0 every claim holds, 5 one does not, 2 bad input.\nExample:\n  chio session claims --state ./s --kernel-key kernel-key/public.key --json"
+    )]
+    Claims {
+        /// The session's state directory.
+        #[arg(long, value_name = "DIR")]
+        state: PathBuf,
+        /// The kernel public key the receipts must verify under (64 hex digits or a file);
+        /// default the workspace's own, which proves only that the receipts agree with it.
+        #[arg(long = "kernel-key", value_name = "PUBKEY")]
+        kernel_key: Option<String>,
+        /// Print the claims document (chio.claims.v1) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// After a crash: recover the workspace and make the run resumable.
     Recover {
         /// The session's state directory.
@@ -244,6 +262,23 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
                 }
             }
             Ok(0)
+        }
+        SessionCommand::Claims { state, kernel_key, json } => {
+            let key = kernel_key
+                .as_deref()
+                .map(|k| pinned_key(k).map_err(|e| RepoError::Usage(format!("--kernel-key: {e:#}"))))
+                .transpose()?;
+            let doc = session::claims::claims(state, key.as_deref())?;
+            if *json {
+                print_json(&doc)?;
+            } else {
+                for c in &doc.claims {
+                    let value = c.value.map(|v| format!(" = {v}")).unwrap_or_default();
+                    let mark = if c.holds { "holds " } else { "FAILS " };
+                    say(format_args!("{mark} {}{value}: {}", c.name, c.evidence))?;
+                }
+            }
+            Ok(if doc.all_hold { 0 } else { 5 })
         }
         SessionCommand::Recover { state } => {
             crate::repository_cmd::require_root("session recover")?;

@@ -261,6 +261,39 @@ fn tampered_or_foreign_bundles_are_refused() {
     let p = std::fs::read_to_string(b.join("changes.patch")).unwrap().replace("+one", "+ONE");
     std::fs::write(b.join("changes.patch"), p).unwrap();
     expect(&b, "HEAD", &["package"], "changes.patch");
+    // The claims document: the edited patch fails its claim (and only the claims that need the
+    // patch); the bundle as sent holds every claim.
+    let claims_of = |b: &Path| {
+        let out = chio(&[
+            "repository",
+            "verify-export",
+            "--bundle",
+            s(b),
+            "--repository",
+            s(&recipient),
+            "--revision",
+            "HEAD",
+            "--source-path",
+            "package",
+            "--kernel-key",
+            s(&ws.public),
+            "--json",
+        ]);
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let failed: Vec<String> = doc["claims"]["claims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["holds"] == false)
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect();
+        (out.status.code().unwrap(), failed, doc)
+    };
+    let (code, failed, doc) = claims_of(&b);
+    assert_eq!((code, failed), (5, vec!["patch_verified".to_string()]), "{doc}");
+    let (code, failed, doc) = claims_of(&bundle);
+    assert_eq!((code, failed.len()), (0, 0), "{doc}");
+    assert_eq!(doc["claims"]["schema"], "chio.claims.v1");
     // A dropped receipt.
     let b = copy("dropped-receipt");
     let lines: Vec<String> =

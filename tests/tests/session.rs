@@ -334,6 +334,25 @@ fn walkthrough(dir: &Scratch, repo: &Path, commands: &'static [&'static str], ex
     };
     let before = status(&state);
     let rerun = chio(&["session", "run", "--state", s(&state)], &with_key);
+    // The operator's claims document agrees with what this test computed itself, every claim
+    // holding; pinned to a key that signed nothing, the receipts' claim fails and says why.
+    let (code, doc) = claims(&state, &dir.join("kernel/public.key"));
+    assert_eq!((code, &doc["all_hold"]), (0, &json!(true)), "{doc}");
+    for (name, value) in [("verified_receipts", &report["verified_receipts"]), ("model_calls", &json!(4))] {
+        assert_eq!(&claim(&doc, name)["value"], value, "{name}: {doc}");
+    }
+    assert_eq!(claim(&doc, "verified_transitions")["value"], report["verified_transitions"], "{doc}");
+    for name in ["source_unchanged", "wrong_recipient_key_refused", "edited_patch_refused", "worker_fully_enforced"] {
+        assert_eq!(claim(&doc, name)["holds"], true, "{name}: {doc}");
+    }
+    let text =
+        chio(&["session", "claims", "--state", s(&state), "--kernel-key", s(&dir.join("kernel/public.key"))], &[]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    eprintln!("{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("holds ")).count(), doc["claims"].as_array().unwrap().len());
+    let (code, doc) = claims(&state, &dir.join("operator/public.key"));
+    assert_eq!((code, &claim(&doc, "verified_receipts")["holds"]), (5, &json!(false)), "{doc}");
+    assert!(claim(&doc, "verified_receipts")["evidence"].as_str().unwrap().contains("not the pinned key"), "{doc}");
     let mut names: Vec<String> =
         std::fs::read_dir(&result).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
@@ -608,6 +627,31 @@ fn a_killed_run_recovers_and_replays_without_new_model_work() {
     // each: enforcement, terminal, tool_call).
     let (st, after) = session_state(&state);
     assert_eq!((st.as_str(), after - receipts), ("completed", 6));
+    // The claims say so: the call sent twice turns its claim false, the rest hold.
+    let (code, doc) = claims(&state, &dir.join("kernel/public.key"));
+    assert_eq!(code, 5, "{doc}");
+    let failed: Vec<&str> = doc["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["holds"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["no_model_call_sent_twice"], "{doc}");
+    assert!(claim(&doc, "no_model_call_sent_twice")["evidence"].as_str().unwrap().contains("[2]"), "{doc}");
+}
+
+/// `chio session claims --json` pinned to `key`: (exit status, the document).
+fn claims(state: &Path, key: &Path) -> (i32, Value) {
+    let out = chio(&["session", "claims", "--state", s(state), "--kernel-key", s(key), "--json"], &[]);
+    let doc = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("claims: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap(), doc)
+}
+
+/// The claim `name` of a claims document.
+fn claim<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["claims"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("{name}: {doc}"))
 }
 
 /// The worker's wall-clock limit ends it in the middle of a command: the run still ends cleanly —

@@ -61,8 +61,8 @@ pub struct ExportReport {
 
 /// A scratch directory removed when dropped, held under a lock (`flock`) while it lives: the
 /// lock, not its pid, is how [`sweep_stale`] knows a live chio still uses it.
-struct Scratch {
-    dir: PathBuf,
+pub(crate) struct Scratch {
+    pub(crate) dir: PathBuf,
     _lock: Flock<fs::File>,
 }
 
@@ -75,7 +75,7 @@ impl Drop for Scratch {
 /// A new scratch directory `chio-WHAT-PID-RANDOM` in `parent`, locked (the pid is for the
 /// operator who finds one; see [`sweep_stale`]). It is made and locked under a name no sweep
 /// matches and only then renamed: a sweep never sees it unlocked.
-fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
+pub(crate) fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
     let mut rnd = [0u8; 8];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut rnd)?;
     let name = format!("chio-{what}-{}-{}", std::process::id(), chio_kernel::keys::hex(&rnd));
@@ -102,7 +102,7 @@ fn scratch(parent: &Path, what: &str) -> Result<Scratch, RepoError> {
 /// process holds locked. They hold a recipient's baseline — its source, perhaps not public. The
 /// lock, not the pid in the name: a verify-export in another pid namespace sharing this `/tmp`
 /// has a pid this one cannot see, and a dead one's pid may be reused.
-fn sweep_stale(parent: &Path, what: &str) {
+pub(crate) fn sweep_stale(parent: &Path, what: &str) {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let prefix = format!("chio-{what}-");
     let Ok(entries) = fs::read_dir(parent) else { return };
@@ -312,8 +312,14 @@ pub struct VerifyReport {
 
 /// Verify a bundle; the report names the first mismatch.
 pub fn verify_export(r: &VerifyRequest) -> VerifyReport {
+    verify_with_patch(r, None)
+}
+
+/// [`verify_export`] with `patch` in place of the bundle's `changes.patch` (the claims' edited
+/// patch: the bundle itself is never written).
+pub(crate) fn verify_with_patch(r: &VerifyRequest, patch: Option<&[u8]>) -> VerifyReport {
     let mut report = VerifyReport { source_paths: r.source_paths.clone(), ..VerifyReport::default() };
-    if let Err(e) = verify_into(r, &mut report) {
+    if let Err(e) = verify_into(r, patch, &mut report) {
         report.error = Some(e.to_string());
     }
     report
@@ -339,7 +345,7 @@ fn bundle_file(r: &VerifyRequest, name: &str) -> Result<fs::File, RepoError> {
     Ok(file)
 }
 
-fn read_bundle(r: &VerifyRequest, name: &str) -> Result<Vec<u8>, RepoError> {
+pub(crate) fn read_bundle(r: &VerifyRequest, name: &str) -> Result<Vec<u8>, RepoError> {
     use std::io::Read;
     let mut bytes = Vec::new();
     bundle_file(r, name)?
@@ -352,7 +358,7 @@ fn read_bundle(r: &VerifyRequest, name: &str) -> Result<Vec<u8>, RepoError> {
     Ok(bytes)
 }
 
-fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoError> {
+fn verify_into(r: &VerifyRequest, patch: Option<&[u8]>, report: &mut VerifyReport) -> Result<(), RepoError> {
     // What an earlier verify of this user, killed, left: whatever this one's verdict.
     sweep_stale(&std::env::temp_dir(), "verify");
     let config = Config::parse(&read_bundle(r, "workspace.json")?)?;
@@ -435,8 +441,15 @@ fn verify_into(r: &VerifyRequest, report: &mut VerifyReport) -> Result<(), RepoE
     let trees = Trees::create(&tmp.dir.join("trees.git"))?;
     let base = trees.import(&own, |sha| objects.get(sha))?;
     let fin = trees.import(&last, |sha| objects.get(sha))?;
-    let applied =
-        trees.apply(&base, bundle_file(r, "changes.patch")?).map_err(|e| mismatch(format!("changes.patch: {e}")))?;
+    let patch_file = match patch {
+        None => bundle_file(r, "changes.patch")?,
+        Some(bytes) => {
+            let at = tmp.dir.join("substituted.patch");
+            fs::write(&at, bytes)?;
+            fs::File::open(&at)?
+        }
+    };
+    let applied = trees.apply(&base, patch_file).map_err(|e| mismatch(format!("changes.patch: {e}")))?;
     report.patch_matches = applied == fin;
     if !report.patch_matches {
         return Err(mismatch("changes.patch does not turn the baseline into the final snapshot"));

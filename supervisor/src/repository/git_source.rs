@@ -500,6 +500,14 @@ fn read_blobs(
     result
 }
 
+/// The full commit id `rev` names in `repo` now, read as [`import`] reads it (no configuration
+/// of the source's, no hook), in a scratch directory under `scratch`.
+pub fn resolve(repo: &Path, rev: &str, scratch: &Path) -> Result<String, SourceError> {
+    let d = source_dirs(repo)?;
+    let reader = fresh_reader(&d, scratch, None)?;
+    resolve_commit(&d, &reader, None, rev)
+}
+
 /// Import the committed tree of `paths` at `rev` into `objects`; returns the full commit id and
 /// the baseline index. Names, types and sizes are refused from the listing, before any content
 /// is read; links after. With `who`, the source is read with its rights (see [`ReadAs`]): its

@@ -3,6 +3,7 @@
 
 pub mod archive;
 pub(crate) mod bounded;
+pub mod claims;
 pub mod execute;
 pub mod export;
 pub mod git_source;

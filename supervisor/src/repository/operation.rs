@@ -93,6 +93,9 @@ pub enum Operation {
         kernel_key: String,
         /// The server id the workspace must name.
         server_id: Option<String>,
+        /// Print the claims document (`chio.claims.v1`) instead of the report alone.
+        #[serde(default)]
+        json: bool,
     },
 }
 
@@ -273,7 +276,7 @@ fn dispatch(
             say!("{}", exported(&report, out))?;
             Ok(0)
         }
-        Operation::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id } => {
+        Operation::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id, json } => {
             let key =
                 chio_kernel::keys::pinned(kernel_key).map_err(|e| RepoError::Usage(format!("--kernel-key: {e}")))?;
             let req = export::VerifyRequest {
@@ -284,8 +287,21 @@ fn dispatch(
                 kernel_key: key,
                 server_id: server_id.clone(),
             };
-            let report = export::verify_export(&req);
-            print_json(&report)?;
+            let report = if *json {
+                let (report, claims) = super::claims::bundle_claims(&req);
+                let doc = super::claims::Claims::of("bundle", claims);
+                print_json(&serde_json::json!({"claims": doc, "report": report}))?;
+                if report.error.is_none() && !doc.all_hold {
+                    let failed: Vec<&str> = doc.claims.iter().filter(|c| !c.holds).map(|c| c.name.as_str()).collect();
+                    eprintln!("chio: the bundle verified, but these claims do not hold: {}", failed.join(", "));
+                    return Ok(5);
+                }
+                report
+            } else {
+                let report = export::verify_export(&req);
+                print_json(&report)?;
+                report
+            };
             match &report.error {
                 None => Ok(0),
                 Some(e) => {

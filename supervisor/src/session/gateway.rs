@@ -125,6 +125,27 @@ pub fn unknown_call(calls: &std::path::Path) -> Result<Option<u64>, RepoError> {
     Ok(unknown)
 }
 
+/// The calls of the journal in `calls` that were sent again after their outcome was unknown
+/// (`NNNNNN.resent`), in order.
+pub fn resent_calls(calls: &std::path::Path) -> Result<Vec<u64>, RepoError> {
+    let entries = match fs::read_dir(calls) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(RepoError::Failed(format!("the model call journal {} cannot be read: {e}", calls.display())))
+        }
+    };
+    let mut resent = Vec::new();
+    for e in entries {
+        let name = e?.file_name();
+        if let Some(n) = name.to_str().and_then(|n| n.strip_suffix(".resent")).and_then(|n| n.parse::<u64>().ok()) {
+            resent.push(n);
+        }
+    }
+    resent.sort_unstable();
+    Ok(resent)
+}
+
 impl Journal {
     fn path(&self, n: u64) -> PathBuf {
         self.dir.join(format!("{n:06}.json"))

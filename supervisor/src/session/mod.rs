@@ -22,6 +22,7 @@
 //! STATE/outcome.json                 a completed run's outcome
 //! ```
 
+pub mod claims;
 pub mod config;
 pub mod gateway;
 pub mod leg;
