@@ -113,6 +113,30 @@ pub enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
+    /// An operator's evidence without a provider account: the calculator scenario (Python; with
+    /// --rust-image, Rust too) run with these very commands against the built-in scripted
+    /// provider, a run killed mid-command and recovered, a rerun, the recipient's tests; writes
+    /// OUT/claims.json and each scenario's state, result and claims.
+    #[command(
+        after_help = "Exit status: 0 every claim holds, 5 one does not, 1 a step failed, 2 bad input.\nExample:\n  chio session qualify --out ./qualification --worker-python /opt/msa/bin/python"
+    )]
+    Qualify {
+        /// A new directory.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The Python of a venv with mini-swe-agent and chio_minisweagent (the worker).
+        #[arg(long = "worker-python", value_name = "PYTHON")]
+        worker_python: PathBuf,
+        /// The Rust image (reference or id) for the Rust scenario.
+        #[arg(long = "rust-image", value_name = "REF|ID")]
+        rust_image: Option<String>,
+        /// The image store holding it (default $CHIO_STATE_DIR or /var/lib/chio).
+        #[arg(long = "image-store", value_name = "DIR")]
+        image_store: Option<PathBuf>,
+        /// Print the qualification document as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// After a crash: recover the workspace and make the run resumable.
     Recover {
         /// The session's state directory.
@@ -279,6 +303,29 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
                 }
             }
             Ok(if doc.all_hold { 0 } else { 5 })
+        }
+        SessionCommand::Qualify { out, worker_python, rust_image, image_store, json } => {
+            crate::repository_cmd::require_root("session qualify")?;
+            let q = session::qualify::qualify(&session::qualify::QualifyRequest {
+                out: out.clone(),
+                worker_python: worker_python.clone(),
+                rust_image: rust_image.clone(),
+                image_store: crate::image_cmd::state_dir(image_store),
+            })?;
+            if *json {
+                print_json(&q)?;
+            } else {
+                for sc in &q.scenarios {
+                    say(format_args!("{} ({})", sc.name, sc.dir.display()))?;
+                    for c in &sc.claims.claims {
+                        let value = c.value.map(|v| format!(" = {v}")).unwrap_or_default();
+                        let mark = if c.holds { "holds " } else { "FAILS " };
+                        say(format_args!("  {mark} {}{value}: {}", c.name, c.evidence))?;
+                    }
+                }
+                say(format_args!("{}", out.join("claims.json").display()))?;
+            }
+            Ok(if q.all_hold { 0 } else { 5 })
         }
         SessionCommand::Recover { state } => {
             crate::repository_cmd::require_root("session recover")?;

@@ -914,3 +914,68 @@ fn a_worker_cage_that_failed_setup_is_not_a_completed_run() {
     assert!(out.status.success(), "control: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(session_state(&state).0, "completed");
 }
+
+/// `chio session qualify`: the operator's evidence without a provider account — the Python (and,
+/// where the Rust image can be built, the Rust) calculator scenario run by chio itself against its
+/// scripted provider, a run killed mid-command and recovered, a rerun, the recipient's tests in a
+/// cage. Every claim holds, each with its evidence; the document names every claim the guide lists.
+#[test]
+fn qualify_shows_every_claim_with_its_evidence() {
+    if !privileged("session_qualify") {
+        return;
+    }
+    let Some((python, _)) = venv() else { return };
+    let dir = Scratch::new("session-qualify");
+    let mut args = vec!["session".to_string(), "qualify".into(), "--out".into(), s(&dir.join("q")).into()];
+    args.extend(["--worker-python".into(), s(&python).into(), "--json".into()]);
+    if let Some(image) = rust_image() {
+        let store = dir.join("images");
+        let out = chio(&["image", "import", s(&image), "--state-dir", s(&store)], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        args.extend(["--rust-image".into(), "chio/rust:bookworm".into(), "--image-store".into(), s(&store).into()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = chio(&args, &[]);
+    let printed: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("qualify: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(0), "{printed:#}");
+    let written: Value = serde_json::from_slice(&std::fs::read(dir.join("q/claims.json")).unwrap()).unwrap();
+    assert_eq!(printed, written);
+    assert_eq!((&written["schema"], &written["all_hold"]), (&json!("chio.session-qualification.v1"), &json!(true)));
+    let expected = [
+        "operator_authorized",
+        "agent_submitted",
+        "worker_fully_enforced",
+        "credential_never_in_worker",
+        "model_calls",
+        "no_model_call_sent_twice",
+        "completed_replay_did_no_new_model_work",
+        "verified_receipts",
+        "verified_transitions",
+        "patch_verified",
+        "wrong_recipient_key_refused",
+        "edited_patch_refused",
+        "source_unchanged",
+        "crash_recovered",
+        "recovered_run_answered_from_the_journal",
+        "completed_rerun_made_no_call_or_launch",
+        "recipient_tests_passed",
+        "source_worktree_untouched",
+    ];
+    let scenarios = written["scenarios"].as_array().unwrap();
+    assert_eq!(scenarios.len(), if args.contains(&"--rust-image") { 2 } else { 1 });
+    for sc in scenarios {
+        let doc = &sc["claims"];
+        for name in expected {
+            let c = claim(doc, name);
+            assert_eq!(c["holds"], true, "{}: {name}: {c}", sc["name"]);
+            assert!(!c["evidence"].as_str().unwrap().is_empty(), "{name}");
+        }
+        assert_eq!(claim(doc, "model_calls")["value"], 5, "four commands, the crashed one, and the submit");
+        // The scenario's state is there to be looked at again: the same claims from it.
+        let state = Path::new(sc["dir"].as_str().unwrap()).join("state");
+        let key = Path::new(sc["dir"].as_str().unwrap()).join("kernel-key/public.key");
+        let (code, again) = claims(&state, &key);
+        assert_eq!((code, &again["all_hold"]), (0, &json!(true)), "{again}");
+    }
+}

@@ -26,7 +26,9 @@ pub mod claims;
 pub mod config;
 pub mod gateway;
 pub mod leg;
+pub mod qualify;
 pub mod run;
+pub mod scripted;
 
 use std::fs::{self, File};
 use std::io;
