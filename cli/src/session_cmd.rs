@@ -56,6 +56,16 @@ pub enum SessionCommand {
         /// The signed authorization to write.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
+        /// Model calls answered in the whole session, at most (below the request's step limit).
+        #[arg(long = "max-calls", value_name = "N")]
+        max_calls: Option<u64>,
+        /// Requests sent to the provider in the whole session, at most (answered, refused by the
+        /// provider, sent again: each may be billed).
+        #[arg(long = "max-attempts", value_name = "N")]
+        max_attempts: Option<u64>,
+        /// How long the grant lasts from now (e.g. 30m, 8h): no run, model call or command after.
+        #[arg(long = "valid-for", value_name = "DURATION", value_parser = crate::units::parse_duration_ms)]
+        valid_for: Option<u64>,
     },
     /// Admit the operator's signed authorization against the session's request.
     #[command(
@@ -233,12 +243,17 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             ))?;
             Ok(0)
         }
-        SessionCommand::Authorize { key, request, out } => {
+        SessionCommand::Authorize { key, request, out, max_calls, max_attempts, valid_for } => {
             let seed = keys::read_seed(key).map_err(|e| RepoError::Usage(format!("--key: {e}")))?;
             let bytes = std::fs::read(request).map_err(|e| RepoError::Usage(format!("{}: {e}", request.display())))?;
             let req: config::ProvisioningRequest = serde_json::from_slice(&bytes)
                 .map_err(|e| RepoError::Usage(format!("{}: not a provisioning request: {e}", request.display())))?;
-            let body = serde_json::to_value(config::authorization_for(&req)?).map_err(failed)?;
+            let not_after = valid_for.map(|ms| {
+                let now = chio_kernel::time::now_ms();
+                chio_kernel::time::rfc3339(now.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
+            });
+            let grant = config::Grant { max_calls: *max_calls, max_attempts: *max_attempts, not_after };
+            let body = serde_json::to_value(config::authorization_for(&req, grant)?).map_err(failed)?;
             let signed = envelope::sign(&seed, body).map_err(failed)?;
             let text = serde_json::to_vec_pretty(&signed).map_err(failed)?;
             std::fs::write(out, text).map_err(|e| RepoError::Usage(format!("{}: {e}", out.display())))?;

@@ -468,6 +468,11 @@ fn prepared(dir: &Scratch, repo: &Path, provider: &Provider, extra: &Value) -> O
 
 /// [`prepared`] with this session configuration.
 fn prepared_with(dir: &Scratch, session: &Value) -> PathBuf {
+    prepared_granting(dir, session, &[])
+}
+
+/// [`prepared_with`], the operator's authorization signed with `grant` (`--max-calls N`, ...).
+fn prepared_granting(dir: &Scratch, session: &Value, grant: &[&str]) -> PathBuf {
     for who in ["kernel", "operator"] {
         assert!(chio(&["keys", "generate", "--out", s(&dir.join(who))], &[]).status.success());
     }
@@ -482,13 +487,70 @@ fn prepared_with(dir: &Scratch, session: &Value) -> PathBuf {
     assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
     let (auth, request) = (dir.join("auth.json"), state.join("provisioning-request.json"));
     let operator = dir.join("operator/signing.seed");
-    let out = chio(&["session", "authorize", "--key", s(&operator), "--request", s(&request), "--out", s(&auth)], &[]);
-    assert!(out.status.success());
+    let authorize = ["session", "authorize", "--key", s(&operator), "--request", s(&request), "--out", s(&auth)];
+    let out = chio(&[&authorize[..], grant].concat(), &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let key = dir.join("operator/public.key");
     let out =
         chio(&["session", "prepare", "--state", s(&state), "--authorization", s(&auth), "--trusted-key", s(&key)], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     state
+}
+
+/// The operator's budget and grant hold: the provider's prices, an output cap and a cost ceiling
+/// in the configuration, a call count in the signed authorization. Each call is sent asking for
+/// the cap at most; the call past the granted count is refused before the provider sees it, with
+/// a signed denial naming the rule; the claims report the spend and the signed refusal. A grant
+/// that has ended starts nothing.
+#[test]
+fn budgets_and_the_grant_hold_the_model_calls() {
+    if !privileged("session_budget") {
+        return;
+    }
+    let Some((python, package)) = venv() else { return };
+    let dir = Scratch::new("session-budget");
+    let repo = calculator_repo(&dir.0);
+    let provider = scripted_provider(FIX);
+    let mut config = session_config(&repo, &provider.url, &python, &package, &json!({}));
+    // 1 USD a million tokens either way: the provider's 1 + 1 tokens a call cost 2 µUSD.
+    config["model"]["budget"] = json!({"input_microusd_per_mtok": 1_000_000, "output_microusd_per_mtok": 1_000_000,
+                                       "max_output_tokens": 256, "max_cost_microusd": 5_000_000});
+    let state = prepared_granting(&dir, &config, &["--max-calls", "2"]);
+    let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    assert_eq!(out.status.code(), Some(1), "not submitted: {}", String::from_utf8_lossy(&out.stderr));
+    {
+        let seen = provider.seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "the third call reached the provider");
+        for (_, body) in seen.iter() {
+            let v: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v["max_tokens"], 256, "the budget's cap was not asked for");
+        }
+    }
+    let receipts =
+        chio(&["receipt", "list", "--receipt-db", s(&state.join("model-receipts.db")), "--kind", "denial"], &[]);
+    let text = String::from_utf8_lossy(&receipts.stdout);
+    let denial: Value = serde_json::from_str(text.lines().next().expect("a denial receipt")).unwrap();
+    let detail = &denial["receipt"]["body"]["detail"];
+    assert_eq!((&detail["rule"], &detail["model_call"]), (&json!("max_calls"), &json!(2)), "{denial}");
+    let (code, doc) = claims(&state, &dir.join("kernel/public.key"));
+    assert_eq!(code, 5, "not submitted: {doc}");
+    let refusals = claim(&doc, "refusals_signed");
+    assert_eq!((&refusals["value"], &refusals["holds"]), (&json!(1), &json!(true)), "{refusals}");
+    let spend = claim(&doc, "model_spend_within_budget");
+    assert_eq!((&spend["value"], &spend["holds"]), (&json!(4), &json!(true)), "{spend}");
+
+    // A grant of one second, used two seconds later: nothing starts, the provider sees nothing.
+    let later = Scratch::new("session-expired");
+    let repo = calculator_repo(&later.0);
+    let provider = scripted_provider(FIX);
+    let config = session_config(&repo, &provider.url, &python, &package, &json!({}));
+    let state = prepared_granting(&later, &config, &["--valid-for", "1s"]);
+    std::thread::sleep(Duration::from_millis(2100));
+    let out = chio(&["session", "run", "--state", s(&state)], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("not_after") && err.contains("no run starts"), "{err}");
+    assert!(provider.seen.lock().unwrap().is_empty());
 }
 
 /// A worker on an image runs on the very image the operator signed for: the request names the

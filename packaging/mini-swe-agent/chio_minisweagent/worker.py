@@ -64,7 +64,26 @@ def main(settings_path: str) -> int:
 
     config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
     model_config = {k: v for k, v in config.get("model", {}).items() if k in ("observation_template", "format_error_template")}
-    model = LitellmModel(
+    class GatewayRefusal(Exception):
+        """The session's gateway refused the call (403: a budget, the grant, the step limit, a
+        diverged journal): asking again gets the same answer, so the agent stops here."""
+
+    class GatewayModel(LitellmModel):
+        # litellm reports an OpenAI-compatible 403 as a generic APIError, which mini-swe-agent
+        # retries for minutes; the gateway's 403 is final.
+        abort_exceptions = [*LitellmModel.abort_exceptions, GatewayRefusal]
+
+        def _query(self, messages, **kwargs):
+            import litellm
+
+            try:
+                return super()._query(messages, **kwargs)
+            except litellm.exceptions.APIError as e:
+                if getattr(e, "status_code", None) == 403:
+                    raise GatewayRefusal(str(e)) from e
+                raise
+
+    model = GatewayModel(
         model_name=f"openai/{settings['model_name']}",
         model_kwargs={"api_base": f"http://127.0.0.1:{port}/v1", "api_key": "held-by-the-gateway"},
         cost_tracking="ignore_errors",

@@ -15,7 +15,7 @@
 
 pub mod front;
 mod policy;
-mod receipts;
+pub(crate) mod receipts;
 
 use std::fs::File;
 use std::os::fd::BorrowedFd;

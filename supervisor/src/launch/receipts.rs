@@ -62,4 +62,17 @@ impl LaunchReceipts {
         };
         Ok(self.store.append(&self.key, draft).map_err(|e| e.to_string())?.receipt.id)
     }
+
+    /// A session gateway's refusal of model call `call` under `rule` (a budget or the grant's
+    /// limit), as a signed `denial` receipt. Returns its id.
+    pub fn model_denial(&mut self, rule: &str, why: &str, call: u64) -> Result<String, String> {
+        let draft = Draft {
+            kind: Some(Kind::Denial),
+            tool_server: Some("chio.session.gateway".into()),
+            outcome: "denied".into(),
+            detail: Some(serde_json::json!({"rule": rule, "reason": why, "model_call": call})),
+            ..Default::default()
+        };
+        Ok(self.store.append(&self.key, draft).map_err(|e| e.to_string())?.receipt.id)
+    }
 }

@@ -453,6 +453,13 @@ fn snapshot_path(dir: &Path, digest: &str) -> PathBuf {
     dir.join("snapshots").join(format!("{}.json", digest.trim_start_matches("sha256:")))
 }
 
+/// A workspace's host settings (the kernel seed's file, the image store), read without its
+/// lock: they are written once, at init.
+pub fn read_settings(dir: &Path) -> Result<Settings, RepoError> {
+    serde_json::from_slice(&fs::read(dir.join("settings.json"))?)
+        .map_err(|e| RepoError::Failed(format!("settings.json: {e}")))
+}
+
 /// Open an existing workspace and take its lock (waiting for a running operation to end).
 pub fn open(dir: &Path) -> Result<Workspace, RepoError> {
     let dir = &state_dir(dir, "workspace")?;
@@ -465,8 +472,7 @@ pub fn open(dir: &Path) -> Result<Workspace, RepoError> {
     let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(dir.join("lock"))?;
     let lock = Flock::lock(lock, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
     let config = Config::parse(&bytes)?;
-    let settings: Settings = serde_json::from_slice(&fs::read(dir.join("settings.json"))?)
-        .map_err(|e| RepoError::Failed(format!("settings.json: {e}")))?;
+    let settings = read_settings(dir)?;
     Ok(Workspace {
         dir: dir.to_path_buf(),
         config_digest: config.digest()?,

@@ -28,6 +28,7 @@ pub fn claims(dir: &Path, pinned_key: Option<&str>) -> Result<Claims, RepoError>
         credential_kept_out(&s),
     ];
     out.extend(journal_claims(&s, &st)?);
+    out.push(spend(&s)?);
     // The recipient's check, on a bundle exported now into a scratch directory.
     export::sweep_stale(&std::env::temp_dir(), "claims");
     let tmp = export::scratch(&std::env::temp_dir(), "claims")?;
@@ -59,13 +60,14 @@ pub fn claims(dir: &Path, pinned_key: Option<&str>) -> Result<Claims, RepoError>
     let baseline = checked.iter().any(|c| c.name == "baseline_matches" && c.holds);
     out.extend(checked);
     out.push(source_unchanged(&s, &commit, baseline, &tmp.dir));
+    out.push(refusals_signed(&s, &key));
     Ok(Claims::of("session", out))
 }
 
 fn authorized(s: &Session) -> Claim {
     const NAME: &str = "operator_authorized";
     match s.check_authorized() {
-        Ok(()) => {
+        Ok(_) => {
             let key = fs::read_to_string(s.dir.join("operator.key")).unwrap_or_default();
             Claim::new(
                 NAME,
@@ -176,6 +178,69 @@ fn journal_claims(s: &Session, st: &super::SessionStatus) -> Result<Vec<Claim>, 
         None => Claim::new("completed_replay_did_no_new_model_work", false, "the session has no completed run"),
     };
     Ok(vec![journaled, once, replay])
+}
+
+/// The session's model spend against its budget, from the journal's priced calls.
+fn spend(s: &Session) -> Result<Claim, RepoError> {
+    const NAME: &str = "model_spend_within_budget";
+    let spent = gateway::spent(&s.calls_dir())?;
+    let attempts = gateway::attempts(&s.calls_dir())?;
+    Ok(match &s.config.model.budget {
+        Some(b) => Claim::count(
+            NAME,
+            spent <= b.max_cost_microusd,
+            spent,
+            format!(
+                "{spent} µUSD spent of a {} µUSD ceiling ({} and {} µUSD a million prompt and completion tokens, at                  most {} completion tokens a call); {attempts} request(s) sent to the provider",
+                b.max_cost_microusd, b.input_microusd_per_mtok, b.output_microusd_per_mtok, b.max_output_tokens
+            ),
+        ),
+        None => Claim::count(
+            NAME,
+            true,
+            spent,
+            format!("no budget configured (no prices: spend not counted); {attempts} request(s) sent to the provider"),
+        ),
+    })
+}
+
+/// Every refusal of the gateway's budget or grant limits is a signed denial, the store's chain
+/// whole under the key.
+fn refusals_signed(s: &Session, key: &str) -> Claim {
+    const NAME: &str = "refusals_signed";
+    let db = s.dir.join("model-receipts.db");
+    if !db.exists() {
+        return Claim::count(NAME, true, 0, "no call was refused by the budget or the grant (no model-receipts.db)");
+    }
+    let counted = chio_kernel::store::Store::open_read_only(&db).and_then(|store| {
+        let chain = store.verify_chain(Some(key), None, None)?;
+        let denials = store.list(&chio_kernel::store::Filter {
+            kind: Some("denial".into()),
+            limit: i64::MAX as u64,
+            ..Default::default()
+        })?;
+        Ok((chain, denials.len() as u64))
+    });
+    match counted {
+        Ok((chain, n)) => Claim::count(
+            NAME,
+            chain.problems.is_empty(),
+            n,
+            if chain.problems.is_empty() {
+                format!(
+                    "{n} refusal(s), each a denial receipt in model-receipts.db; {} receipt(s) verified as one chain",
+                    chain.checked
+                )
+            } else {
+                {
+                    let problems: Vec<String> =
+                        chain.problems.iter().map(|(seq, id, why)| format!("receipt {seq} ({id}): {why}")).collect();
+                    format!("model-receipts.db does not verify: {}", problems.join("; "))
+                }
+            },
+        ),
+        Err(e) => Claim::new(NAME, false, format!("model-receipts.db: {e}")),
+    }
 }
 
 /// The configured revision still names the session's commit in the source repository, and the

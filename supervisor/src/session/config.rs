@@ -73,6 +73,35 @@ pub struct ModelSettings {
     /// The variable of `session run`'s environment holding the provider credential (only the
     /// gateway ever sees its value).
     pub credential_env: String,
+    /// What the session may spend at the provider (none: only the step limit bounds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// The provider's prices and the session's spending ceilings, in whole numbers: millionths of a
+/// US dollar (µUSD) and tokens. The gateway refuses a call that could pass them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// The price of a million prompt tokens, in µUSD (0.40 USD: 400000).
+    pub input_microusd_per_mtok: u64,
+    /// The price of a million completion tokens, in µUSD.
+    pub output_microusd_per_mtok: u64,
+    /// The most completion tokens one call may ask for; a call that names none is sent asking
+    /// for this many (`max_tokens`).
+    pub max_output_tokens: u64,
+    /// The session's ceiling in µUSD: a call whose worst case (every byte of its request a
+    /// prompt token, all of `max_output_tokens` used) would take the spend past it is refused.
+    pub max_cost_microusd: u64,
+}
+
+impl Budget {
+    /// The cost in µUSD of `prompt` and `completion` tokens (rounded up).
+    pub fn cost(&self, prompt: u64, completion: u64) -> u64 {
+        let micro = u128::from(prompt) * u128::from(self.input_microusd_per_mtok)
+            + u128::from(completion) * u128::from(self.output_microusd_per_mtok);
+        u64::try_from(micro.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
 }
 
 /// The worker's cage.
@@ -123,6 +152,15 @@ impl SessionConfig {
             return Err(usage(format!("model.base_url {url:?}: give an http:// or https:// URL")));
         }
         check_env_name("model.credential_env", &c.model.credential_env)?;
+        if let Some(b) = &c.model.budget {
+            if b.max_output_tokens == 0 || b.max_output_tokens > 1 << 24 {
+                return Err(usage("model.budget.max_output_tokens: give 1 to 16777216"));
+            }
+            let price = 1_000_000_000_000u64; // a million dollars a million tokens: a typo
+            if b.input_microusd_per_mtok > price || b.output_microusd_per_mtok > price {
+                return Err(usage("model.budget: a price above 1000000 USD a million tokens is a typo"));
+            }
+        }
         for (k, v) in &c.worker.env {
             check_env_name("worker.env", k)?;
             if v.contains('\0') {
@@ -293,21 +331,59 @@ pub struct Authorization {
     pub request_sha256: String,
     /// The request authorized, in full (so the operator signs what they read).
     pub request: ProvisioningRequest,
+    /// The grant's own limits, beyond the request's.
+    #[serde(default, skip_serializing_if = "Grant::is_open")]
+    pub grant: Grant,
 }
 
-/// Build the authorization body for `request` (what `session authorize` signs).
-pub fn authorization_for(request: &ProvisioningRequest) -> Result<Authorization, RepoError> {
+/// What the operator limits the grant to when signing (`session authorize --max-calls
+/// --max-attempts --valid-for`); each absent limit leaves the request's own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// Model calls answered in the whole session, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_calls: Option<u64>,
+    /// Requests sent to the provider in the whole session, at most: answered, refused by the
+    /// provider and sent again alike (each may be billed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u64>,
+    /// The grant's end (RFC 3339, UTC): no run starts, no model call is made and no command runs
+    /// after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<String>,
+}
+
+impl Grant {
+    fn is_open(&self) -> bool {
+        *self == Grant::default()
+    }
+
+    /// The refusal when the grant has ended at `now_ms`.
+    pub fn expired(&self, now_ms: i64) -> Option<String> {
+        let end = self.not_after.as_deref()?;
+        match chio_kernel::time::parse_rfc3339(end) {
+            Some(t) if now_ms <= t => None,
+            Some(_) => Some(format!("the operator's authorization ended at {end} (not_after)")),
+            None => Some(format!("the authorization's not_after {end:?} is no time")),
+        }
+    }
+}
+
+/// Build the authorization body for `request` under `grant` (what `session authorize` signs).
+pub fn authorization_for(request: &ProvisioningRequest, grant: Grant) -> Result<Authorization, RepoError> {
     Ok(Authorization {
         schema: AUTHORIZATION_SCHEMA.into(),
         mode: "enforced".into(),
         request_sha256: json_digest(request)?,
         request: request.clone(),
+        grant,
     })
 }
 
 /// Verify a signed authorization under the pinned operator key and admit it against this
 /// session's request: every violation is named.
-pub fn admit(signed: &[u8], operator_key_hex: &str, request: &ProvisioningRequest) -> Result<(), RepoError> {
+pub fn admit(signed: &[u8], operator_key_hex: &str, request: &ProvisioningRequest) -> Result<Authorization, RepoError> {
     let body: Value = envelope::verify(signed, operator_key_hex)
         .map_err(|e| RepoError::Refused(format!("the authorization does not verify: {e}")))?;
     let auth: Authorization =
@@ -333,7 +409,7 @@ pub fn admit(signed: &[u8], operator_key_hex: &str, request: &ProvisioningReques
         ));
     }
     if violations.is_empty() {
-        Ok(())
+        Ok(auth)
     } else {
         Err(RepoError::Refused(format!("the authorization is not admitted: {}", violations.join("; "))))
     }
@@ -367,8 +443,12 @@ mod tests {
 
     fn request() -> ProvisioningRequest {
         let agent = AgentLimits { step_limit: 4, wall_time_s: 60 };
-        let model =
-            ModelSettings { name: "m".into(), base_url: "http://127.0.0.1:1/v1".into(), credential_env: "K".into() };
+        let model = ModelSettings {
+            name: "m".into(),
+            base_url: "http://127.0.0.1:1/v1".into(),
+            credential_env: "K".into(),
+            budget: None,
+        };
         ProvisioningRequest {
             schema: REQUEST_SCHEMA.into(),
             session_id: "s1".into(),
@@ -414,7 +494,7 @@ mod tests {
         let (operator, stranger) = (keys::generate().unwrap(), keys::generate().unwrap());
         let pinned = keys::hex(operator.verifying_key().as_bytes());
         let req = request();
-        let auth = authorization_for(&req).unwrap();
+        let auth = authorization_for(&req, Grant::default()).unwrap();
         admit(&signed(&operator, &auth), &pinned, &req).unwrap();
 
         let refused = |bytes: &[u8], why: &str| match admit(bytes, &pinned, &req) {
@@ -426,7 +506,10 @@ mod tests {
         // Another session's request, correctly digested: not this one.
         let mut other = req.clone();
         other.commands.deadline_s = 300;
-        refused(&signed(&operator, &authorization_for(&other).unwrap()), "not this session's request");
+        refused(
+            &signed(&operator, &authorization_for(&other, Grant::default()).unwrap()),
+            "not this session's request",
+        );
         // The request edited after its digest was taken.
         let forged = Authorization { request: other, ..auth.clone() };
         refused(&signed(&operator, &forged), "not the digest of the request");

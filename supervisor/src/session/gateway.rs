@@ -27,6 +27,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::config::{Budget, Grant};
 use super::Session;
 use crate::repository::workspace::{write_durably, RepoError};
 
@@ -78,6 +79,10 @@ pub struct JournaledCall {
     pub status: u16,
     /// The provider's answer.
     pub response: String,
+    /// What the call cost in µUSD under the session's budget: its `usage` priced, or (an answer
+    /// without `usage`) the worst case it was admitted under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_microusd: Option<u64>,
 }
 
 /// A call journaled before it was sent (`NNNNNN.sent`), or sent again after its outcome was
@@ -97,6 +102,49 @@ struct Journal {
     limit: u64,
     /// Send again a call whose outcome is unknown (the operator's explicit, recorded choice).
     resend_unknown: bool,
+    /// The budget and the grant's limits, and where refusals are signed.
+    rules: Rules,
+}
+
+/// What the gateway holds calls to beyond the step limit.
+#[derive(Default)]
+struct Rules {
+    budget: Option<Budget>,
+    grant: Grant,
+    /// Where each refusal is signed: the session's `model-receipts.db`, with the kernel seed.
+    denials: Option<(PathBuf, PathBuf)>,
+    /// µUSD spent by the calls journaled so far.
+    spent: u64,
+    /// Requests sent to the provider so far (the `attempts` file).
+    attempts: u64,
+}
+
+/// The session's model spend: the journaled calls' costs, in µUSD.
+pub fn spent(calls: &std::path::Path) -> Result<u64, RepoError> {
+    let mut total = 0u64;
+    let entries = match fs::read_dir(calls) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    for e in entries {
+        let path = e?.path();
+        if path.extension().is_some_and(|x| x == "json") {
+            let call: JournaledCall = serde_json::from_slice(&fs::read(&path)?)
+                .map_err(|e| RepoError::Mismatch(format!("{}: {e}", path.display())))?;
+            total = total.saturating_add(call.cost_microusd.unwrap_or(0));
+        }
+    }
+    Ok(total)
+}
+
+/// Requests sent to the provider so far in the session.
+pub fn attempts(calls: &std::path::Path) -> Result<u64, RepoError> {
+    match fs::read_to_string(calls.join("attempts")) {
+        Ok(t) => t.trim().parse().map_err(|_| RepoError::Mismatch(format!("{}/attempts: {t:?}", calls.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The first model call of the journal in `calls` that was sent and never answered: its outcome
@@ -188,9 +236,17 @@ struct Provider {
 /// Serve until killed. Prints `ready` on stdout once the socket listens. `resend_unknown`: send
 /// again a call whose outcome is unknown (see the module's note).
 pub fn serve(s: &Session, credential: String, resend_unknown: bool) -> Result<(), RepoError> {
-    s.check_authorized()?;
+    let grant = s.check_authorized()?.grant;
     let calls = s.calls_dir();
     fs::create_dir_all(&calls)?;
+    let settings = crate::repository::workspace::read_settings(&s.workspace_dir())?;
+    let rules = Rules {
+        budget: s.config.model.budget.clone(),
+        grant,
+        denials: Some((s.dir.join("model-receipts.db"), settings.kernel_key)),
+        spent: spent(&calls)?,
+        attempts: attempts(&calls)?,
+    };
     let socket = s.dir.join("run").join("model.sock");
     let _ = fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket)?;
@@ -198,7 +254,7 @@ pub fn serve(s: &Session, credential: String, resend_unknown: bool) -> Result<()
     // unprivileged uid and must be able to connect.
     fs::set_permissions(&socket, fs::Permissions::from_mode(0o666))?;
     let limit = u64::from(s.config.agent.step_limit);
-    let journal = Arc::new(Mutex::new(Journal { dir: calls, next: 0, limit, resend_unknown }));
+    let journal = Arc::new(Mutex::new(Journal { dir: calls, next: 0, limit, resend_unknown, rules }));
     let agent: ureq::Agent =
         ureq::Agent::config_builder().timeout_global(Some(PROVIDER_TIMEOUT)).http_status_as_error(false).build().into();
     let base = s.config.model.base_url.trim_end_matches('/');
@@ -313,6 +369,10 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     if let Err(refusal) = check_members(&value) {
         return Ok((403, error_body(&refusal)));
     }
+    let mut value = value;
+    if let Some(refusal) = cap_output(&mut value, j.rules.budget.as_ref()) {
+        return Ok(deny(j, "max_output_tokens", &refusal));
+    }
     let digest = crate::repository::workspace::json_digest(&value)?;
     let n = j.next;
     if let Some(done) = j.load(n)? {
@@ -331,6 +391,36 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     if n >= j.limit {
         return Ok((403, error_body(&format!("the session's step limit of {} model calls is reached", j.limit))));
     }
+    if let Some(ended) = j.rules.grant.expired(chio_kernel::time::now_ms()) {
+        return Ok(deny(j, "not_after", &ended));
+    }
+    if let Some(max) = j.rules.grant.max_calls.filter(|m| n >= *m) {
+        return Ok(deny(j, "max_calls", &format!("the operator granted {max} model call(s) and {n} were made")));
+    }
+    if let Some(max) = j.rules.grant.max_attempts.filter(|m| j.rules.attempts >= *m) {
+        let sent = j.rules.attempts;
+        return Ok(deny(
+            j,
+            "max_attempts",
+            &format!("the operator granted {max} request(s) to the provider and {sent} were sent"),
+        ));
+    }
+    // The worst this call can cost: every byte of the request a prompt token (a token is at
+    // least a byte), every completion token allowed used.
+    let worst = j.rules.budget.as_ref().map(|b| b.cost(body.len() as u64, b.max_output_tokens));
+    if let (Some(b), Some(worst)) = (&j.rules.budget, worst) {
+        if j.rules.spent.saturating_add(worst) > b.max_cost_microusd {
+            let spent = j.rules.spent;
+            return Ok(deny(
+                j,
+                "max_cost_microusd",
+                &format!(
+                    "{spent} µUSD spent and this call may cost up to {worst} µUSD: the session's ceiling is {} µUSD",
+                    b.max_cost_microusd
+                ),
+            ));
+        }
+    }
     if j.sent_path(n).exists() {
         if !j.resend_unknown {
             // 403: mini-swe-agent gives up at once instead of retrying.
@@ -347,7 +437,10 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
             .map_err(|e| RepoError::Mismatch(format!("model call {n}'s send record: {e}")))?;
         j.record(&j.resent_path(n), n, &was.request_sha256)?;
     }
-    // Journaled before it is sent: a crash from here on leaves the call's outcome unknown.
+    // Journaled before it is sent: a crash from here on leaves the call's outcome unknown. Counted
+    // as an attempt first: one that crashed after counting was perhaps sent.
+    j.rules.attempts += 1;
+    write_durably(&j.dir.join("attempts"), j.rules.attempts.to_string().as_bytes())?;
     j.record(&j.sent_path(n), n, &digest)?;
     // What was checked is what is sent: the parsed request written again, never the worker's
     // bytes. A body naming `model` twice passed the check with its last value while a provider
@@ -380,7 +473,15 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
         .read_to_string()
         .map_err(|e| RepoError::Failed(format!("reading the provider's answer: {e}")))?;
     if (200..300).contains(&status) {
-        let entry = JournaledCall { ordinal: n, request_sha256: digest, status, response: text.clone() };
+        let cost = j.rules.budget.as_ref().map(|b| {
+            let usage: Option<(u64, u64)> = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| Some((v["usage"]["prompt_tokens"].as_u64()?, v["usage"]["completion_tokens"].as_u64()?)));
+            usage.map_or(worst.unwrap_or(0), |(p, c)| b.cost(p, c))
+        });
+        j.rules.spent = j.rules.spent.saturating_add(cost.unwrap_or(0));
+        let entry =
+            JournaledCall { ordinal: n, request_sha256: digest, status, response: text.clone(), cost_microusd: cost };
         let bytes = serde_json::to_vec(&entry).map_err(|e| RepoError::Failed(e.to_string()))?;
         write_durably(&j.path(n), &bytes)?;
         j.next += 1;
@@ -388,6 +489,54 @@ fn call(j: &mut Journal, provider: &Provider, body: &[u8]) -> Result<(u16, Vec<u
     // Answered (or refused by the provider, which may be asked again): no longer unknown.
     fs::remove_file(j.sent_path(n))?;
     Ok((status, text.into_bytes()))
+}
+
+/// Hold the request to the budget's output cap: one asking for more is refused (the words
+/// returned); one naming no cap is sent asking for the budget's (`max_tokens`).
+fn cap_output(request: &mut Value, budget: Option<&Budget>) -> Option<String> {
+    let b = budget?;
+    let mut named = false;
+    for member in ["max_tokens", "max_completion_tokens"] {
+        match &request[member] {
+            Value::Null => {}
+            v => match v.as_u64() {
+                Some(asked) if asked <= b.max_output_tokens => named = true,
+                _ => {
+                    return Some(format!(
+                        "{member} {v}: the session's budget allows at most {} completion tokens a call",
+                        b.max_output_tokens
+                    ))
+                }
+            },
+        }
+    }
+    if !named {
+        request["max_tokens"] = json!(b.max_output_tokens);
+    }
+    None
+}
+
+/// A refusal under `rule`: a signed denial in the session's `model-receipts.db` naming the rule
+/// and why, then the 403 the worker gets (naming both). A denial that cannot be signed still
+/// refuses, and says so.
+fn deny(j: &Journal, rule: &str, why: &str) -> (u16, Vec<u8>) {
+    let receipt = match &j.rules.denials {
+        Some((db, seed)) => sign_denial(db, seed, rule, why, j.next)
+            .map_or_else(|e| format!("its denial could not be signed: {e}"), |id| format!("denial receipt {id}")),
+        None => "no receipt store".into(),
+    };
+    (403, error_body(&format!("refused by the session's {rule}: {why} ({receipt})")))
+}
+
+fn sign_denial(
+    db: &std::path::Path,
+    seed: &std::path::Path,
+    rule: &str,
+    why: &str,
+    call: u64,
+) -> Result<String, String> {
+    let mut r = crate::launch::receipts::LaunchReceipts::open(db, seed).map_err(|e| e.to_string())?;
+    r.model_denial(rule, why, call)
 }
 
 /// Refuse a request with a member the gateway does not forward (`FORWARDED`); `n` and `stream`
@@ -472,7 +621,7 @@ mod tests {
     #[test]
     fn only_the_sessions_model_is_called() {
         let dir = unit_dir("gateway-model");
-        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false, rules: Rules::default() };
         let provider = provider(9);
         let (status, body) = call(&mut j, &provider, br#"{"model":"expensive","messages":[]}"#).unwrap();
         assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
@@ -490,7 +639,7 @@ mod tests {
     #[test]
     fn only_one_answer_of_the_model_is_asked_for() {
         let dir = unit_dir("gateway-members");
-        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false, rules: Rules::default() };
         let provider = provider(9);
         for (extra, named) in [
             (r#""n":8"#, "\"n\""),
@@ -545,7 +694,7 @@ mod tests {
             w.write_all(answer).unwrap();
             body
         });
-        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
+        let mut j = Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false, rules: Rules::default() };
         let provider = provider(port);
         let (status, _) = call(&mut j, &provider, br#"{"model":"expensive","messages":[],"model":"m"}"#).unwrap();
         assert_eq!(status, 200);
@@ -567,8 +716,15 @@ mod tests {
         let asked = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}]}"#;
         let digest =
             crate::repository::workspace::json_digest(&serde_json::from_slice::<Value>(asked).unwrap()).unwrap();
-        let entry = JournaledCall { ordinal: 0, request_sha256: digest, status: 200, response: "journaled".into() };
-        let journal = || Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false };
+        let entry = JournaledCall {
+            ordinal: 0,
+            request_sha256: digest,
+            status: 200,
+            response: "journaled".into(),
+            cost_microusd: None,
+        };
+        let journal =
+            || Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown: false, rules: Rules::default() };
         fs::write(journal().path(0), serde_json::to_vec(&entry).unwrap()).unwrap();
         let provider = provider(9);
         let mut j = journal();
@@ -603,7 +759,8 @@ mod tests {
         let dir = unit_dir("gateway-unknown");
         let asked = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}]}"#;
         let provider = provider(9);
-        let journal = |resend_unknown| Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown };
+        let journal =
+            |resend_unknown| Journal { dir: dir.clone(), next: 0, limit: 4, resend_unknown, rules: Rules::default() };
         // Not reached: no send record left behind.
         assert_eq!(call(&mut journal(false), &provider, asked).unwrap().0, 502);
         assert_eq!(unknown_call(&dir).unwrap(), None);
@@ -621,5 +778,122 @@ mod tests {
         assert_eq!((resent.ordinal, resent.request_sha256.as_str()), (0, "earlier"));
         assert_eq!(unknown_call(&dir).unwrap(), None);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Rules with a budget (1 µUSD a token either way, `cap` completion tokens a call, a
+    /// `ceiling`) and `grant`, refusals signed into `dir/denials.db` with a key made here.
+    fn rules(dir: &std::path::Path, cap: u64, ceiling: u64, grant: Grant) -> Rules {
+        let seed = dir.join("kernel.seed");
+        if !seed.exists() {
+            chio_kernel::keys::write_seed(&seed, &chio_kernel::keys::generate().unwrap()).unwrap();
+        }
+        Rules {
+            budget: Some(Budget {
+                input_microusd_per_mtok: 1_000_000,
+                output_microusd_per_mtok: 1_000_000,
+                max_output_tokens: cap,
+                max_cost_microusd: ceiling,
+            }),
+            grant,
+            denials: Some((dir.join("denials.db"), seed)),
+            spent: 0,
+            attempts: 0,
+        }
+    }
+
+    /// The denials signed into `dir/denials.db`: (rule, model call) each.
+    fn denials(dir: &std::path::Path) -> Vec<(String, u64)> {
+        let store = chio_kernel::store::Store::open_read_only(&dir.join("denials.db")).unwrap();
+        let rows = store.list(&chio_kernel::store::Filter { limit: 100, ..Default::default() }).unwrap();
+        rows.iter()
+            .map(|r| {
+                let v: Value = serde_json::from_str(&r.envelope).unwrap();
+                let d = &v["body"]["detail"];
+                (d["rule"].as_str().unwrap().to_string(), d["model_call"].as_u64().unwrap())
+            })
+            .collect()
+    }
+
+    /// Each budget and grant limit refuses the call that could pass it, before the provider or
+    /// the journal sees it, with a signed denial naming the rule; below them the call goes on.
+    #[test]
+    fn budgets_and_the_grant_refuse_with_a_signed_denial() {
+        let dir = unit_dir("gateway-budget");
+        let provider = provider(9);
+        let asked = br#"{"model":"m","messages":[]}"#;
+        let journal = |rules| Journal { dir: dir.clone(), next: 0, limit: 8, resend_unknown: false, rules };
+        let refused = |j: &mut Journal, body: &[u8], rule: &str| {
+            let (status, answer) = call(j, &provider, body).unwrap();
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            assert_eq!(status, 403, "{rule}: {answer}");
+            assert!(
+                answer.contains(&format!("refused by the session's {rule}")) && answer.contains("denial receipt"),
+                "{answer}"
+            );
+            assert_eq!(
+                fs::read_dir(&dir)
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "sent"))
+                    .count(),
+                0
+            );
+        };
+        // Asking for more completion tokens than the cap.
+        let mut j = journal(rules(&dir, 100, 1_000, Grant::default()));
+        refused(&mut j, br#"{"model":"m","messages":[],"max_tokens":101}"#, "max_output_tokens");
+        refused(&mut j, br#"{"model":"m","messages":[],"max_completion_tokens":"9"}"#, "max_output_tokens");
+        // The worst case past the ceiling: 990 spent, 27 bytes and 100 tokens may cost 127.
+        j.rules.spent = 990;
+        refused(&mut j, asked, "max_cost_microusd");
+        // Within it: goes on (to the unreachable provider), counted as an attempt.
+        j.rules.spent = 0;
+        assert_eq!(call(&mut j, &provider, asked).unwrap().0, 502);
+        assert_eq!((j.rules.attempts, attempts(&dir).unwrap()), (1, 1));
+        // The grant: attempts, calls, lifetime.
+        let grant = Grant { max_attempts: Some(1), ..Grant::default() };
+        let mut j = journal(rules(&dir, 100, 1_000_000, grant));
+        j.rules.attempts = 1;
+        refused(&mut j, asked, "max_attempts");
+        let mut j = journal(rules(&dir, 100, 1_000_000, Grant { max_calls: Some(0), ..Grant::default() }));
+        refused(&mut j, asked, "max_calls");
+        let ended = Grant { not_after: Some("2020-01-01T00:00:00.000Z".into()), ..Grant::default() };
+        let mut j = journal(rules(&dir, 100, 1_000_000, ended));
+        refused(&mut j, asked, "not_after");
+        let open = Grant {
+            not_after: Some(chio_kernel::time::rfc3339(chio_kernel::time::now_ms() + 60_000)),
+            ..Grant::default()
+        };
+        let mut j = journal(rules(&dir, 100, 1_000_000, open));
+        assert_eq!(call(&mut j, &provider, asked).unwrap().0, 502);
+        let signed = denials(&dir);
+        let rules: Vec<&str> = signed.iter().map(|d| d.0.as_str()).collect();
+        let each =
+            ["max_output_tokens", "max_output_tokens", "max_cost_microusd", "max_attempts", "max_calls", "not_after"];
+        assert_eq!(rules, each, "one signed denial a refusal");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A call naming no cap is sent asking for the budget's; one within it keeps its own.
+    #[test]
+    fn a_call_is_sent_asking_for_the_cap_at_most() {
+        let b = Budget {
+            input_microusd_per_mtok: 0,
+            output_microusd_per_mtok: 0,
+            max_output_tokens: 64,
+            max_cost_microusd: 1,
+        };
+        let mut v = json!({"model": "m"});
+        assert_eq!(cap_output(&mut v, Some(&b)), None);
+        assert_eq!(v["max_tokens"], 64);
+        let mut v = json!({"model": "m", "max_completion_tokens": 10});
+        assert_eq!(cap_output(&mut v, Some(&b)), None);
+        assert_eq!((&v["max_completion_tokens"], &v["max_tokens"]), (&json!(10), &Value::Null));
+        let mut v = json!({"model": "m"});
+        assert_eq!(cap_output(&mut v, None), None);
+        assert_eq!(v, json!({"model": "m"}), "no budget, no cap");
+        // Prices round up: a token at 0.4 µUSD costs 1.
+        let b = Budget { input_microusd_per_mtok: 400_000, ..b };
+        assert_eq!((b.cost(1, 0), b.cost(5, 0), b.cost(0, 0)), (1, 2, 0));
     }
 }

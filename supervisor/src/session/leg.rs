@@ -14,6 +14,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde_json::{json, Value};
 
+use super::config::Grant;
 use super::Session;
 use crate::repository::execute::{self, ExecRequest};
 use crate::repository::workspace::{self, RepoError, Workspace, COMMAND_ID};
@@ -23,7 +24,7 @@ const MAX_LINE_BYTES: u64 = 1 << 20;
 
 /// Serve until killed. Prints `ready` on stdout once the socket listens.
 pub fn serve(s: &Session) -> Result<(), RepoError> {
-    s.check_authorized()?;
+    let grant = s.check_authorized()?.grant;
     let ws = workspace::open(&s.workspace_dir())?;
     let socket = s.dir.join("run").join("leg.sock");
     let _ = fs::remove_file(&socket);
@@ -34,12 +35,18 @@ pub fn serve(s: &Session) -> Result<(), RepoError> {
     let mut commands = 0u32;
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let _ = serve_connection(s, &ws, conn, &mut commands);
+        let _ = serve_connection(s, &grant, &ws, conn, &mut commands);
     }
     Ok(())
 }
 
-fn serve_connection(s: &Session, ws: &Workspace, conn: UnixStream, commands: &mut u32) -> std::io::Result<()> {
+fn serve_connection(
+    s: &Session,
+    grant: &Grant,
+    ws: &Workspace,
+    conn: UnixStream,
+    commands: &mut u32,
+) -> std::io::Result<()> {
     let mut out = conn.try_clone()?;
     // The worker's uid, or root: nobody else has the path, but a socket checks its peer anyway.
     let peer = getsockopt(&conn, PeerCredentials).map_err(std::io::Error::from)?;
@@ -53,7 +60,7 @@ fn serve_connection(s: &Session, ws: &Workspace, conn: UnixStream, commands: &mu
         if (&mut reader).take(MAX_LINE_BYTES).read_line(&mut line)? == 0 {
             return Ok(());
         }
-        let answer = match answer(s, ws, &line, commands) {
+        let answer = match answer(s, grant, ws, &line, commands) {
             Ok(v) => v,
             Err(e) => json!({"error": e.to_string(), "exit_code": e.exit_code()}),
         };
@@ -61,9 +68,13 @@ fn serve_connection(s: &Session, ws: &Workspace, conn: UnixStream, commands: &mu
     }
 }
 
-fn answer(s: &Session, ws: &Workspace, line: &str, commands: &mut u32) -> Result<Value, RepoError> {
+fn answer(s: &Session, grant: &Grant, ws: &Workspace, line: &str, commands: &mut u32) -> Result<Value, RepoError> {
     let req: ExecRequest =
         serde_json::from_str(line).map_err(|e| RepoError::Usage(format!("not an execute request: {e}")))?;
+    // The grant's lifetime holds the commands too: none runs after it.
+    if let Some(ended) = grant.expired(chio_kernel::time::now_ms()) {
+        return Err(RepoError::Refused(format!("{ended}: no command runs")));
+    }
     let authorized = s.request.commands.deadline_s;
     if req.deadline_s > authorized {
         return Err(RepoError::Refused(format!(

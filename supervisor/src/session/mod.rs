@@ -250,7 +250,7 @@ impl Session {
     }
 
     /// Check the stored authorization again (nothing runs on the word of a marker file).
-    pub fn check_authorized(&self) -> Result<(), RepoError> {
+    pub fn check_authorized(&self) -> Result<config::Authorization, RepoError> {
         let signed = fs::read(self.dir.join("authorization.signed.json")).map_err(|_| {
             RepoError::Refused("the session is not prepared: run `chio session prepare --authorization FILE`".into())
         })?;
@@ -309,7 +309,10 @@ impl Session {
 pub fn prepare(dir: &Path, authorization: &Path, operator_key_hex: &str) -> Result<Session, RepoError> {
     let s = open(dir)?;
     let signed = read_bounded(authorization, MAX_AUTHORIZATION_BYTES, "authorization")?;
-    config::admit(&signed, operator_key_hex, &s.request)?;
+    let auth = config::admit(&signed, operator_key_hex, &s.request)?;
+    if let Some(ended) = auth.grant.expired(chio_kernel::time::now_ms()) {
+        return Err(RepoError::Refused(format!("the authorization is not admitted: {ended}")));
+    }
     write_durably(&s.dir.join("operator.key"), operator_key_hex.as_bytes())?;
     write_durably(&s.dir.join("authorization.signed.json"), &signed)?;
     Ok(s)

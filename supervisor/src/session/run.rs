@@ -85,7 +85,7 @@ fn unknown_refusal(n: u64) -> RepoError {
 /// operator's recorded choice) lets the gateway send it again.
 pub fn run(dir: &Path, resend_unknown: bool) -> Result<Outcome, RepoError> {
     let s = super::open(dir)?;
-    s.check_authorized()?;
+    let auth = s.check_authorized()?;
     let Some(_run) = s.try_lock_run()? else {
         return Err(RepoError::Refused("another run of this session is in progress".into()));
     };
@@ -96,6 +96,10 @@ pub fn run(dir: &Path, resend_unknown: bool) -> Result<Outcome, RepoError> {
         return Err(RepoError::Refused(
             "a run of this session is in progress or was interrupted; run `chio session recover` first".into(),
         ));
+    }
+    // The grant's lifetime: no run starts after it (a completed one still answers, above).
+    if let Some(ended) = auth.grant.expired(chio_kernel::time::now_ms()) {
+        return Err(RepoError::Refused(format!("{ended}: no run starts; ask the operator for a new authorization")));
     }
     if let (Some(n), false) = (super::gateway::unknown_call(&s.calls_dir())?, resend_unknown) {
         return Err(unknown_refusal(n));
