@@ -82,11 +82,15 @@ pub enum RepositoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Serve the leg over MCP (JSON-RPC 2.0 on stdio) with one tool, `execute`.
+    /// Serve the leg over MCP (JSON-RPC 2.0 on stdio): `execute`, and with --read-prefix the
+    /// file tools `read_file` and `list_dir`.
     Serve {
         /// The workspace's state directory.
         #[arg(long, value_name = "DIR")]
         state: PathBuf,
+        /// A path the file tools may read under (repeat; e.g. package/src). None: no file tools.
+        #[arg(long = "read-prefix", value_name = "PATH")]
+        read_prefix: Vec<String>,
     },
     /// After a crash: remove leftovers, restore the last committed snapshot, settle the journal.
     Recover {
@@ -167,7 +171,9 @@ impl RepositoryCommand {
                 command: command.clone(),
             },
             R::Status { state, json } => Operation::Status { state: state.clone(), json: *json },
-            R::Serve { state } => Operation::Serve { state: state.clone() },
+            R::Serve { state, read_prefix } => {
+                Operation::Serve { state: state.clone(), read_prefix: read_prefix.clone() }
+            }
             R::Recover { state } => Operation::Recover { state: state.clone() },
             R::Export { state, out } => Operation::Export { state: state.clone(), out: out.clone() },
             R::VerifyExport { bundle, repository, revision, source_path, kernel_key, server_id, json } => {

@@ -1263,3 +1263,195 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
         assert_eq!(waited.status.code(), Some(124), "git {args:?} did not wait");
     }
 }
+
+/// `chio repository serve --read-prefix P`: a client of the leg's MCP server.
+struct Mcp {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    next: u64,
+}
+
+impl Mcp {
+    fn start(ws: &Ws, prefixes: &[&str]) -> Mcp {
+        let mut args = vec!["repository", "serve", "--state", s(&ws.state)];
+        for p in prefixes {
+            args.extend(["--read-prefix", p]);
+        }
+        let mut child = Command::new(chio_bin(&PathBuf::from(PROBE)))
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        Mcp { child, stdin, stdout, next: 0 }
+    }
+
+    fn ask(&mut self, method: &str, params: Value) -> Value {
+        use std::io::{BufRead, Write};
+        self.next += 1;
+        let req = serde_json::json!({"jsonrpc": "2.0", "id": self.next, "method": method, "params": params});
+        writeln!(self.stdin, "{req}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// `tool` on `path`: the call's result.
+    fn tool(&mut self, tool: &str, path: &str) -> Value {
+        self.ask("tools/call", serde_json::json!({"name": tool, "arguments": {"path": path}}))["result"].clone()
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The file tools read the workspace beneath its directory only, as the operator granted: links a
+/// caged command planted are refused (where following them would have read the host's
+/// files), so are `..`, paths outside the grant, a FIFO (without waiting on it), a file past the
+/// 64 KiB bound or grown past it while read, and a directory swapped for a link to a host
+/// directory while the walk runs. Each answer and each refusal is signed; the export still
+/// verifies with them in its chain.
+#[test]
+fn file_tools_read_beneath_the_workspace_and_nothing_else() {
+    if !privileged("file_tools") {
+        return;
+    }
+    let dir = Scratch::new("repo-files");
+    let repo = calculator(&dir.0);
+    git(&repo, &["checkout", "-q", "--", "package/calc.py"]);
+    let ws = init(&dir, &repo, &["package"]);
+    // A caged command leaves a link inside the workspace and files at and past the bound. (A link
+    // leading out never enters a snapshot, absolute or climbing: the transition is refused and put
+    // back. The file tools do not rely on that: the same links planted from the host below.)
+    let plant = "ln -s calc.py package/alias && mkdir package/d && echo inside > package/d/secret.txt \
+                 && head -c 65536 /dev/zero > package/exact && head -c 65537 /dev/zero > package/big";
+    let (code, r) = exec(&ws, "plant", "30", plant);
+    assert_eq!((code, &r["transition"]), (0, &serde_json::json!("committed")), "{r}");
+    let live = ws.state.join("workspace");
+    std::os::unix::fs::symlink("/etc/passwd", live.join("package/pw")).unwrap();
+    std::os::unix::fs::symlink(format!("{}etc", "../".repeat(40)), live.join("package/root")).unwrap();
+    // Control: a reader that follows links reads the host's files through them.
+    assert!(std::fs::read_to_string(live.join("package/pw")).unwrap().contains("root:"));
+    assert!(std::fs::read_to_string(live.join("package/root/passwd")).unwrap().contains("root:"));
+
+    let mut mcp = Mcp::start(&ws, &["package"]);
+    let tools = mcp.ask("tools/list", serde_json::json!({}));
+    let names: Vec<&str> =
+        tools["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["execute", "read_file", "list_dir"]);
+    let ok = mcp.tool("read_file", "package/calc.py");
+    assert_eq!(
+        (&ok["isError"], ok["content"][0]["text"].as_str()),
+        (&serde_json::json!(false), Some("def add(a, b):\n    return a - b\n"))
+    );
+    assert_eq!(ok["structuredContent"]["receipt_id"].as_str().unwrap().len(), 64);
+    assert_eq!(mcp.tool("read_file", "package/exact")["structuredContent"]["text"].as_str().unwrap().len(), 65536);
+    let listed = mcp.tool("list_dir", "package");
+    let text = listed["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("pw (symbolic link, not followed)")
+            && text.contains("d/")
+            && text.contains("exact (65536 bytes)"),
+        "{text}"
+    );
+    let refused = |mcp: &mut Mcp, tool: &str, path: &str, rule: &str| {
+        let r = mcp.tool(tool, path);
+        assert_eq!(
+            (&r["isError"], &r["structuredContent"]["rule"]),
+            (&serde_json::json!(true), &serde_json::json!(rule)),
+            "{path}: {r}"
+        );
+        assert_eq!(r["structuredContent"]["receipt_id"].as_str().map(str::len), Some(64), "{path}: unsigned: {r}");
+        assert!(!r.to_string().contains("root:x:0"), "{path}: the host's file: {r}");
+    };
+    refused(&mut mcp, "read_file", "package/pw", "link");
+    refused(&mut mcp, "read_file", "package/alias", "link");
+    refused(&mut mcp, "read_file", "package/root/passwd", "link");
+    refused(&mut mcp, "list_dir", "package/root", "link");
+    refused(&mut mcp, "read_file", "package/../../settings.json", "path");
+    refused(&mut mcp, "read_file", "/etc/passwd", "path");
+    refused(&mut mcp, "read_file", ".git/config", "read_prefix");
+    refused(&mut mcp, "read_file", "package/big", "size");
+    refused(&mut mcp, "read_file", "package/d", "not_regular");
+    refused(&mut mcp, "read_file", "package/none", "not_found");
+    // A FIFO (a snapshot would never keep one; planted here from the host): refused at once,
+    // never waited on.
+    nix::unistd::mkfifo(&live.join("package/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    refused(&mut mcp, "read_file", "package/fifo", "not_regular");
+    std::fs::remove_file(live.join("package/fifo")).unwrap();
+
+    // Races from the host side: a file appended to while it is read, and `package/d` swapped
+    // with a link to a host directory holding a file of the same name.
+    let host = dir.join("host-secret");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("secret.txt"), "HOST SECRET").unwrap();
+    std::fs::write(live.join("package/growing"), "").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (stop, live, host) = (stop.clone(), live.clone(), host.clone());
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut grow = std::fs::OpenOptions::new().append(true).open(live.join("package/growing")).unwrap();
+            let (d, aside) = (live.join("package/d"), live.join("package/d-aside"));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if grow.metadata().unwrap().len() < 1 << 20 {
+                    grow.write_all(&[b'g'; 4096]).unwrap();
+                }
+                std::fs::rename(&d, &aside).unwrap();
+                std::os::unix::fs::symlink(&host, &d).unwrap();
+                std::fs::remove_file(&d).unwrap();
+                std::fs::rename(&aside, &d).unwrap();
+            }
+        })
+    };
+    let (mut inside, mut grown) = (0, 0);
+    for _ in 0..200 {
+        let r = mcp.tool("read_file", "package/d/secret.txt");
+        assert!(!r.to_string().contains("HOST SECRET"), "the walk followed the swapped link: {r}");
+        inside += usize::from(r["isError"] == false);
+        let r = mcp.tool("read_file", "package/growing");
+        let len = r["structuredContent"]["text"].as_str().map_or(0, str::len);
+        assert!(len <= 65536, "more than the bound was read: {len}");
+        grown += usize::from(r["structuredContent"]["rule"] == "size");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    racer.join().unwrap();
+    assert!(
+        inside > 0 && grown > 0,
+        "the races never showed both sides: {inside} reads inside, {grown} refused past the bound"
+    );
+    drop(mcp);
+    for planted in ["growing", "pw", "root"] {
+        std::fs::remove_file(live.join("package").join(planted)).unwrap();
+    }
+
+    // Signed: every answer a tool_call of the read schema, every refusal a denial naming its rule;
+    // the bundle still verifies with them in its chain.
+    let list = |kind: &str| {
+        let out = chio(&["receipt", "list", "--receipt-db", s(&ws.state.join("receipts.db")), "--kind", kind]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let reads = list("tool_call")
+        .into_iter()
+        .filter(|r| r["receipt"]["body"]["detail"]["schema"] == "chio.repository.read.v1")
+        .count();
+    let denials = list("denial");
+    assert!(reads >= 4 && denials.len() >= 10, "{reads} reads, {} denials", denials.len());
+    assert!(denials.iter().any(|d| d["receipt"]["body"]["detail"]["rule"] == "link"));
+    let bundle = dir.join("bundle");
+    assert!(chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]).status.success());
+    let recipient = dir.join("recipient");
+    git(&dir.0, &["clone", "-q", s(&repo), s(&recipient)]);
+    let (code, report, err) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
+    assert_eq!(code, 0, "{report} {err}");
+}

@@ -421,7 +421,8 @@ mod tests {
         }
         let why = repository(Role::Repository, 1000, &d, &mut init(None, None, &other)).unwrap_err();
         assert!(why.contains("is not a source granted"), "{why}");
-        for mut op in [R::Serve { state: granted.clone() }, R::Recover { state: granted.clone() }] {
+        for mut op in [R::Serve { state: granted.clone(), read_prefix: vec![] }, R::Recover { state: granted.clone() }]
+        {
             let why = repository(Role::Repository, 1000, &d, &mut op).unwrap_err();
             assert!(why.contains("init, execute, status and export only"), "{why}");
         }

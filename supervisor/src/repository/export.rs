@@ -160,6 +160,10 @@ fn transitions_of(receipts: &[Verified], config_digest: &str, baseline: &str) ->
                 if d["workspace"].as_str() != Some(config_digest) {
                     return Err(mismatch(format!("tool_call {} binds another workspace configuration", r.id)));
                 }
+                // A file tool's read: no launch, no transition.
+                if d["schema"] == super::file_tools::READ_SCHEMA {
+                    continue;
+                }
                 let launch = r.body.launch.as_ref().and_then(|l| launches.get(&l.receipt_id).map(|e| (l, e)));
                 let Some((_, enforcement)) = launch else {
                     return Err(mismatch(format!("tool_call {} references no launch receipt of this chain", r.id)));

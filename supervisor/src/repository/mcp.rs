@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::execute::{self, ExecRequest, Transition, MAX_DEADLINE_S};
+use super::file_tools::{self, ReadGrant, Tool, MAX_READ_BYTES};
 use super::workspace::{self, RepoError};
 
 /// Protocol versions this server speaks, newest first.
@@ -49,8 +50,28 @@ pub fn tool() -> Value {
     })
 }
 
-/// Serve requests from `input` until it ends.
-pub fn serve(state: &Path, input: impl BufRead, mut output: impl Write) -> std::io::Result<()> {
+/// The file tools' descriptions and input schemas (offered when the operator granted reads).
+pub fn file_tools(grant: &ReadGrant) -> Vec<Value> {
+    let granted = grant.prefixes().join(", ");
+    let path = json!({ "type": "string", "description": format!("A path relative to the workspace, under one of: {granted}.") });
+    vec![
+        json!({
+            "name": "read_file",
+            "title": "Read a file of the workspace",
+            "description": format!("Returns the text of a regular file of at most {MAX_READ_BYTES} bytes under the granted                                     paths ({granted}); links and `..` are not followed."),
+            "inputSchema": { "type": "object", "properties": { "path": path }, "required": ["path"], "additionalProperties": false }
+        }),
+        json!({
+            "name": "list_dir",
+            "title": "List a directory of the workspace",
+            "description": format!("Lists a directory under the granted paths ({granted}): names, types and sizes;                                     links are listed, never followed."),
+            "inputSchema": { "type": "object", "properties": { "path": path }, "required": ["path"], "additionalProperties": false }
+        }),
+    ]
+}
+
+/// Serve requests from `input` until it ends; `grant` is the file tools' (empty: `execute` only).
+pub fn serve(state: &Path, grant: &ReadGrant, input: impl BufRead, mut output: impl Write) -> std::io::Result<()> {
     let mut input = input;
     loop {
         let mut line = Vec::new();
@@ -64,7 +85,7 @@ pub fn serve(state: &Path, input: impl BufRead, mut output: impl Write) -> std::
         } else if line.iter().all(u8::is_ascii_whitespace) {
             None
         } else {
-            handle(state, &line)
+            handle(state, grant, &line)
         };
         if let Some(r) = response {
             writeln!(output, "{r}")?;
@@ -89,7 +110,7 @@ fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
 }
 
 /// One message: the response, or nothing for a notification.
-pub fn handle(state: &Path, line: &[u8]) -> Option<Value> {
+pub fn handle(state: &Path, grant: &ReadGrant, line: &[u8]) -> Option<Value> {
     let msg: Value = match serde_json::from_slice(line) {
         Ok(v) => v,
         Err(e) => return Some(error(Value::Null, PARSE_ERROR, format!("not JSON: {e}"))),
@@ -124,8 +145,18 @@ pub fn handle(state: &Path, line: &[u8]) -> Option<Value> {
             )
         }
         "ping" => reply(id, json!({})),
-        "tools/list" => reply(id, json!({ "tools": [tool()] })),
-        "tools/call" => call(state, id, &params),
+        "tools/list" => {
+            let mut tools = vec![tool()];
+            if !grant.is_empty() {
+                tools.extend(file_tools(grant));
+            }
+            reply(id, json!({ "tools": tools }))
+        }
+        "tools/call" => match params["name"].as_str() {
+            Some("read_file") if !grant.is_empty() => read(state, grant, id, Tool::Read, &params),
+            Some("list_dir") if !grant.is_empty() => read(state, grant, id, Tool::List, &params),
+            _ => call(state, id, &params),
+        },
         other => error(id, METHOD_NOT_FOUND, format!("no method {other:?}")),
     })
 }
@@ -179,6 +210,54 @@ fn call(state: &Path, id: Value, params: &Value) -> Value {
     }
 }
 
+/// `read_file` or `list_dir`: the answer, or the signed refusal as a tool error.
+fn read(state: &Path, grant: &ReadGrant, id: Value, tool: Tool, params: &Value) -> Value {
+    let args = &params["arguments"];
+    if let Some(k) = args.as_object().and_then(|o| o.keys().find(|k| k.as_str() != "path")) {
+        return error(id, INVALID_PARAMS, format!("unknown argument {k:?}"));
+    }
+    let Some(path) = args["path"].as_str() else {
+        return error(id, INVALID_PARAMS, "arguments.path (a string) is required");
+    };
+    match workspace::open(state).and_then(|ws| file_tools::run(&ws, grant, tool, path)) {
+        Ok(Ok(a)) => {
+            let text = match (&a.text, &a.entries) {
+                (Some(t), _) => t.clone(),
+                (None, Some(entries)) => {
+                    let mut lines: Vec<String> = entries
+                        .iter()
+                        .map(|e| match (e.kind.as_str(), e.size) {
+                            ("dir", _) => format!("{}/", e.name),
+                            ("symlink", _) => format!("{} (symbolic link, not followed)", e.name),
+                            (_, Some(n)) => format!("{} ({n} bytes)", e.name),
+                            _ => format!("{} ({})", e.name, e.kind),
+                        })
+                        .collect();
+                    if let Some(more) = a.more {
+                        lines.push(format!("… {more} more"));
+                    }
+                    lines.join("\n")
+                }
+                _ => String::new(),
+            };
+            let structured = serde_json::to_value(&a).unwrap_or(Value::Null);
+            reply(
+                id,
+                json!({ "content": [{ "type": "text", "text": text }], "structuredContent": structured, "isError": false }),
+            )
+        }
+        Ok(Err(refusal)) => reply(
+            id,
+            json!({
+                "content": [{ "type": "text", "text": format!("chio: {refusal}") }],
+                "structuredContent": { "rule": refusal.rule, "reason": refusal.reason, "receipt_id": refusal.receipt_id },
+                "isError": true
+            }),
+        ),
+        Err(e) => tool_error(id, &e),
+    }
+}
+
 /// A tool-level failure: reported to the model as an error result, not a protocol error.
 fn tool_error(id: Value, e: &RepoError) -> Value {
     reply(id, json!({ "content": [{ "type": "text", "text": format!("chio: {e}") }], "isError": true }))
@@ -195,7 +274,7 @@ mod tests {
     use super::*;
 
     fn ask(line: &str) -> Option<Value> {
-        handle(Path::new("/nonexistent-chio-state"), line.as_bytes())
+        handle(Path::new("/nonexistent-chio-state"), &ReadGrant::default(), line.as_bytes())
     }
 
     #[test]
@@ -242,7 +321,7 @@ mod tests {
         let big = "x".repeat((MAX_LINE + 10) as usize);
         let input = format!("{big}\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}}\n\n");
         let mut out = Vec::new();
-        serve(Path::new("/nonexistent-chio-state"), input.as_bytes(), &mut out).unwrap();
+        serve(Path::new("/nonexistent-chio-state"), &ReadGrant::default(), input.as_bytes(), &mut out).unwrap();
         let lines: Vec<Value> =
             String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 2);

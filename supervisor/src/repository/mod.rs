@@ -6,6 +6,7 @@ pub(crate) mod bounded;
 pub mod claims;
 pub mod execute;
 pub mod export;
+pub mod file_tools;
 pub mod git_source;
 pub mod patch;
 pub mod recover;

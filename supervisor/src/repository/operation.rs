@@ -66,6 +66,9 @@ pub enum Operation {
     Serve {
         /// The workspace's state directory.
         state: PathBuf,
+        /// Path prefixes the file tools may read (none: `execute` only).
+        #[serde(default)]
+        read_prefix: Vec<String>,
     },
     /// After a crash: remove leftovers, restore the last committed snapshot, settle the journal.
     Recover {
@@ -256,12 +259,13 @@ fn dispatch(
             }
             Ok(0)
         }
-        Operation::Serve { state } => {
+        Operation::Serve { state, read_prefix } => {
             require_root("repository serve")?;
+            let grant = super::file_tools::ReadGrant::new(read_prefix)?;
             // Opened once up front: a wrong state directory fails here, not at the first call.
             drop(workspace::open(state)?);
             let stdin = std::io::stdin().lock();
-            mcp::serve(state, stdin, std::io::stdout().lock())?;
+            mcp::serve(state, &grant, stdin, std::io::stdout().lock())?;
             Ok(0)
         }
         Operation::Recover { state } => {

@@ -21,7 +21,7 @@ use crate::repository::workspace::RepoError;
 /// Schema of a qualification document.
 pub const QUALIFICATION_SCHEMA: &str = "chio.session-qualification.v1";
 /// The variable the scenario's configuration names for the provider credential.
-const CREDENTIAL_ENV: &str = "CHIO_QUALIFY_PROVIDER_KEY";
+const CREDENTIAL_ENV: &str = "QUALIFY_PROVIDER_KEY";
 /// A credential the scripted provider takes (and checks it got).
 const CREDENTIAL: &str = "chio-qualify-not-a-real-key";
 /// How long one `chio` step may take before qualification stops (a hang, not a slow step).
