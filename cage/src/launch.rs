@@ -186,7 +186,7 @@ fn check_plan(plan: &CagePlan) -> Result<(), Failure> {
 /// Capabilities the supervisor must hold in its effective set for `plan`. Most missing ones
 /// would fail a later step with a vaguer error; a missing CAP_KILL would not fail at all: the
 /// deadline's kill of a cage running as another uid would be refused and the target run on.
-fn missing_supervisor_capabilities(plan: &CagePlan) -> Result<Vec<&'static str>, String> {
+pub fn missing_supervisor_capabilities(plan: &CagePlan) -> Result<Vec<&'static str>, String> {
     let status = std::fs::read_to_string("/proc/self/status").map_err(|e| format!("reading /proc/self/status: {e}"))?;
     let effective = status
         .lines()

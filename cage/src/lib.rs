@@ -30,7 +30,7 @@ pub mod sys;
 
 pub use ahead::Ahead;
 pub use fault::TestHook;
-pub use launch::{launch, launch_to_end, Teardown, NAMESPACES};
+pub use launch::{launch, launch_to_end, missing_supervisor_capabilities, Teardown, NAMESPACES};
 pub use mounts::RootKey;
 pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
 pub use record::{LaunchRecord, State};

@@ -208,6 +208,12 @@ fn load_and_trial(a: &PreflightArgs) -> Result<Finding> {
 
 /// The trial launch of `plan`, judged.
 fn trial(a: &PreflightArgs, mut f: Finding, prepared: Prepared) -> Finding {
+    if let Some(needs) = preflight::needs_root(&prepared.plan) {
+        f.context.insert("trial_launch".into(), "not run: needs root".into());
+        f.summary = "the launch material verifies and the policy admits this launch".into();
+        f.raise(Severity::Warning, needs);
+        return f;
+    }
     let rec = preflight::trial_launch(&prepared);
     let plan = &prepared.plan;
     f.context.insert("trial_launch".into(), format!("{:?}", rec.state));

@@ -136,6 +136,11 @@ pub fn platform(require_enforcement: bool) -> Finding {
         delegation(&mut f);
     }
     ptrace_scope(&mut f);
+    if let Some(needs) = needs_root(&plan) {
+        f.note("trial_launch", "not run: needs root");
+        f.raise(Severity::Warning, needs);
+        return f;
+    }
     let rec = trial_launch(&Prepared::of(plan));
     f.note("trial_launch", format!("{:?}", rec.state));
     if rec.state != State::FullyEnforced {
@@ -250,6 +255,30 @@ fn ptrace_scope(f: &mut Finding) {
     }
 }
 
+/// As a user other than root, what a trial of `plan` would need and this process lacks, in words
+/// (None as root: there a missing capability is the unit's doing and fails the trial, as it
+/// would fail every launch). Unprivileged, preflight checks the kernel's mechanisms and the
+/// material; the trial cage is root's (chio-preflight.service runs it at boot).
+pub fn needs_root(plan: &CagePlan) -> Option<String> {
+    if nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let missing = match chio_cage::missing_supervisor_capabilities(plan) {
+        Ok(m) => m.join(", "),
+        Err(e) => e,
+    };
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "not proven as uid {}: the trial cage needs root ({} for namespaces, mounts, the exec observation and the \
+         target's identity); only the kernel's mechanisms were checked here — run preflight as root (chio-preflight.service \
+         does at boot) for the trial",
+        nix::unistd::geteuid(),
+        missing
+    ))
+}
+
 /// Launch `p` to the exec observation and stop it there: the target never runs. Returns the
 /// record as it stood at the exec stop (its state is what the launch would have reached).
 pub fn trial_launch(p: &Prepared) -> LaunchRecord {
@@ -299,6 +328,39 @@ pub fn bearer_roles(get: impl Fn(&str) -> Option<OsString>) -> Finding {
     f
 }
 
+/// A store not made yet: fine on a fresh install when its directory is there and only root (or
+/// this user) can write in it — the first receipted launch creates it. A directory others can
+/// write would let one of them put a store of their making there first.
+fn new_store(p: &Path) -> (Severity, String) {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return (Severity::Error, "absent".into());
+    };
+    match std::fs::symlink_metadata(dir) {
+        Err(e) => (Severity::Error, format!("absent, and so is its directory {} ({e})", dir.display())),
+        Ok(m) if !m.is_dir() => (Severity::Error, format!("absent, and {} is not a directory", dir.display())),
+        Ok(m) if m.uid() != 0 && m.uid() != nix::unistd::geteuid().as_raw() => (
+            Severity::Error,
+            format!(
+                "absent, and its directory {} belongs to uid {}: it could put a store there first",
+                dir.display(),
+                m.uid()
+            ),
+        ),
+        Ok(m) if m.mode() & 0o022 != 0 => (
+            Severity::Error,
+            format!(
+                "absent, and its directory {} is writable by others: one of them could put a store there first",
+                dir.display()
+            ),
+        ),
+        Ok(_) => (
+            Severity::Info,
+            format!("new: not created yet; the first receipted launch creates it in {}", dir.display()),
+        ),
+    }
+}
+
 /// `security.durable_stores`: each receipt store opened read-only and checked (`quick_check`,
 /// journal mode, application id and schema version).
 pub fn durable_stores(paths: &[PathBuf]) -> Finding {
@@ -318,7 +380,7 @@ pub fn durable_stores(paths: &[PathBuf]) -> Finding {
 
 fn store_health(p: &Path) -> (Severity, String) {
     match std::fs::symlink_metadata(p) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (Severity::Error, "absent".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return new_store(p),
         Err(e) => return (Severity::Error, format!("unreadable: {e}")),
         Ok(m) if !m.is_file() => return (Severity::Error, "not a regular file".into()),
         Ok(_) => {}

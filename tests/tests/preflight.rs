@@ -400,8 +400,18 @@ fn receipt_stores_absent_foreign_corrupt_and_healthy() {
     let f = finding(&doc, "security.durable_stores");
     assert_eq!((code, &f["severity"]), (0, &Value::from("warning")), "{f}");
     assert!(f["context"][s(&rollback)].as_str().unwrap().contains("journal mode delete"), "{f}");
+    // A store not made yet (a fresh install): news when only root can write its directory, an
+    // error when the directory is missing or others could put a store there first.
+    let (code, doc) = preflight(&["--receipt-db", s(&dir.join("new.db"))], &[]);
+    let f = finding(&doc, "security.durable_stores");
+    assert_eq!((code, &f["severity"]), (0, &Value::from("info")), "{f}");
+    assert!(f["context"][s(&dir.join("new.db"))].as_str().unwrap().starts_with("new: not created yet"), "{f}");
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     for (path, why) in [
-        (dir.join("absent.db"), "absent"),
+        (dir.join("no-dir/absent.db"), "absent, and so is its directory"),
+        (shared.join("absent.db"), "absent, and its directory"),
         (foreign.join("x.db"), "unreadable: Not a directory"),
         (forged, "corrupt: quick_check says NULL value in operations.request_sha256"),
         (dir.0.clone(), "not a regular file"),
@@ -415,12 +425,12 @@ fn receipt_stores_absent_foreign_corrupt_and_healthy() {
     }
     // A lesser problem beside a worse is still said: the warning of the store moved out of WAL
     // next to an absent store's error, in the document and in the text.
-    let absent = dir.join("absent.db");
+    let absent = dir.join("no-dir/absent.db");
     let both = ["--receipt-db", s(&absent), "--receipt-db", s(&rollback)];
     let (code, doc) = preflight(&both, &[]);
     let f = finding(&doc, "security.durable_stores");
     assert_eq!((code, &f["severity"]), (1, &Value::from("error")), "{f}");
-    assert_eq!(f["summary"], format!("{}: absent", s(&absent)), "{f}");
+    assert!(f["summary"].as_str().unwrap().starts_with(&format!("{}: absent", s(&absent))), "{f}");
     let warned = f["problems"].as_array().unwrap().iter().any(|p| {
         p["severity"] == "warning" && p["summary"].as_str().unwrap().starts_with(&format!("{}: ", s(&rollback)))
     });
@@ -428,4 +438,41 @@ fn receipt_stores_absent_foreign_corrupt_and_healthy() {
     let text = Command::new(&chio).args(["security", "preflight"]).args(both).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains(&format!("also warning: {}: ", s(&rollback))), "{text}");
+}
+
+/// As a user other than root, preflight checks what it can — the kernel's mechanisms, the
+/// launch material's signatures and admission — and says which probe needs root, a warning
+/// with exit 0, not a fatal error; as root without the capabilities (a unit's bounding set) the
+/// trial still fails, fatal, as every launch would.
+#[test]
+fn unprivileged_preflight_says_what_needs_root() {
+    if !privileged("preflight_unprivileged") {
+        return;
+    }
+    // A copy of chio the user can reach whatever the checkout's directories allow.
+    let dir = Scratch::new("preflight-nobody");
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let copy = dir.join("chio");
+    std::fs::copy(chio_bin(&PathBuf::from(PROBE)), &copy).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&copy)
+        .args(["security", "preflight", "--json", "--require-enforcement"])
+        .env_remove("CHIO_AUTH_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let code = out.status.code().unwrap();
+    let platform = finding(&doc, "security.platform");
+    assert_eq!((code, &platform["severity"]), (0, &Value::from("warning")), "{platform}");
+    assert_eq!(platform["context"]["trial_launch"], "not run: needs root");
+    let said = platform["summary"].as_str().unwrap();
+    assert!(said.contains("not proven as uid 65534") && said.contains("CAP_SYS_ADMIN"), "{said}");
+    assert_eq!(platform["context"]["landlock_abi"].as_str().map(|a| a.parse::<u32>().unwrap() >= 4), Some(true));
+    // Root without the capabilities a cage needs: the trial runs and fails, fatal.
+    let dropped = ["setpriv", "--inh-caps=-all", "--bounding-set=-sys_admin"];
+    let (code, doc) = preflight_under(&dropped, &[], &[]);
+    let platform = finding(&doc, "security.platform");
+    assert_eq!((code, &platform["severity"]), (2, &Value::from("fatal")), "{platform}");
 }
