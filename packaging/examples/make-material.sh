@@ -8,6 +8,10 @@
 #   sudo /usr/share/chio/examples/make-material.sh /etc/chio/example
 #
 # then prints the preflight command lines that use it. DIR must be missing or empty.
+#
+# DIR is also laid out as a chio-tool@ instance (the enforced policy as policy.signed.json, the
+# two public keys as publisher.key and operator.key, the command in tool.env): made at
+# /etc/chio/tools/example-true, it is what `systemctl start chio-tool@example-true` launches.
 set -eu
 dir=${1:?usage: make-material.sh DIR}
 chio=${CHIO:-chio}
@@ -38,6 +42,11 @@ for mode in enforced shadow; do
 POLICY
     "$chio" policy sign --key "$dir/operator/signing.seed" --in "$dir/policy-$mode.json" --out "$dir/policy-$mode.signed.json" >/dev/null
 done
+# The chio-tool@ instance layout.
+cp "$dir/policy-enforced.signed.json" "$dir/policy.signed.json"
+cp "$dir/publisher/public.key" "$dir/publisher.key"
+cp "$dir/operator/public.key" "$dir/operator.key"
+printf 'TOOL_COMMAND=/bin/true\n' > "$dir/tool.env"
 for mode in enforced shadow; do
     echo "chio security preflight --require-enforcement --signed-manifest $dir/manifest.signed.json" \
         "--manifest-public-key $dir/publisher/public.key --cage-policy $dir/policy-$mode.signed.json" \

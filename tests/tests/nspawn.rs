@@ -87,6 +87,23 @@ for mode in enforced shadow; do
     --cage-policy-signer $E/operator/public.key --server-id example-true -- /bin/true > /results/preflight-$mode.txt 2>&1
   echo "preflight_$mode=$?"
 done
+# chio-tool@ on a fresh install (no receipt store yet): the example material laid out as an
+# instance, its credential; the unit's preflight, then its launch.
+/usr/share/chio/examples/make-material.sh /etc/chio/tools/example-true >/dev/null; echo "tool_material=$?"
+printf 'tool-s3cret\n' > /etc/chio/credentials/example-true-auth-token
+chmod 600 /etc/chio/credentials/example-true-auth-token
+echo "store_before=$(test -e /var/lib/chio/receipts.db && echo yes || echo no)"
+systemctl start chio-tool@example-true.service; echo "tool=$?"
+for i in $(seq 100); do [ "$(systemctl is-active chio-tool@example-true.service)" = inactive ] && break; sleep 0.1; done
+echo "tool_result=$(systemctl show -p Result --value chio-tool@example-true.service)"
+echo "tool_status=$(systemctl show -p ExecMainStatus --value chio-tool@example-true.service)"
+echo "tool_receipts=$(chio receipt list --receipt-db /var/lib/chio/receipts.db 2>/dev/null | wc -l)"
+journalctl -u chio-tool@example-true.service --no-pager > /results/tool.txt 2>&1
+# The wrapped preflight as an unprivileged service user: what it cannot prove is said, not fatal.
+systemd-run --wait --pipe --collect -p User=nobody -p LoadCredential=session-token:/etc/chio/credentials/session-token \
+  /usr/bin/chio security supervise --exec --credential-env CHIO_AUTH_TOKEN=session-token -- \
+  /usr/bin/chio security preflight --require-enforcement > /results/preflight-nobody.txt 2>&1
+echo "preflight_nobody=$?"
 # The daemon, for an unprivileged user of group chio (its role by uid).
 useradd -m -G chio runner
 useradd -m -G chio other
@@ -205,6 +222,24 @@ fn the_package_under_a_booted_systemd() {
     assert_eq!(get("preflight_enforced"), "0", "{}", show("preflight-enforced.txt"));
     assert_eq!(get("preflight_shadow"), "1", "{}", show("preflight-shadow.txt"));
     assert!(show("preflight-shadow.txt").contains("error    security.native_launch: the policy is in shadow mode"));
+    // chio-tool@ started on a fresh install: its preflight took the store not made yet as new,
+    // and its launch made it, receipted.
+    assert_eq!((get("tool_material"), get("store_before")), ("0".into(), "no".into()), "{out}");
+    assert_eq!(
+        (get("tool"), get("tool_result"), get("tool_status")),
+        ("0".into(), "success".into(), "0".into()),
+        "{out}\n{}",
+        show("tool.txt")
+    );
+    assert!(get("tool_receipts").parse::<u32>().unwrap_or(0) >= 2, "{out}\n{}", show("tool.txt"));
+    assert_eq!(get("preflight_nobody"), "0", "{}", show("preflight-nobody.txt"));
+    assert!(show("preflight-nobody.txt").contains("not proven as uid 65534"), "{}", show("preflight-nobody.txt"));
+    // The credential reached it: its token is checked, not "none set".
+    assert!(
+        !show("preflight-nobody.txt").contains("info     security.bearer_roles"),
+        "{}",
+        show("preflight-nobody.txt")
+    );
     assert_eq!(get("supervisor"), "active", "{out}");
     assert_eq!(get("socket"), "660 root chio", "{out}");
     assert_eq!(get("launch"), "as-65534", "{out}");
