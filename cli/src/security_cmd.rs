@@ -101,6 +101,9 @@ pub struct PreflightArgs {
     /// A receipt store to check (repeat for more).
     #[arg(long = "receipt-db", value_name = "DB")]
     receipt_db: Vec<PathBuf>,
+    /// A service's session store (an SQLite database) to check like a receipt store (repeat).
+    #[arg(long = "session-db", value_name = "DB")]
+    session_db: Vec<PathBuf>,
     /// The exact command the launch runs (6 of 6).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -119,7 +122,7 @@ fn preflight(a: &PreflightArgs) -> Result<i32> {
         preflight::platform(a.require_enforcement),
         preflight::bearer_roles(|k| std::env::var_os(k)),
         native_launch(a),
-        preflight::durable_stores(&a.receipt_db),
+        preflight::durable_stores(&a.receipt_db, &a.session_db),
     ];
     let worst = preflight::worst(&findings);
     if a.json {

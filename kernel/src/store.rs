@@ -264,6 +264,25 @@ impl Store {
         Ok(Store { conn })
     }
 
+    /// What `PRAGMA quick_check` and the journal mode say about any SQLite database at `path`
+    /// (another service's session store, for `chio security preflight --session-db`), opened
+    /// only to read; its application id and schema are reported, not judged.
+    pub fn sqlite_health(path: &Path) -> Result<StoreHealth, StoreError> {
+        let escaped = path.to_string_lossy().replace('%', "%25").replace('?', "%3f").replace('#', "%23");
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let open = |uri: &str| -> rusqlite::Result<Store> {
+            let conn = Connection::open_with_flags(uri, flags)?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            // A file that is no database fails here, on its first read.
+            conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get::<_, i64>(0))?;
+            Ok(Store { conn })
+        };
+        let store = open(&format!("file:{escaped}?mode=ro"))
+            .or_else(|_| open(&format!("file:{escaped}?mode=ro&immutable=1")))
+            .map_err(|e| StoreError::Foreign(format!("cannot open {} as an SQLite database: {e}", path.display())))?;
+        store.health()
+    }
+
     /// What `PRAGMA quick_check`, the journal mode and the schema say about this store (for
     /// `chio security preflight`; works on a read-only store).
     pub fn health(&self) -> Result<StoreHealth, StoreError> {

@@ -362,20 +362,44 @@ fn new_store(p: &Path) -> (Severity, String) {
 }
 
 /// `security.durable_stores`: each receipt store opened read-only and checked (`quick_check`,
-/// journal mode, application id and schema version).
-pub fn durable_stores(paths: &[PathBuf]) -> Finding {
-    let mut f = Finding::new("security.durable_stores", Severity::Ok, "every receipt store is healthy");
-    if paths.is_empty() {
+/// journal mode, application id and schema version), and each session store (another service's
+/// SQLite database) the same way but for what is the service's own choice: its schema and its
+/// journal mode.
+pub fn durable_stores(receipts: &[PathBuf], sessions: &[PathBuf]) -> Finding {
+    let mut f = Finding::new("security.durable_stores", Severity::Ok, "every named store is healthy");
+    if receipts.is_empty() && sessions.is_empty() {
         f.severity = Severity::Info;
-        f.summary = "no receipt store named (--receipt-db)".into();
+        f.summary = "no store named (--receipt-db, --session-db)".into();
     }
-    for p in paths {
+    let checks = receipts.iter().map(|p| (p, store_health(p))).chain(sessions.iter().map(|p| (p, session_health(p))));
+    for (p, (s, what)) in checks {
         let key = p.display().to_string();
-        let (s, what) = store_health(p);
         f.note(&key, what.clone());
         f.raise(s, format!("{key}: {what}"));
     }
     f
+}
+
+/// A session store: there (or new, as a receipt store), a regular file, an SQLite database that
+/// passes `quick_check`. (A journal mode that would not survive a crash, `off` or `memory`,
+/// lasts one connection only: at rest there is none to see.)
+fn session_health(p: &Path) -> (Severity, String) {
+    match std::fs::symlink_metadata(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (s, what) = new_store(p);
+            return (s, what.replace("the first receipted launch creates it", "its service creates it"));
+        }
+        Err(e) => return (Severity::Error, format!("unreadable: {e}")),
+        Ok(m) if !m.is_file() => return (Severity::Error, "not a regular file".into()),
+        Ok(_) => {}
+    }
+    match chio_kernel::store::Store::sqlite_health(p) {
+        Err(e) => (Severity::Error, format!("unreadable or not SQLite: {e}")),
+        Ok(h) if h.quick_check != "ok" => (Severity::Error, format!("corrupt: quick_check says {}", h.quick_check)),
+        Ok(h) => {
+            (Severity::Ok, format!("healthy session store (journal {}, schema {})", h.journal_mode, h.user_version))
+        }
+    }
 }
 
 fn store_health(p: &Path) -> (Severity, String) {
@@ -443,7 +467,7 @@ mod tests {
         assert_eq!(others, ["w1", "w2", "e2"]);
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["problems"].as_array().map(Vec::len), Some(4), "{json}");
-        let two = durable_stores(&[PathBuf::from("/nonexistent/a.db"), PathBuf::from("/")]);
+        let two = durable_stores(&[PathBuf::from("/nonexistent/a.db"), PathBuf::from("/")], &[]);
         assert_eq!(two.others().map(|p| p.summary.as_str()).collect::<Vec<_>>(), ["/: not a regular file"]);
     }
 

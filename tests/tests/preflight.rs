@@ -423,6 +423,32 @@ fn receipt_stores_absent_foreign_corrupt_and_healthy() {
         assert_eq!((code, &f["severity"]), (1, &Value::from("error")), "{why}: {f}");
         assert!(f["context"][s(&path)].as_str().unwrap().starts_with(why), "{why}: {f}");
     }
+    // A service's session store (`--session-db`), checked like a receipt store but for its
+    // schema: an SQLite database that passes quick_check, new in a directory only root can
+    // write, and not a text file or a corrupt one.
+    let session = dir.join("session.db");
+    sql(&session, "PRAGMA journal_mode=WAL; CREATE TABLE sessions (id TEXT PRIMARY KEY, data BLOB);");
+    let mut broken = std::fs::read(&session).unwrap();
+    let half = broken.len() / 2;
+    for b in &mut broken[half.min(4096)..] {
+        *b = 0x5a;
+    }
+    let broken_db = dir.join("broken-session.db");
+    std::fs::write(&broken_db, broken).unwrap();
+    for (path, severity, why) in [
+        (session.clone(), "ok", "healthy session store (journal wal"),
+        (dir.join("new-session.db"), "info", "new: not created yet; its service creates it"),
+        (foreign.clone(), "error", "unreadable or not SQLite"),
+        (dir.join("no-dir/session.db"), "error", "absent, and so is its directory"),
+    ] {
+        let (code, doc) = preflight(&["--session-db", s(&path)], &[]);
+        let f = finding(&doc, "security.durable_stores");
+        assert_eq!(&f["severity"], &Value::from(severity), "{why}: {f}");
+        assert_eq!(code, if severity == "error" { 1 } else { 0 }, "{f}");
+        assert!(f["context"][s(&path)].as_str().unwrap().starts_with(why), "{why}: {f}");
+    }
+    let (code, doc) = preflight(&["--session-db", s(&broken_db)], &[]);
+    assert_eq!(code, 1, "a corrupt session store: {doc}");
     // A lesser problem beside a worse is still said: the warning of the store moved out of WAL
     // next to an absent store's error, in the document and in the text.
     let absent = dir.join("no-dir/absent.db");
