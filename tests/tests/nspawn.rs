@@ -104,6 +104,29 @@ systemd-run --wait --pipe --collect -p User=nobody -p LoadCredential=session-tok
   /usr/bin/chio security supervise --exec --credential-env CHIO_AUTH_TOKEN=session-token -- \
   /usr/bin/chio security preflight --require-enforcement > /results/preflight-nobody.txt 2>&1
 echo "preflight_nobody=$?"
+# The shipped unprivileged edge pair: chio-edge-preflight@demo (the edge's own preflight, as
+# chio-edge, with its credentials), then chio-edge@demo, ready once its socket accepts.
+cat > /usr/local/bin/demo-edge <<'EDGE'
+#!/usr/bin/perl
+use IO::Socket::UNIX;
+open(my $f, '>', "$ENV{STATE_DIRECTORY}/seen") or die;
+printf $f "%s %d %d\n", scalar(getpwuid($<)), length($ENV{CHIO_AUTH_TOKEN}), length($ENV{CHIO_CONTROL_TOKEN});
+close $f;
+my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => "$ENV{RUNTIME_DIRECTORY}/edge.sock", Listen => 5) or die;
+while (my $c = $s->accept) { close $c }
+EDGE
+chmod 755 /usr/local/bin/demo-edge
+mkdir -p /etc/chio/edge
+printf 'EDGE_COMMAND=/usr/local/bin/demo-edge\n' > /etc/chio/edge/demo.env
+printf 'edge-auth-s3cret\n' > /etc/chio/credentials/demo-auth-token
+printf 'edge-control-s3cret\n' > /etc/chio/credentials/demo-control-token
+chmod 600 /etc/chio/credentials/demo-auth-token /etc/chio/credentials/demo-control-token
+systemctl start chio-edge@demo.service; echo "edge=$?"
+echo "edge_active=$(systemctl is-active chio-edge@demo.service)"
+echo "edge_preflight=$(systemctl show -p Result --value chio-edge-preflight@demo.service)"
+journalctl -u chio-edge-preflight@demo.service -u chio-edge@demo.service --no-pager > /results/edge.txt 2>&1
+echo "edge_seen=$(cat /var/lib/chio-edge/demo/seen 2>/dev/null)"
+systemctl stop chio-edge@demo.service; echo "edge_stopped=$(systemctl is-active chio-edge@demo.service)"
 # The daemon, for an unprivileged user of group chio (its role by uid).
 useradd -m -G chio runner
 useradd -m -G chio other
@@ -240,6 +263,21 @@ fn the_package_under_a_booted_systemd() {
         "{}",
         show("preflight-nobody.txt")
     );
+    // The unprivileged edge pair: its preflight passed as chio-edge (the trial root's, its
+    // session store new), the edge got both tokens, was ready on its socket, and stopped.
+    assert_eq!(
+        (get("edge"), get("edge_active"), get("edge_preflight")),
+        ("0".into(), "active".into(), "success".into()),
+        "{out}\n{}",
+        show("edge.txt")
+    );
+    assert_eq!(get("edge_seen"), "chio-edge 16 19", "{out}\n{}", show("edge.txt"));
+    assert!(show("edge.txt").contains("not proven as uid"), "{}", show("edge.txt"));
+    // Its unit's filter (RestrictSUIDSGID= takes openat2 away) is said, not fatal: the edge
+    // launches nothing itself.
+    assert!(show("edge.txt").contains("openat2 is not available to this process"), "{}", show("edge.txt"));
+    assert!(show("edge.txt").contains("new: not created yet; its service creates it"), "{}", show("edge.txt"));
+    assert_eq!(get("edge_stopped"), "inactive", "{out}");
     assert_eq!(get("supervisor"), "active", "{out}");
     assert_eq!(get("socket"), "660 root chio", "{out}");
     assert_eq!(get("launch"), "as-65534", "{out}");
@@ -259,7 +297,8 @@ dpkg -i /results/chio.deb >/dev/null 2>&1; echo "installed=$?"
 echo "systemd=$(systemctl --version | head -1 | cut -d' ' -f2)"
 # The shipped units as this systemd reads them: no error and no warning.
 (cd /usr/lib/systemd/system && systemd-analyze verify --man=no chio-supervisor.service chio-preflight.service \
-  chio-receipts-verify.service chio-receipts-verify.timer chio-tool@demo.service > /results/verify.txt 2>&1)
+  chio-receipts-verify.service chio-receipts-verify.timer chio-tool@demo.service chio-edge@demo.service \
+  chio-edge-preflight@demo.service > /results/verify.txt 2>&1)
 echo "verify=$?"
 printf 'session-s3cret\n' > /etc/chio/credentials/session-token
 chmod 600 /etc/chio/credentials/session-token

@@ -203,6 +203,8 @@ fn the_debian_package_holds_everything_and_its_binary_runs() {
         "./usr/lib/systemd/system/chio-preflight.service",
         "./usr/lib/systemd/system/chio-supervisor.service",
         "./usr/lib/systemd/system/chio-tool@.service",
+        "./usr/lib/systemd/system/chio-edge@.service",
+        "./usr/lib/systemd/system/chio-edge-preflight@.service",
         "./usr/lib/systemd/system/chio-receipts-verify.timer",
         "./usr/lib/sysusers.d/chio.conf",
         "./usr/lib/tmpfiles.d/chio.conf",
