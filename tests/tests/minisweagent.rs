@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use chio_tests::{chio_bin, privileged, skip};
+use chio_tests::{chio_bin, privileged, run_within, skip};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -29,15 +29,18 @@ fn mini_swe_agent_environments() {
         return;
     }
     let package = repo.join("packaging/mini-swe-agent");
-    let out = Command::new(&python)
+    let mut suite = Command::new(&python);
+    suite
         .args(["-m", "unittest", "discover", "-s", "tests", "-v"])
         .current_dir(&package)
         .env("CHIO_BIN", chio_bin(&PathBuf::from(PROBE)))
         // The package as it is in this checkout, not a copy installed earlier.
         .env("PYTHONPATH", &package)
         .env("MSWEA_SILENT_STARTUP", "1")
-        .output()
-        .unwrap();
+        .stdin(std::process::Stdio::null());
+    // The suite takes well under a minute; ten is a hang (a venv being made meanwhile, an agent
+    // retrying), which fails here, named, instead of holding the whole run.
+    let out = run_within(&mut suite, std::time::Duration::from_secs(600), "the mini-swe-agent suite");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the mini-swe-agent suite failed:\n{log}");
     assert!(log.contains("Ran 14 tests") && log.contains("\nOK"), "{log}");
