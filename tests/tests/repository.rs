@@ -88,6 +88,14 @@ fn status(ws: &Ws) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `chio repository verify-export` of `bundle` against `checkout` at `rev`, scope `package`, under
+/// `key`, with `extra` flags; the caller reads the outcome.
+fn verify_package(bundle: &Path, checkout: &Path, rev: &str, key: &Path, extra: &[&str]) -> Output {
+    let args = ["repository", "verify-export", "--bundle", s(bundle), "--repository", s(checkout), "--revision", rev];
+    let scope = ["--source-path", "package", "--kernel-key", s(key)];
+    chio(&[&args[..], &scope, extra].concat())
+}
+
 fn verify(bundle: &Path, checkout: &Path, rev: &str, paths: &[&str], key: &Path) -> (i32, Value, String) {
     let mut args =
         vec!["repository", "verify-export", "--bundle", s(bundle), "--repository", s(checkout), "--revision", rev];
@@ -264,21 +272,7 @@ fn tampered_or_foreign_bundles_are_refused() {
     // The claims document: the edited patch fails its claim (and only the claims that need the
     // patch); the bundle as sent holds every claim.
     let claims_of = |b: &Path| {
-        let out = chio(&[
-            "repository",
-            "verify-export",
-            "--bundle",
-            s(b),
-            "--repository",
-            s(&recipient),
-            "--revision",
-            "HEAD",
-            "--source-path",
-            "package",
-            "--kernel-key",
-            s(&ws.public),
-            "--json",
-        ]);
+        let out = verify_package(b, &recipient, "HEAD", &ws.public, &["--json"]);
         let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
         let failed: Vec<String> = doc["claims"]["claims"]
             .as_array()
@@ -405,24 +399,7 @@ fn tampered_or_foreign_bundles_are_refused() {
     // The server id the workspace names, pinned: verified; another: refused. (A revision is a
     // ref or a commit id: refs are read as files, `HEAD~1` is no name.)
     let first = git(&recipient, &["rev-parse", "HEAD~1"]);
-    let with_server = |id: &str| {
-        chio(&[
-            "repository",
-            "verify-export",
-            "--bundle",
-            s(&bundle),
-            "--repository",
-            s(&recipient),
-            "--revision",
-            &first,
-            "--source-path",
-            "package",
-            "--kernel-key",
-            s(&ws.public),
-            "--server-id",
-            id,
-        ])
-    };
+    let with_server = |id: &str| verify_package(&bundle, &recipient, &first, &ws.public, &["--server-id", id]);
     let out = with_server("calc-server");
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
     let out = with_server("another-server");
@@ -467,22 +444,7 @@ fn a_result_without_changes_verifies() {
     .unwrap();
     let (code, report, _) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
     assert_eq!((code, report["patch_matches"].as_bool()), (5, Some(false)), "{report}");
-    let out = chio(&[
-        "repository",
-        "verify-export",
-        "--bundle",
-        s(&bundle),
-        "--repository",
-        s(&recipient),
-        "--revision",
-        "HEAD",
-        "--source-path",
-        "package",
-        "--kernel-key",
-        s(&ws.public),
-        "--server-id",
-        "sandbox",
-    ]);
+    let out = verify_package(&bundle, &recipient, "HEAD", &ws.public, &["--server-id", "sandbox"]);
     assert_eq!(out.status.code(), Some(5));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let e = report["error"].as_str().unwrap();
