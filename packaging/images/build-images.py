@@ -145,7 +145,10 @@ def pack(root, tag, out, cmd=("/bin/bash",), env=()):
         manifest = [{"Config": f"{config_sha}.json", "RepoTags": [tag], "Layers": [f"{layer_sha}/layer.tar"]}]
         with open(os.path.join(work, "manifest.json"), "w") as f:
             json.dump(manifest, f)
-        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        # Written beside OUT and renamed over it: a reader never meets half an archive, and a
+        # build killed midway leaves OUT as it was.
+        partial = f"{out}.partial"
+        with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
             for name in ["manifest.json", f"{config_sha}.json", layer_sha, f"{layer_sha}/layer.tar"]:
                 info = tar.gettarinfo(os.path.join(work, name), arcname=name)
                 info.uid = info.gid = 0
@@ -156,6 +159,7 @@ def pack(root, tag, out, cmd=("/bin/bash",), env=()):
                         tar.addfile(info, f)
                 else:
                     tar.addfile(info)
+        os.replace(partial, out)
     print(f"{out}: {tag}, config sha256:{config_sha}", file=sys.stderr)
 
 

@@ -426,6 +426,12 @@ fn rust_image() -> Option<PathBuf> {
     let script = repo.join("packaging/images/build-images.py");
     let out = repo.join("target/test-images");
     let tar = out.join("rust.tar");
+    // Two tests (the walkthrough, qualify) want it: the first builds it while the other waits on
+    // the lock, then finds it complete.
+    std::fs::create_dir_all(&out).unwrap();
+    let lock = std::fs::File::create(out.join("rust.lock")).unwrap();
+    // SAFETY: flock on our own open file, released when `lock` is dropped at the return.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
     let fresh = |t: &Path| {
         let age = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         age(t).is_some() && age(t) >= age(&script)
