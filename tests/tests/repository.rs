@@ -1417,3 +1417,39 @@ fn file_tools_read_beneath_the_workspace_and_nothing_else() {
     let (code, report, err) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
     assert_eq!(code, 0, "{report} {err}");
 }
+
+/// The whole repository as the scope (`--source-path .`): every committed file enters (never a
+/// dirty change or an untracked file), a change anywhere but `.git` is a transition, the
+/// scratch-path rules hold (a committed path is never scratch), and the bundle verifies with the
+/// same scope.
+#[test]
+fn the_whole_repository_can_be_the_scope() {
+    if !privileged("whole_tree") {
+        return;
+    }
+    let dir = Scratch::new("repo-whole");
+    let repo = calculator(&dir.0);
+    let (_, out) = try_init(&dir, &repo, &["."], &["--scratch-path", "README"]);
+    assert_eq!(out.status.code(), Some(2), "a committed file as scratch: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("committed"));
+    let (_, out) = try_init(&dir, &repo, &[".", "package"], &[]);
+    assert_ne!(out.status.code(), Some(0), "`.` beside another path");
+    let (ws, out) = try_init(&dir, &repo, &["."], &["--scratch-path", "package/__pycache__"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let live = ws.state.join("workspace");
+    assert_eq!(std::fs::read_to_string(live.join("README")).unwrap(), "calculator\n");
+    assert_eq!(std::fs::read_to_string(live.join("package/calc.py")).unwrap(), "def add(a, b):\n    return a - b\n");
+    assert!(!live.join("package/untracked.py").exists(), "an untracked file entered");
+    let (code, r) = exec(&ws, "docs", "30", "echo more >> README && cd package && python3 -m unittest; true");
+    assert_eq!((code, &r["transition"]), (0, &serde_json::json!("committed")), "{r}");
+    let bundle = dir.join("bundle");
+    assert!(chio(&["repository", "export", "--state", s(&ws.state), "--out", s(&bundle)]).status.success());
+    let patch = std::fs::read_to_string(bundle.join("changes.patch")).unwrap();
+    assert!(patch.contains("+more") && !patch.contains("__pycache__"), "{patch}");
+    let recipient = dir.join("recipient");
+    git(&dir.0, &["clone", "-q", s(&repo), s(&recipient)]);
+    let (code, report, err) = verify(&bundle, &recipient, "HEAD", &["."], &ws.public);
+    assert_eq!(code, 0, "{report} {err}");
+    let (code, _, _) = verify(&bundle, &recipient, "HEAD", &["package"], &ws.public);
+    assert_eq!(code, 5, "another scope");
+}

@@ -178,7 +178,10 @@ fn edit(patch: &[u8], scope: &str) -> (Vec<u8>, String) {
             (out.into_bytes(), format!("line {} of changes.patch edited", i + 1))
         }
         None => {
-            let path = format!("{scope}/chio-claims-edit.txt");
+            let path = match scope {
+                "" | super::git_source::WHOLE_TREE => "chio-claims-edit.txt".to_string(),
+                s => format!("{s}/chio-claims-edit.txt"),
+            };
             let added = format!(
                 "diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+edited\n"
             );

@@ -67,11 +67,26 @@ fn refused(msg: impl Into<String>) -> SourceError {
     SourceError::Refused(msg.into())
 }
 
-/// Check the selected paths: 1–64 canonical relative paths, no `.git`, none inside another.
-/// They are literal: pathspec magic (`:(glob)`), `*` and `?` are plain characters.
+/// The source path that names the whole tree (`--source-path .`), alone.
+pub const WHOLE_TREE: &str = ".";
+
+/// True when `paths` is the whole tree.
+fn whole(paths: &[String]) -> bool {
+    paths.len() == 1 && paths[0] == WHOLE_TREE
+}
+
+/// Check the selected paths: 1–64 canonical relative paths, no `.git`, none inside another; or
+/// `.` alone, the whole tree. They are literal: pathspec magic (`:(glob)`), `*` and `?` are
+/// plain characters.
 pub fn check_source_paths(paths: &[String]) -> Result<(), SourceError> {
     if paths.is_empty() || paths.len() > MAX_SOURCE_PATHS {
         return Err(refused(format!("{} source paths: give 1 to {MAX_SOURCE_PATHS}", paths.len())));
+    }
+    if whole(paths) {
+        return Ok(());
+    }
+    if paths.iter().any(|p| p == WHOLE_TREE) {
+        return Err(refused("source path \".\" is the whole tree: give it alone"));
     }
     for p in paths {
         snapshot::check_path(p).map_err(|e| refused(format!("source path {e}")))?;
@@ -88,7 +103,7 @@ pub fn check_source_paths(paths: &[String]) -> Result<(), SourceError> {
 
 /// True when `path` is one of the source paths or inside one.
 pub fn in_scope(paths: &[String], path: &str) -> bool {
-    paths.iter().any(|p| path == p || path.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('/')))
+    whole(paths) || paths.iter().any(|p| path == p || path.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('/')))
 }
 
 /// True when `path` is a directory above a source path.
@@ -567,7 +582,7 @@ pub fn import(
             )));
         }
     }
-    for p in paths {
+    for p in paths.iter().filter(|_| !whole(paths)) {
         if !index.contains_key(p) {
             return Err(refused(format!("source path {p:?} is not in commit {commit}")));
         }
@@ -629,6 +644,11 @@ mod tests {
         }
         let many: Vec<String> = (0..65).map(|i| format!("p{i}")).collect();
         assert!(check_source_paths(&many).is_err());
+        // `.` alone is the whole tree; beside another path it is refused.
+        check_source_paths(&s(&["."])).unwrap();
+        assert!(check_source_paths(&s(&[".", "package"])).is_err());
+        assert!(in_scope(&s(&["."]), "README") && in_scope(&s(&["."]), "a/b/c"));
+        assert!(!is_parent_of_scope(&s(&["."]), "a"));
         assert!(in_scope(&s(&["pkg"]), "pkg/a") && in_scope(&s(&["pkg"]), "pkg") && !in_scope(&s(&["pkg"]), "pkg2"));
         assert!(is_parent_of_scope(&s(&["a/b/c"]), "a/b") && !is_parent_of_scope(&s(&["a/b"]), "a/b"));
     }

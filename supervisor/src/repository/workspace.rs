@@ -410,7 +410,7 @@ pub fn check_scratch_paths(scratch: &[String], sources: &[String], baseline: &In
     let under = |p: &str, q: &str| p.strip_prefix(q).is_some_and(|r| r.starts_with('/'));
     for (i, p) in scratch.iter().enumerate() {
         snapshot::check_path(p).map_err(|e| RepoError::Usage(format!("scratch path {e}")))?;
-        if !sources.iter().any(|s| under(p, s)) {
+        if sources != [git_source::WHOLE_TREE] && !sources.iter().any(|s| under(p, s)) {
             return Err(RepoError::Usage(format!("scratch path {p:?} is not inside a source path {sources:?}")));
         }
         if let Some(q) = scratch[i + 1..].iter().find(|q| *q == p || under(p, q) || under(q, p)) {
