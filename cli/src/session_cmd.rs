@@ -203,6 +203,16 @@ fn say(line: std::fmt::Arguments) -> Result<(), RepoError> {
     writeln!(std::io::stdout(), "{line}").map_err(|e| RepoError::Failed(format!("writing to stdout: {e}")))
 }
 
+/// Claims a line each: `holds ` or `FAILS `, the name, the count if any, the evidence.
+fn print_claims(claims: &[chio_supervisor::repository::claims::Claim], indent: &str) -> Result<(), RepoError> {
+    for c in claims {
+        let value = c.value.map(|v| format!(" = {v}")).unwrap_or_default();
+        let mark = if c.holds { "holds " } else { "FAILS " };
+        say(format_args!("{indent}{mark} {}{value}: {}", c.name, c.evidence))?;
+    }
+    Ok(())
+}
+
 /// The agent's status in words: its trajectory's, or why there is none.
 fn agent_status(o: &session::Outcome) -> String {
     match &o.agent_exit_status {
@@ -311,11 +321,7 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             if *json {
                 print_json(&doc)?;
             } else {
-                for c in &doc.claims {
-                    let value = c.value.map(|v| format!(" = {v}")).unwrap_or_default();
-                    let mark = if c.holds { "holds " } else { "FAILS " };
-                    say(format_args!("{mark} {}{value}: {}", c.name, c.evidence))?;
-                }
+                print_claims(&doc.claims, "")?;
             }
             Ok(if doc.all_hold { 0 } else { 5 })
         }
@@ -332,11 +338,7 @@ fn dispatch(cmd: &SessionCommand) -> Result<i32, RepoError> {
             } else {
                 for sc in &q.scenarios {
                     say(format_args!("{} ({})", sc.name, sc.dir.display()))?;
-                    for c in &sc.claims.claims {
-                        let value = c.value.map(|v| format!(" = {v}")).unwrap_or_default();
-                        let mark = if c.holds { "holds " } else { "FAILS " };
-                        say(format_args!("  {mark} {}{value}: {}", c.name, c.evidence))?;
-                    }
+                    print_claims(&sc.claims.claims, "  ")?;
                 }
                 say(format_args!("{}", out.join("claims.json").display()))?;
             }

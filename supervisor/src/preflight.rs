@@ -342,7 +342,7 @@ pub fn bearer_roles(get: impl Fn(&str) -> Option<OsString>) -> Finding {
 /// A store not made yet: fine on a fresh install when its directory is there and only root (or
 /// this user) can write in it — the first receipted launch creates it. A directory others can
 /// write would let one of them put a store of their making there first.
-fn new_store(p: &Path) -> (Severity, String) {
+fn new_store(p: &Path, maker: &str) -> (Severity, String) {
     use std::os::unix::fs::MetadataExt;
     let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) else {
         return (Severity::Error, "absent".into());
@@ -365,10 +365,7 @@ fn new_store(p: &Path) -> (Severity, String) {
                 dir.display()
             ),
         ),
-        Ok(_) => (
-            Severity::Info,
-            format!("new: not created yet; the first receipted launch creates it in {}", dir.display()),
-        ),
+        Ok(_) => (Severity::Info, format!("new: not created yet; {maker} creates it in {}", dir.display())),
     }
 }
 
@@ -397,8 +394,7 @@ pub fn durable_stores(receipts: &[PathBuf], sessions: &[PathBuf]) -> Finding {
 fn session_health(p: &Path) -> (Severity, String) {
     match std::fs::symlink_metadata(p) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let (s, what) = new_store(p);
-            return (s, what.replace("the first receipted launch creates it", "its service creates it"));
+            return new_store(p, "its service");
         }
         Err(e) => return (Severity::Error, format!("unreadable: {e}")),
         Ok(m) if !m.is_file() => return (Severity::Error, "not a regular file".into()),
@@ -415,7 +411,7 @@ fn session_health(p: &Path) -> (Severity, String) {
 
 fn store_health(p: &Path) -> (Severity, String) {
     match std::fs::symlink_metadata(p) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return new_store(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return new_store(p, "the first receipted launch"),
         Err(e) => return (Severity::Error, format!("unreadable: {e}")),
         Ok(m) if !m.is_file() => return (Severity::Error, "not a regular file".into()),
         Ok(_) => {}

@@ -150,48 +150,37 @@ pub fn attempts(calls: &std::path::Path) -> Result<u64, RepoError> {
 /// The first model call of the journal in `calls` that was sent and never answered: its outcome
 /// is unknown.
 pub fn unknown_call(calls: &std::path::Path) -> Result<Option<u64>, RepoError> {
+    let sent = journaled(calls, ".sent").map_err(|e| match e {
+        RepoError::Failed(m) => RepoError::Failed(format!("{m}: a call of unknown outcome may be in it")),
+        e => e,
+    })?;
+    Ok(sent.into_iter().find(|n| !calls.join(format!("{n:06}.json")).exists()))
+}
+
+/// The call numbers of the journal in `calls` recorded as `NNNNNN<suffix>`, in order (none when
+/// there is no journal yet).
+fn journaled(calls: &std::path::Path, suffix: &str) -> Result<Vec<u64>, RepoError> {
+    let unreadable = |e| RepoError::Failed(format!("the model call journal {} cannot be read ({e})", calls.display()));
     let entries = match fs::read_dir(calls) {
         Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(RepoError::Failed(format!(
-                "the model call journal {} cannot be read ({e}): a call of unknown outcome may be in it",
-                calls.display()
-            )))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(unreadable(e)),
     };
-    let mut unknown = None;
+    let mut found = Vec::new();
     for e in entries {
-        let name = e?.file_name();
-        let Some(n) = name.to_str().and_then(|n| n.strip_suffix(".sent")).and_then(|n| n.parse::<u64>().ok()) else {
-            continue;
-        };
-        if !calls.join(format!("{n:06}.json")).exists() {
-            unknown = Some(unknown.map_or(n, |u: u64| u.min(n)));
+        let name = e.map_err(unreadable)?.file_name();
+        if let Some(n) = name.to_str().and_then(|n| n.strip_suffix(suffix)).and_then(|n| n.parse::<u64>().ok()) {
+            found.push(n);
         }
     }
-    Ok(unknown)
+    found.sort_unstable();
+    Ok(found)
 }
 
 /// The calls of the journal in `calls` that were sent again after their outcome was unknown
 /// (`NNNNNN.resent`), in order.
 pub fn resent_calls(calls: &std::path::Path) -> Result<Vec<u64>, RepoError> {
-    let entries = match fs::read_dir(calls) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(RepoError::Failed(format!("the model call journal {} cannot be read: {e}", calls.display())))
-        }
-    };
-    let mut resent = Vec::new();
-    for e in entries {
-        let name = e?.file_name();
-        if let Some(n) = name.to_str().and_then(|n| n.strip_suffix(".resent")).and_then(|n| n.parse::<u64>().ok()) {
-            resent.push(n);
-        }
-    }
-    resent.sort_unstable();
-    Ok(resent)
+    journaled(calls, ".resent")
 }
 
 impl Journal {
