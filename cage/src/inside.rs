@@ -92,7 +92,7 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
     if fault::on(ctx.plan, &TestHook::OrphanEarly) {
         await_orphaned();
     }
-    init_start(ctx.sock, ctx.supervisor_ends);
+    init_start(ctx.sock, ctx.supervisor_ends, ctx.plan.detached);
     match init_setup(ctx) {
         Ok(target) => reap(ctx, target),
         Err(f) => {
@@ -117,11 +117,13 @@ fn await_orphaned() {
 }
 
 /// The init's first steps, before it takes anything from the supervisor.
-fn init_start(sock: RawFd, supervisor_ends: [RawFd; 5]) {
+fn init_start(sock: RawFd, supervisor_ends: [RawFd; 5], detached: bool) {
     // Die with the supervisor. It may already be dead (killed between clone and here), and then
     // no signal will ever come: with the supervisor's ends closed in this process, its end of
-    // the channel is closed everywhere once it has exited — look for that after arming.
-    let armed = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    // the channel is closed everywhere once it has exited — look for that after arming. A
+    // detached cage outlives the `create` that cloned it; until its `start` it waits on the
+    // channel, which the process holding the launch keeps open, and ends when that closes.
+    let armed = detached || nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
     for fd in supervisor_ends.into_iter().filter(|fd| *fd >= 0) {
         // SAFETY: closing fds this process inherited and does not use (raw numbers: the
         // context carries the supervisor's descriptor numbers, which no OwnedFd here owns).
@@ -240,7 +242,7 @@ pub struct AheadCtx<'a> {
 /// would have it make less (a test hook) is not sent to it. It ends, silently, if the
 /// supervisor closes the channel instead.
 pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
-    init_start(a.sock, a.supervisor_ends);
+    init_start(a.sock, a.supervisor_ends, false);
     let (plan, landlock_abi, feed_stdin) = match ahead_setup(a).map(|()| await_plan(a.sock)) {
         Ok(Some(p)) => p,
         Ok(None) => exit_now(0),
@@ -502,9 +504,10 @@ fn block_forwarded_signals() {
 /// the report means the command is over (the supervisor answers on it without waiting for
 /// the init's own exit, which tears the namespaces down).
 fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
-    // Keep the result pipe as fd 3.
+    let outlives = ctx.plan.detached;
+    // Keep the result pipe as fd 3 (a detached cage has none: its init's exit status says it).
     // SAFETY: plain fd syscall on fds we own (raw: onto a fixed number).
-    if ctx.result_w != 3 && unsafe { libc::dup2(ctx.result_w, 3) } < 0 {
+    if !outlives && ctx.result_w != 3 && unsafe { libc::dup2(ctx.result_w, 3) } < 0 {
         give_up(target);
     }
     let last = identity::last_cap();
@@ -525,11 +528,12 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     // A uid change clears the parent-death signal: arm it again (before seccomp, which would
     // refuse prctl), then make sure the supervisor did not die in between (its end of the
     // result pipe would be closed).
-    let orphaned = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() || {
-        let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
-        // SAFETY: a zero-timeout poll of fd 3 (a descriptor number: nix polls only borrowed fds).
-        unsafe { libc::poll(&mut p, 1, 0) != 0 }
-    };
+    let orphaned = !outlives
+        && (nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() || {
+            let mut p = libc::pollfd { fd: 3, events: 0, revents: 0 };
+            // SAFETY: a zero-timeout poll of fd 3 (a descriptor number: nix polls only borrowed fds).
+            unsafe { libc::poll(&mut p, 1, 0) != 0 }
+        });
     // The host's stdin, stdout and stderr are no business of the init's.
     let detached = sys::openat(cwd_fd(), c"/dev/null", libc::O_RDWR, 0).is_ok_and(|null| {
         nix::unistd::dup2_stdin(&null).and_then(|_| dup2_stdout(&null)).and_then(|_| dup2_stderr(&null)).is_ok()
@@ -541,7 +545,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let aborts = fault::on(ctx.plan, &TestHook::InitAborts);
     // Last, close everything else: the supervisor waits for EOF on the status channel before it
     // lets the target run, so EOF also proves the init has shed every privilege.
-    if !fault::on(ctx.plan, &TestHook::Channel) && sys::close_from(4).is_err() {
+    if !fault::on(ctx.plan, &TestHook::Channel) && sys::close_from(if outlives { 3 } else { 4 }).is_err() {
         give_up(target);
     }
     // Raw: nix has no wait4 with rusage, and the init's filter allows exactly these syscalls.
@@ -568,6 +572,14 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
                             std::process::abort();
                         }
                         let killed = end_the_rest();
+                        if outlives {
+                            // The engine reads the container's end from its init's status, as
+                            // runc's init gives it: the target's code, or 128 + its signal.
+                            libc::_exit(match libc::WIFSIGNALED(status) {
+                                true => 128 + libc::WTERMSIG(status),
+                                false => libc::WEXITSTATUS(status),
+                            });
+                        }
                         write_result(status, killed);
                         libc::_exit(0);
                     }
@@ -935,6 +947,9 @@ fn apply_landlock(ctx: &Ctx<'_>, access: &Access, reported: &mut Reported) -> Re
             rs.allow_path(p, lfs::READ | lfs::WRITE | lfs::EXECUTE)?;
         }
         rs.allow_path(c"/tmp", lfs::READ | lfs::WRITE)?;
+        for t in &ctx.plan.tmpfs {
+            rs.allow_path(&crate::path::cstring(&t.dest)?, lfs::READ | lfs::WRITE)?;
+        }
         rs.allow_path(c"/dev/shm", lfs::READ | lfs::WRITE)?;
         rs.allow_path(c"/dev", lfs::READ_FILE | lfs::WRITE_FILE | lfs::IOCTL_DEV)?;
         if rs.net {

@@ -452,7 +452,7 @@ fn launch_cage(
     let hierarchy =
         Hierarchy::take(plan.cgroup_v2_root.as_deref()).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?;
     // One that does not fit this plan is killed here (before its cgroup is made over).
-    let pre = held.ahead_init.take().filter(|_| ahead_init_fits(plan, &hierarchy, held));
+    let pre = held.ahead_init.take().filter(|_| !plan.detached && ahead_init_fits(plan, &hierarchy, held));
     fault::fail_at(plan, Stage::Namespaces)?;
     let feed = sinks.stdin.is_some();
     let known = sinks.ahead.digests;
@@ -470,9 +470,14 @@ fn launch_cage(
     let guard = InitGuard(Some(init));
     let SupEnds { sock, stdout, stderr, result, stdin } = ends;
     let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
-    let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take() };
+    let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take(), park: sinks.park.take() };
     let (exec_at, pidfd) = start_cage(plan, rec, &hierarchy, held, fresh, known, hooks)?;
     let init = guard.hand_over();
+    if plan.detached {
+        // Observed and recorded: the rest is the engine's. The cgroup stays for `delete`.
+        drop(held.cgroup.take());
+        return Ok(());
+    }
     let cg = held.cgroup.as_ref();
     let mut on_result = || held.usage = cg.map(LaunchCgroup::usage);
     let ended = supervise::run(supervise::Run {
@@ -541,7 +546,11 @@ fn clone_init(
     let w = Wiring::new(sinks.stdin.is_some()).map_err(|e| FailCode::SetupFailed.at(Stage::Namespaces, e))?;
     // Taken, so that the supervisor's copy closes as soon as the init has its own.
     let (netns, root_ahead) = (sinks.ahead.netns.take(), sinks.ahead.root.take());
-    let ([stdout_w, stderr_w, result_w, stdin_r], sock) = w.cage_ends();
+    let ([stdout_w, stderr_w, result_w, stdin_r], sock) = match plan.detached {
+        // The engine's own descriptors, as it gave them to us.
+        true => ([1, 2, -1, 0], w.cage_ends().1),
+        false => w.cage_ends(),
+    };
     let ctx = Ctx {
         plan,
         filters,
@@ -602,6 +611,7 @@ struct FreshInit<'a> {
 struct Hooks<'a> {
     gate: Option<Gate<'a>>,
     enforced: Option<OnEnforced<'a>>,
+    park: Option<crate::supervise::Park<'a>>,
 }
 
 /// Puts the supervisor back on every CPU when dropped (normally as soon as the cgroup exists).
@@ -648,7 +658,10 @@ fn start_cage(
     };
     rec.mark("cgroup");
     drop(restore);
-    held.janitor = Some(janitor::spawn(cg).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?);
+    // A detached cage's cgroup is removed by the runtime's `delete`, not when we exit.
+    if !plan.detached {
+        held.janitor = Some(janitor::spawn(cg).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?);
+    }
     let pidfd = sys::pidfd_open(init).map_err(|e| FailCode::SetupFailed.at(Stage::Namespaces, e))?;
     // The cage is still setting itself up; meanwhile hash the file it will most likely send
     // and read what the observation compares with.
@@ -673,7 +686,7 @@ fn verify_and_exec(
     host: Host<'_>,
     sock: &OwnedFd,
     hashes: (Option<&Early>, Option<Digests>),
-    hooks: Hooks<'_>,
+    mut hooks: Hooks<'_>,
 ) -> Result<Instant, Failure> {
     let hello = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
     let (tpid, sender) = match (cage_msg(hello.msg, hello.pid)?, hello.pidfd) {
@@ -685,6 +698,13 @@ fn verify_and_exec(
         }
         _ => return Err(FailCode::ChannelFailed.at(Stage::Namespaces, "the cage spoke out of turn (no hello first)")),
     };
+    if let Some(park) = hooks.park.take() {
+        let cgroup = host.cg.paths().into_iter().map(std::path::PathBuf::from).collect();
+        if let Err(e) = park(&crate::supervise::Parked { init: host.init, target: tpid, cgroup }) {
+            let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
+            return Err(FailCode::Withdrawn.at(Stage::Exec, e));
+        }
+    }
     if let Err(s) = seize_sender(tpid, sender.as_fd()) {
         let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
         return Err(cage_report(sock).unwrap_or(s));

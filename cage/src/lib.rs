@@ -32,6 +32,6 @@ pub use ahead::Ahead;
 pub use fault::TestHook;
 pub use launch::{launch, launch_to_end, missing_supervisor_capabilities, Teardown, NAMESPACES};
 pub use mounts::RootKey;
-pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage};
+pub use plan::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Stage, Tmpfs};
 pub use record::{LaunchRecord, State};
-pub use supervise::{Gate, Sinks};
+pub use supervise::{Gate, Park, Parked, Sinks};

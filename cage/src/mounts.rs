@@ -181,7 +181,7 @@ impl RootKey {
     /// top-level entries, no test hook on mount flags.
     pub fn of(plan: &CagePlan) -> Option<RootKey> {
         let top_binds = plan.binds.iter().any(|b| top_level_name(&b.dest).is_some());
-        (!top_binds && !fault::on(plan, &TestHook::MountFlags)).then(|| RootKey {
+        (!top_binds && plan.tmpfs.is_empty() && !fault::on(plan, &TestHook::MountFlags)).then(|| RootKey {
             root: plan.root.clone(),
             tmp_bytes: plan.limits.tmp_bytes,
             shm_bytes: plan.limits.shm_bytes,
@@ -323,13 +323,18 @@ impl Prepared {
         let mut p = match ahead.filter(|a| a.serves(RootKey::of(plan).as_ref())) {
             Some(a) => a.prepared.try_clone(mask_proc)?,
             None => {
-                let top_binds: Vec<&OsStr> = plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).collect();
+                let tmpfs = plan.tmpfs.iter().map(|t| tmpfs_name(&t.dest)).collect::<io::Result<Vec<_>>>()?;
+                let top_binds: Vec<&OsStr> =
+                    plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).chain(tmpfs.iter().copied()).collect();
                 let mut p = Prepared::empty(mask_proc, strip)?;
                 match &plan.root {
                     RootSpec::Directory(dir) => p.add_root_dir(dir, &top_binds)?,
                     RootSpec::HostSystem => p.add_host_system(&top_binds)?,
                 }
                 p.add_special(plan.limits.tmp_bytes, plan.limits.shm_bytes)?;
+                for (name, t) in tmpfs.iter().zip(&plan.tmpfs) {
+                    p.add_tmpfs(name, t.bytes)?;
+                }
                 p
             }
         };
@@ -504,6 +509,16 @@ impl Prepared {
         sys::mkdirat(self.dev.as_fd(), c"shm", 0o1777)?;
         let shm = tmpfs(shm_bytes, "1777", (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip)?;
         self.push(Parent::Dev, c"shm".into(), shm, format!("/dev/shm tmpfs size={shm_bytes} noexec"));
+        Ok(())
+    }
+
+    /// A writable, non-executable tmpfs of `bytes` at the top-level `name`.
+    fn add_tmpfs(&mut self, name: &OsStr, bytes: u64) -> io::Result<()> {
+        let c = cstring(name)?;
+        sys::mkdirat(self.skeleton.as_fd(), &c, 0o755)?;
+        let fs = tmpfs(bytes, "0755", (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip)?;
+        let what = format!("/{} tmpfs size={bytes} noexec", name.to_string_lossy());
+        self.push(Parent::Root, c, fs, what);
         Ok(())
     }
 
@@ -729,6 +744,20 @@ fn mask_root_only(proc: BorrowedFd<'_>, dev: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// The first component of `dest` when it is the only one.
+/// The one name below `/` a plan's tmpfs may take: not one the cage provides itself.
+fn tmpfs_name(dest: &Path) -> io::Result<&OsStr> {
+    match top_level_name(dest) {
+        Some(n) if !RESERVED.iter().any(|r| OsStr::new(r) == n) => Ok(n),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "tmpfs destination {} must be one name below / other than /proc, /dev, /tmp and /workspace",
+                dest.display()
+            ),
+        )),
+    }
+}
+
 fn top_level_name(dest: &Path) -> Option<&OsStr> {
     let names = path::components(dest).ok()?;
     (names.len() == 1).then(|| names[0])

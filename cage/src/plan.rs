@@ -47,6 +47,16 @@ pub struct Bind {
     pub writable: bool,
 }
 
+/// A tmpfs the cage mounts at a top-level name (an OCI bundle's `/run`, say): writable,
+/// `nosuid,nodev,noexec`, sized.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tmpfs {
+    /// Absolute path of one component below `/` (not `/proc`, `/dev`, `/tmp` or `/workspace`).
+    pub dest: PathBuf,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
 /// Resource ceilings. `None` means "no ceiling of this kind".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -215,6 +225,9 @@ pub struct CagePlan {
     pub workspace_read_only: bool,
     /// Extra binds.
     pub binds: Vec<Bind>,
+    /// Extra tmpfs mounts at top-level names.
+    #[serde(default)]
+    pub tmpfs: Vec<Tmpfs>,
     /// argv; `argv[0]` names the target (a path inside the cage, or a name looked up in PATH).
     pub argv: Vec<OsString>,
     /// The complete environment of the target.
@@ -240,6 +253,13 @@ pub struct CagePlan {
     pub staging_dir: PathBuf,
     /// cgroup v2 directory under which launch cgroups are created; `None` = detect.
     pub cgroup_v2_root: Option<PathBuf>,
+    /// The cage outlives the process that built it (an OCI runtime's `create` and `start`):
+    /// the target gets the supervisor's own stdin, stdout and stderr (the engine's), the init
+    /// does not die with the supervisor and exits with the target's status (128 + signal when
+    /// killed), and nothing after the observed exec is the supervisor's: no deadline, no output
+    /// cap, no janitor — the engine supervises, and the runtime's `delete` removes the cgroup.
+    #[serde(default)]
+    pub detached: bool,
     /// The test suites' switches; a build without the `test-hooks` feature has none.
     #[cfg(feature = "test-hooks")]
     #[serde(default)]
@@ -258,6 +278,7 @@ impl CagePlan {
             workspace: None,
             workspace_read_only: false,
             binds: Vec::new(),
+            tmpfs: Vec::new(),
             argv,
             env: vec![
                 ("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into()),
@@ -274,6 +295,7 @@ impl CagePlan {
             expect_sha256: None,
             staging_dir: PathBuf::from("/run/chio/cage-root"),
             cgroup_v2_root: None,
+            detached: false,
             #[cfg(feature = "test-hooks")]
             test: Default::default(),
             annotations: Default::default(),

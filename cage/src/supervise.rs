@@ -44,6 +44,23 @@ pub type OnEnforced<'a> = &'a mut dyn FnMut(&crate::record::LaunchRecord) -> Res
 /// false withdraws the launch before one instruction of the command runs.
 pub type Gate<'a> = &'a dyn Fn() -> bool;
 
+/// The cage as it waits at its target's hello, before anything is traced: what a detached
+/// launch's `create` hands over.
+#[derive(Debug, Clone)]
+pub struct Parked {
+    /// The cage's init (PID 1 of its pid namespace), as the host sees it.
+    pub init: libc::pid_t,
+    /// The target, not yet seized.
+    pub target: libc::pid_t,
+    /// The launch cgroup's directories, which outlive the launch when it is detached.
+    pub cgroup: Vec<std::path::PathBuf>,
+}
+
+/// Called once at the target's hello, before the target is seized: an OCI runtime's `create`
+/// forks here — the parent reports the parked cage and exits, the child returns and goes on
+/// with the launch when `start` comes. An error withdraws the launch.
+pub type Park<'a> = &'a mut dyn FnMut(&Parked) -> Result<(), String>;
+
 /// Where the target's output goes, where its input comes from, and who hears that the launch
 /// is enforced.
 pub struct Sinks<'a> {
@@ -58,6 +75,8 @@ pub struct Sinks<'a> {
     pub on_enforced: Option<OnEnforced<'a>>,
     /// Optional gate before the target goes on (see [`Gate`]).
     pub gate: Option<Gate<'a>>,
+    /// Optional hook at the target's hello (see [`Park`]).
+    pub park: Option<Park<'a>>,
     /// Set by the launch when the target's stderr, as passed through, does not end with a
     /// newline (what the caller writes next would otherwise continue the target's line).
     pub stderr_mid_line: bool,
@@ -75,6 +94,7 @@ impl<'a> Sinks<'a> {
             stdin: None,
             on_enforced: None,
             gate: None,
+            park: None,
             stderr_mid_line: false,
             ahead: Default::default(),
         }

@@ -35,6 +35,7 @@ mod file_access;
 pub mod image;
 pub mod launch;
 pub mod launch_plan;
+pub mod oci;
 pub mod preflight;
 pub mod receipts;
 pub mod repository;
