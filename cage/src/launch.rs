@@ -153,7 +153,7 @@ fn check_plan(plan: &CagePlan) -> Result<(), Failure> {
             ),
         ));
     }
-    check_limits(&plan.limits).map_err(|detail| reject(FailCode::BadLimit, detail))?;
+    check_limits(&plan.limits, plan.detached).map_err(|detail| reject(FailCode::BadLimit, detail))?;
     if plan.uid == u32::MAX || plan.gid == u32::MAX {
         // -1 means "leave unchanged" to setresuid/setresgid: the target would keep root's ids.
         return Err(reject(
@@ -214,7 +214,8 @@ pub fn missing_supervisor_capabilities(plan: &CagePlan) -> Result<Vec<&'static s
 const MIN_TMPFS_BYTES: u64 = 1 << 20;
 
 /// Ceilings that would mean something other than what the record says are refused.
-fn check_limits(l: &crate::plan::Limits) -> Result<(), String> {
+/// A detached launch's deadline is none of its business (the engine's): 0 there.
+fn check_limits(l: &crate::plan::Limits, detached: bool) -> Result<(), String> {
     for (name, value) in [("/tmp size", l.tmp_bytes), ("/dev/shm size", l.shm_bytes)] {
         if value < MIN_TMPFS_BYTES {
             return Err(format!("{name} {value} bytes is below the 1 MiB floor (tmpfs would read 0 as unlimited)"));
@@ -225,7 +226,7 @@ fn check_limits(l: &crate::plan::Limits) -> Result<(), String> {
         ("--memory", "memory ceiling", l.memory_bytes, 1 << 20, "1M"),
         ("--pids", "pids ceiling", l.pids, 2, "2 (the init and the command)"),
         ("--cpus", "CPU ceiling", l.cpu_millis, 10, "0.01 (the kernel's smallest CPU quota)"),
-        ("--timeout", "wall-clock deadline", Some(l.wall_ms), 1, "1ms"),
+        ("--timeout", "wall-clock deadline", Some(l.wall_ms).filter(|_| !detached), 1, "1ms"),
         ("", "open-file limit", Some(l.nofile), 8, "8"),
     ];
     for (flag, what, value, floor, shown) in floors {

@@ -73,7 +73,9 @@ impl<'a> Translation<'a> {
         plan.detached = true;
         plan.net = NetMode::Loopback;
         plan.staging_dir = node.staging_dir.clone();
-        plan.limits = Limits { wall_ms: u64::MAX, output_bytes: 0, ..node.ceilings.clone() };
+        // No deadline and no output cap: a detached launch enforces neither (the record says
+        // 0 for both, and why, in its annotations).
+        plan.limits = Limits { wall_ms: 0, output_bytes: 0, ..node.ceilings.clone() };
         plan.env.clear();
         let mut notes = BTreeMap::new();
         notes.insert("oci.id".into(), id.to_string());

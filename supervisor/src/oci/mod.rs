@@ -90,13 +90,16 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
         cgroup: Vec::new(),
         annotations: t.plan.annotations.clone(),
     };
-    let mut start_conn: Option<UnixStream> = None;
+    // The holder's: whether this process is it, and `start`'s connection once it came.
+    let (mut holder, mut start_conn) = (false, None::<UnixStream>);
     let mut receipts = receipts;
     let record = {
         let (out, err) = (std::io::stdout(), std::io::stderr());
         let mut sinks = Sinks::new(out.as_fd(), err.as_fd());
         sinks.ahead.netns = netns;
-        let mut park = |p: &Parked| park(&root, &mut saved, pid_file.as_deref(), &listener, p, &mut start_conn);
+        let mut park = |p: &Parked| {
+            park(&root, &mut saved, pid_file.as_deref(), &listener, p, (&mut holder, &mut start_conn))
+        };
         sinks.park = Some(&mut park);
         let mut sign = |rec: &LaunchRecord| match receipts.as_mut() {
             Some(r) => r.enforcement(rec).map(drop),
@@ -106,6 +109,12 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
         chio_cage::launch(&t.plan, &mut sinks)
     };
     // Only a failed create comes back here; in the holder, after `start`, so does every start.
+    if holder && start_conn.is_none() {
+        // The container ended (or was deleted) before its start: its state stays for `delete`.
+        std::mem::forget(made);
+        // SAFETY: see held_to_the_end.
+        unsafe { libc::_exit(0) }
+    }
     let Some(mut conn) = start_conn else {
         let f = record.failure.as_ref().map_or("the cage ended before its command's hello".into(), |f| {
             format!("{} at stage {}: {}", f.code, f.stage.name(), f.detail)
@@ -165,7 +174,7 @@ fn park(
     pid_file: Option<&Path>,
     listener: &UnixListener,
     p: &Parked,
-    conn: &mut Option<UnixStream>,
+    (holder, conn): (&mut bool, &mut Option<UnixStream>),
 ) -> Result<(), String> {
     let (pid_started, _) = state::started_at(p.init).ok_or("the cage's init is gone")?;
     saved.pid = p.init;
@@ -191,6 +200,7 @@ fn park(
             unsafe { libc::_exit(0) }
         }
         ForkResult::Child => {
+            *holder = true;
             // Out of the engine's session and off its descriptors (it waits for them to close).
             let _ = nix::unistd::setsid();
             if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {

@@ -50,7 +50,8 @@ fn container_ceilings() -> Limits {
         pids: Some(1024),
         cpu_millis: Some(2000),
         nofile: 1 << 20,
-        fsize_bytes: u64::MAX,
+        // 1 PiB: no file-size limit in practice, and a number a signed record holds exactly.
+        fsize_bytes: 1 << 50,
         tmp_bytes: 64 << 20,
         shm_bytes: 64 << 20,
         ..Limits::default()

@@ -1,0 +1,502 @@
+//! `chio oci`, the runc command line, driven the way engines drive it: create with a pid file,
+//! start, state, kill, delete — the test process is the subreaper that inherits the container's
+//! process, as conmon and the containerd shim are — and through containerd's own `ctr run` with
+//! chio as its runc binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use chio_tests::{chio_bin, output_within, privileged, run_within, shared_rootfs, skip, Scratch};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
+
+/// One runtime root and one bundle on the probe rootfs.
+struct Oci {
+    chio: PathBuf,
+    rootfs: &'static Path,
+    dir: Scratch,
+    /// The node configuration every call names (`CHIO_OCI_CONFIG`), if any.
+    node: std::cell::RefCell<Option<PathBuf>>,
+}
+
+impl Oci {
+    fn new(test: &str) -> Option<Oci> {
+        if !privileged(test) {
+            return None;
+        }
+        become_subreaper();
+        let probe = Path::new(PROBE);
+        let dir = Scratch::new(&format!("oci-{test}"));
+        Some(Oci { chio: chio_bin(probe), rootfs: shared_rootfs(probe), dir, node: Default::default() })
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    /// A bundle `name` whose config runs `args`, edited by `edit`.
+    fn bundle(&self, name: &str, args: &[&str], edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+        let b = self.dir.join(name);
+        std::fs::create_dir_all(&b).unwrap();
+        let mut c = config(self.rootfs, args);
+        edit(&mut c);
+        std::fs::write(b.join("config.json"), c.to_string()).unwrap();
+        b
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.chio);
+        c.arg("oci").arg("--root").arg(self.root()).args(args).stdin(Stdio::null());
+        if let Some(n) = self.node.borrow().as_ref() {
+            c.env("CHIO_OCI_CONFIG", n);
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        run_within(&mut self.cmd(args), Duration::from_secs(60), &format!("chio oci {args:?}"))
+    }
+
+    /// `create` with the container's stdout and stderr going to `out` (as an engine gives the
+    /// runtime the container's own descriptors): (create's exit status and stderr, the pid).
+    fn create(&self, id: &str, bundle: &Path, out: &Path) -> (Output, Option<i32>) {
+        let pid_file = self.dir.join(&format!("{id}.pid"));
+        let f = std::fs::File::create(out).unwrap();
+        let err = self.dir.join(&format!("{id}.create-err"));
+        let b = bundle.to_str().unwrap();
+        let mut c = self.cmd(&["create", "--bundle", b, "--pid-file", pid_file.to_str().unwrap(), id]);
+        c.stdout(f.try_clone().unwrap()).stderr(std::fs::File::create(&err).unwrap());
+        let mut o = output_within(c.spawn().unwrap(), Duration::from_secs(60), "chio oci create");
+        o.stderr = std::fs::read(&err).unwrap();
+        let pid = std::fs::read_to_string(&pid_file).ok().map(|p| p.trim().parse().unwrap());
+        (o, pid)
+    }
+
+    fn state(&self, id: &str) -> serde_json::Value {
+        let o = self.run(&["state", id]);
+        assert!(o.status.success(), "state: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn saved(&self, id: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.root().join(id).join("state.json")).unwrap()).unwrap()
+    }
+
+    /// create, start, wait: (exit status of the container's process, its output, its record).
+    fn run_container(&self, id: &str, args: &[&str]) -> (i32, String, serde_json::Value) {
+        let b = self.bundle(id, args, |_| {});
+        let out = self.dir.join(&format!("{id}.out"));
+        let (o, pid) = self.create(id, &b, &out);
+        assert!(o.status.success(), "create: {}", String::from_utf8_lossy(&o.stderr));
+        let holder = self.saved(id)["holder"].as_i64().unwrap() as i32;
+        let s = self.run(&["start", id]);
+        assert!(s.status.success(), "start: {}", String::from_utf8_lossy(&s.stderr));
+        let status = wait_exit(pid.unwrap());
+        reap(holder);
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(self.root().join(id).join("chio-launch.json")).unwrap()).unwrap();
+        let d = self.run(&["delete", id]);
+        assert!(d.status.success(), "delete: {}", String::from_utf8_lossy(&d.stderr));
+        (status, std::fs::read_to_string(&out).unwrap(), record)
+    }
+}
+
+/// runc's default config, as `ctr oci spec` prints it, with a read-only root.
+fn config(rootfs: &Path, args: &[&str]) -> serde_json::Value {
+    let caps = [
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FSETID",
+        "CAP_FOWNER",
+        "CAP_MKNOD",
+        "CAP_NET_RAW",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETFCAP",
+        "CAP_SETPCAP",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_SYS_CHROOT",
+        "CAP_KILL",
+        "CAP_AUDIT_WRITE",
+    ];
+    serde_json::json!({
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "user": {"uid": 0, "gid": 0}, "args": args, "env": ["PATH=/usr/bin:/bin"], "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": rootfs, "readonly": true},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}
+        ],
+        "linux": {
+            "resources": {"devices": [{"allow": false, "access": "rwm"}], "memory": {"limit": 268435456}},
+            "cgroupsPath": "/default",
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}],
+            "maskedPaths": ["/proc/kcore", "/proc/keys"],
+            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]
+        },
+        "annotations": {"io.kubernetes.pod.name": "web-0", "io.kubernetes.pod.namespace": "shop"}
+    })
+}
+
+/// Orphans of this process (the containers' processes, once `create` exits) come to it.
+fn become_subreaper() {
+    // SAFETY: a prctl on this process with constant arguments (nix has no wrapper for it).
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }, 0);
+}
+
+/// Wait for `pid` (a child by re-parenting): its exit code, or 128 + signal.
+fn wait_exit(pid: i32) -> i32 {
+    let mut status = 0;
+    // SAFETY: waitpid on one pid into a local.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(r, pid, "waitpid({pid}): {}", std::io::Error::last_os_error());
+    if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        libc::WEXITSTATUS(status)
+    }
+}
+
+/// Reap `pid` if it is our child (the holder after `start`, re-parented here).
+fn reap(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let mut status = 0;
+        // SAFETY: waitpid on one pid into a local.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("the holder {pid} did not exit after start");
+}
+
+fn gone(pid: i32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+fn sha256_of(p: &Path) -> String {
+    chio_tests::hex(&std::fs::read(p).unwrap())
+}
+
+/// The container's process runs with the engine's stdio, exits with its own status, and its
+/// exec is recorded — the binary's digest, the facts at the exec stop, the bundle's
+/// annotations — with the container's lifecycle seen through `state` and `ps`.
+#[test]
+fn a_container_runs_observed_and_recorded() {
+    let Some(o) = Oci::new("runs") else { return };
+    let b =
+        o.bundle("c1", &["/probe", "euid"], |c| c["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000}));
+    let out = o.dir.join("c1.out");
+    let (c, pid) = o.create("c1", &b, &out);
+    assert!(c.status.success(), "create: {}", String::from_utf8_lossy(&c.stderr));
+    let pid = pid.expect("create wrote the pid file before it returned");
+    let st = o.state("c1");
+    assert_eq!((st["status"].as_str(), st["pid"].as_i64()), (Some("created"), Some(pid as i64)), "{st}");
+    assert_eq!(st["annotations"]["io.kubernetes.pod.name"], "web-0");
+    let ps = o.run(&["ps", "--format", "json", "c1"]);
+    let pids: Vec<i32> = serde_json::from_slice(&ps.stdout).unwrap();
+    assert!(pids.contains(&pid), "ps {pids:?} lacks the init {pid}");
+    assert!(!o.root().join("c1/chio-launch.json").exists(), "nothing ran yet, nothing is recorded");
+    let holder = o.saved("c1")["holder"].as_i64().unwrap() as i32;
+    let cgroups: Vec<PathBuf> =
+        o.saved("c1")["cgroup"].as_array().unwrap().iter().map(|p| PathBuf::from(p.as_str().unwrap())).collect();
+    assert!(!cgroups.is_empty() && cgroups.iter().all(|d| d.is_dir()), "{cgroups:?}");
+    let s = o.run(&["start", "c1"]);
+    assert!(s.status.success(), "start: {}", String::from_utf8_lossy(&s.stderr));
+    // The probe says it runs as the config's uid 1000, not root: its exit status 1.
+    assert_eq!(wait_exit(pid), 1);
+    reap(holder);
+    assert_eq!(o.state("c1")["status"], "stopped");
+    let said = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(said, "REFUSED: euid is 1000 errno=0\n", "the container's output reached the engine's stdout");
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(b.join("chio-launch.json")).unwrap()).unwrap();
+    assert_eq!(rec["state"], "FullyEnforced", "{rec}");
+    assert_eq!(rec["target"]["path"], "/probe");
+    assert_eq!(rec["target"]["sha256"], sha256_of(&o.rootfs.join("probe")));
+    assert_eq!(rec["observed"]["uids"][1], 1000, "{}", rec["observed"]);
+    assert_eq!(rec["annotations"]["oci.id"], "c1");
+    assert_eq!(rec["annotations"]["oci.annotation.io.kubernetes.pod.namespace"], "shop");
+    assert_eq!(rec["limits"]["memory_bytes"], 268435456, "the config's smaller memory ceiling");
+    let again = o.run(&["start", "c1"]);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("stopped, not created"));
+    let d = o.run(&["delete", "c1"]);
+    assert!(d.status.success(), "delete: {}", String::from_utf8_lossy(&d.stderr));
+    assert!(!o.root().join("c1").exists() && !b.join("chio-launch.json").exists());
+    assert!(cgroups.iter().all(|d| !d.exists()), "delete removed the cgroup: {cgroups:?}");
+}
+
+/// A signal by name or number reaches the container's process through its init, whose status
+/// is then 128 + the signal, as runc's is; `kill --all` reaches every process.
+#[test]
+fn kill_reaches_the_containers_process() {
+    let Some(o) = Oci::new("kill") else { return };
+    for (id, how) in [
+        ("k1", vec!["kill", "k1", "TERM"]),
+        ("k2", vec!["kill", "k2", "15"]),
+        ("k3", vec!["kill", "--all", "k3", "SIGKILL"]),
+    ] {
+        let b = o.bundle(id, &["/probe", "sleeper", id], |_| {});
+        let out = o.dir.join(&format!("{id}.out"));
+        let (c, pid) = o.create(id, &b, &out);
+        assert!(c.status.success(), "create: {}", String::from_utf8_lossy(&c.stderr));
+        let holder = o.saved(id)["holder"].as_i64().unwrap() as i32;
+        assert!(o.run(&["start", id]).status.success());
+        reap(holder);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&out).unwrap().contains("SLEEPING") {
+            assert!(Instant::now() < deadline, "the sleeper never said it sleeps");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(o.state(id)["status"], "running");
+        let k = o.run(&how);
+        assert!(k.status.success(), "{how:?}: {}", String::from_utf8_lossy(&k.stderr));
+        let want = if id == "k3" { 128 + 9 } else { 128 + 15 };
+        assert_eq!(wait_exit(pid.unwrap()), want, "{how:?}");
+        assert!(o.run(&["delete", id]).status.success());
+    }
+    let bad = o.run(&["kill", "nope", "TERM"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("does not exist"));
+}
+
+/// A created container deleted before its start leaves nothing: its init, its holder, its
+/// cgroup and its state are gone. A running one is deleted only with --force.
+#[test]
+fn delete_leaves_nothing_behind() {
+    let Some(o) = Oci::new("delete") else { return };
+    let b = o.bundle("d1", &["/probe", "sleeper", "d1"], |_| {});
+    let (c, pid) = o.create("d1", &b, &o.dir.join("d1.out"));
+    assert!(c.status.success(), "create: {}", String::from_utf8_lossy(&c.stderr));
+    let (pid, holder) = (pid.unwrap(), o.saved("d1")["holder"].as_i64().unwrap() as i32);
+    let cgroups = o.saved("d1")["cgroup"].clone();
+    let d = o.run(&["delete", "d1"]);
+    assert!(d.status.success(), "delete of a created container: {}", String::from_utf8_lossy(&d.stderr));
+    wait_exit(pid);
+    reap(holder);
+    assert!(gone(pid) && gone(holder) && !o.root().join("d1").exists());
+    assert!(cgroups.as_array().unwrap().iter().all(|d| !Path::new(d.as_str().unwrap()).exists()));
+
+    let b = o.bundle("d2", &["/probe", "sleeper", "d2"], |_| {});
+    let (c, pid) = o.create("d2", &b, &o.dir.join("d2.out"));
+    assert!(c.status.success());
+    let holder = o.saved("d2")["holder"].as_i64().unwrap() as i32;
+    assert!(o.run(&["start", "d2"]).status.success());
+    reap(holder);
+    let refused = o.run(&["delete", "d2"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is running"), "{refused:?}");
+    assert!(o.run(&["delete", "--force", "d2"]).status.success());
+    assert_eq!(wait_exit(pid.unwrap()), 128 + 9);
+    assert!(!o.root().join("d2").exists());
+    assert!(o.run(&["delete", "--force", "d2"]).status.success(), "a forced delete of no container succeeds");
+}
+
+/// What the node refuses is refused at `create`, every reason named on stderr and in the
+/// engine's JSON log, and nothing is left: no state, no process.
+#[test]
+fn what_the_node_refuses_is_refused_at_create() {
+    let Some(o) = Oci::new("refuse") else { return };
+    let b = o.bundle("r1", &["/probe", "euid"], |c| {
+        c["root"]["readonly"] = false.into();
+        c["process"]["capabilities"]["bounding"][0] = "CAP_SYS_ADMIN".into();
+        c["linux"]["namespaces"].as_array_mut().unwrap().retain(|n| n["type"] != "network");
+    });
+    let log = o.dir.join("log.json");
+    let pid_file = o.dir.join("r1.pid");
+    let out = o.run(&[
+        "--log",
+        log.to_str().unwrap(),
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--pid-file",
+        pid_file.to_str().unwrap(),
+        "r1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for why in ["root.readonly is not true", "CAP_SYS_ADMIN", "no net namespace: the container would share the host's"]
+    {
+        assert!(err.contains(why), "{why}: {err}");
+    }
+    let line: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().trim()).unwrap();
+    assert_eq!(line["level"], "error");
+    assert!(line["msg"].as_str().unwrap().contains("root.readonly"), "{line}");
+    assert!(!pid_file.exists() && !o.root().join("r1").exists());
+    let sd = o.run(&["--systemd-cgroup", "state", "r1"]);
+    assert!(String::from_utf8_lossy(&sd.stderr).contains("--systemd-cgroup is not supported"));
+    let tty = o.run(&["create", "--bundle", b.to_str().unwrap(), "--console-socket", "/nonexistent", "r2"]);
+    assert!(String::from_utf8_lossy(&tty.stderr).contains("console socket"), "{tty:?}");
+}
+
+/// The escape probes, run as a container's process, are refused; each probe's control on the
+/// host escapes (so none passes by being broken).
+#[test]
+fn escape_probes_are_refused_in_a_container() {
+    let Some(o) = Oci::new("escape") else { return };
+    let scratch = Scratch::new("oci-escape-control");
+    for (i, (probe, control)) in [
+        (vec!["caps"], vec!["caps"]),
+        (vec!["unshare", "user"], vec!["unshare", "user"]),
+        (vec!["mount", "/run"], vec!["mount", scratch.0.to_str().unwrap()]),
+        (vec!["ptrace"], vec!["ptrace"]),
+        (vec!["keyctl"], vec!["keyctl"]),
+        (vec!["bpf"], vec!["bpf"]),
+        (vec!["sethostname"], vec!["sethostname", "--own-ns"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut args = vec!["/probe"];
+        args.extend(&probe);
+        let (status, said, rec) = o.run_container(&format!("e{i}"), &args);
+        assert_eq!(rec["state"], "FullyEnforced");
+        assert!(said.starts_with("REFUSED") && status == 1, "{probe:?} in a container: {status} {said:?}");
+        let c = Command::new(PROBE).args(&control).output().unwrap();
+        let c = String::from_utf8_lossy(&c.stdout);
+        assert!(c.starts_with("ESCAPED"), "control {control:?} on the host as root: {c:?}");
+    }
+}
+
+/// With receipts configured on the node, every start is signed into the store, and `chio
+/// receipt list` names the container and its pod.
+#[test]
+fn a_container_start_is_signed_into_the_nodes_store() {
+    let Some(o) = Oci::new("receipts") else { return };
+    let keys = o.dir.join("keys");
+    let k = Command::new(&o.chio).args(["keys", "generate", "--out", keys.to_str().unwrap()]).output().unwrap();
+    assert!(k.status.success(), "{k:?}");
+    let db = o.dir.join("receipts.db");
+    let node = o.dir.join("node.json");
+    std::fs::write(&node, serde_json::json!({"receipt_db": db, "kernel_key": keys.join("signing.seed")}).to_string())
+        .unwrap();
+    *o.node.borrow_mut() = Some(node);
+    let (status, _, rec) = o.run_container("s1", &["/probe", "caps"]);
+    assert_eq!((status, rec["state"].as_str()), (1, Some("FullyEnforced")));
+    let list = Command::new(&o.chio).args(["receipt", "list", "--receipt-db", db.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success() && text.contains("s1") && text.contains("web-0"), "{text}");
+}
+
+/// containerd's `ctr run` with chio as its runc binary (the runc v2 shim with BinaryName):
+/// the container's output and exit status come back, and a probe inside is refused.
+#[test]
+fn ctr_runs_containers_through_chio() {
+    if !privileged("ctr") {
+        return;
+    }
+    if Command::new("containerd").arg("--version").output().is_err() {
+        return skip("ctr", "containerd is not installed (apt-get install containerd)");
+    }
+    let Some(o) = Oci::new("ctr") else { return };
+    let ctd = Containerd::start(&o);
+    let runc = o.dir.join("chio-runc");
+    std::os::unix::fs::symlink(&o.chio, &runc).unwrap();
+    let run = |id: &str, args: &[&str]| {
+        let mut c = ctd.ctr(&["run", "--rm", "--read-only", "--runc-binary", runc.to_str().unwrap(), IMAGE, id]);
+        c.args(args);
+        run_within(&mut c, Duration::from_secs(60), "ctr run")
+    };
+    let out = run("t1", &["/probe", "euid"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ESCAPED: euid is 0\n", "ctr's default user is 0");
+    let out = run("t2", &["/probe", "caps"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.starts_with("REFUSED") && out.status.code() == Some(1), "{out:?}");
+    let writable = ctd
+        .ctr(&["run", "--rm", "--runc-binary", runc.to_str().unwrap(), IMAGE, "t3", "/probe", "euid"])
+        .output()
+        .unwrap();
+    assert!(!writable.status.success());
+    assert!(String::from_utf8_lossy(&writable.stderr).contains("root.readonly"), "{writable:?}");
+}
+
+const IMAGE: &str = "docker.io/library/chio-probe:1";
+
+/// A private containerd (its own root, state and socket; no CRI) with the probe image.
+struct Containerd {
+    dir: PathBuf,
+    daemon: chio_tests::Reaped,
+}
+
+impl Containerd {
+    fn start(o: &Oci) -> Containerd {
+        let dir = o.dir.join("containerd");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        let cfg = dir.join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{0}/sock\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("log")).unwrap();
+        let daemon = Command::new("containerd")
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let c = Containerd { dir, daemon: chio_tests::Reaped(daemon) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).output().unwrap().status.success() {
+            assert!(Instant::now() < deadline, "containerd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let layout = o.dir.join("layout");
+        chio_tests::oci_layout_with(o.rootfs, &layout, serde_json::json!({"Cmd": ["/probe"]}), "1");
+        let mut idx: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        idx["manifests"][0]["annotations"]["io.containerd.image.name"] = IMAGE.into();
+        std::fs::write(layout.join("index.json"), idx.to_string()).unwrap();
+        let tar = o.dir.join("image.tar");
+        let t = Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&tar).arg(".").output().unwrap();
+        assert!(t.status.success());
+        let i = c.ctr(&["image", "import", tar.to_str().unwrap()]).output().unwrap();
+        assert!(i.status.success(), "ctr image import: {i:?}");
+        c
+    }
+
+    fn ctr(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("--address").arg(self.dir.join("sock")).args(args).stdin(Stdio::null());
+        c
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.daemon.0.kill();
+        let _ = self.daemon.0.wait();
+        // Its snapshots are overlay mounts below its root: unmount them before the scratch goes.
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for m in
+            mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(self.dir.to_str().unwrap()))
+        {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+    }
+}
