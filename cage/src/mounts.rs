@@ -134,6 +134,9 @@ pub struct Prepared {
     no_ephemeral_ports: bool,
     /// Mount attributes a test hook strips (read-only and noexec), to show landlock alone holds.
     strip: u64,
+    /// Top-level tmpfs mounts of the plan's (besides `/tmp`): binds below them get their mount
+    /// points made in them.
+    own_tmpfs: Vec<std::ffi::OsString>,
 }
 
 fn err_at(what: &str, p: impl AsRef<Path>, e: io::Error) -> io::Error {
@@ -289,6 +292,7 @@ impl Prepared {
             mask_proc,
             no_ephemeral_ports: false,
             strip,
+            own_tmpfs: Vec::new(),
         })
     }
 
@@ -312,6 +316,7 @@ impl Prepared {
             mask_proc,
             no_ephemeral_ports: false,
             strip: self.strip,
+            own_tmpfs: self.own_tmpfs.clone(),
         })
     }
 
@@ -323,17 +328,23 @@ impl Prepared {
         let mut p = match ahead.filter(|a| a.serves(RootKey::of(plan).as_ref())) {
             Some(a) => a.prepared.try_clone(mask_proc)?,
             None => {
-                let tmpfs = plan.tmpfs.iter().map(|t| tmpfs_name(&t.dest)).collect::<io::Result<Vec<_>>>()?;
-                let top_binds: Vec<&OsStr> =
-                    plan.binds.iter().filter_map(|b| top_level_name(&b.dest)).chain(tmpfs.iter().copied()).collect();
+                for t in &plan.tmpfs {
+                    tmpfs_name(&t.dest)?;
+                }
+                let top_binds: Vec<&OsStr> = plan
+                    .binds
+                    .iter()
+                    .filter_map(|b| top_level_name(&b.dest))
+                    .chain(plan.tmpfs.iter().filter_map(|t| top_level_name(&t.dest)))
+                    .collect();
                 let mut p = Prepared::empty(mask_proc, strip)?;
                 match &plan.root {
                     RootSpec::Directory(dir) => p.add_root_dir(dir, &top_binds)?,
                     RootSpec::HostSystem => p.add_host_system(&top_binds)?,
                 }
                 p.add_special(plan.limits.tmp_bytes, plan.limits.shm_bytes)?;
-                for (name, t) in tmpfs.iter().zip(&plan.tmpfs) {
-                    p.add_tmpfs(name, t.bytes)?;
+                for t in &plan.tmpfs {
+                    p.add_tmpfs(&t.dest, t.bytes)?;
                 }
                 p
             }
@@ -512,13 +523,23 @@ impl Prepared {
         Ok(())
     }
 
-    /// A writable, non-executable tmpfs of `bytes` at the top-level `name`.
-    fn add_tmpfs(&mut self, name: &OsStr, bytes: u64) -> io::Result<()> {
-        let c = cstring(name)?;
-        sys::mkdirat(self.skeleton.as_fd(), &c, 0o755)?;
+    /// A writable, non-executable tmpfs of `bytes` at `dest`: at a top-level name in the
+    /// skeleton, or deeper on a directory the image has (its mount point, never made in it).
+    fn add_tmpfs(&mut self, dest: &Path, bytes: u64) -> io::Result<()> {
         let fs = tmpfs(bytes, "0755", (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC) & !self.strip)?;
-        let what = format!("/{} tmpfs size={bytes} noexec", name.to_string_lossy());
-        self.push(Parent::Root, c, fs, what);
+        let what = format!("{} tmpfs size={bytes} noexec", dest.display());
+        match top_level_name(dest) {
+            Some(name) => {
+                let c = cstring(name)?;
+                sys::mkdirat(self.skeleton.as_fd(), &c, 0o755)?;
+                self.push(Parent::Root, c, fs, what);
+                self.own_tmpfs.push(name.to_os_string());
+            }
+            None => {
+                self.nested.push(NestedBind { dest: dest.to_path_buf(), tree: fs, is_dir: true });
+                self.described.push(what);
+            }
+        }
         Ok(())
     }
 
@@ -592,8 +613,9 @@ impl Prepared {
             self.push(Parent::Root, name, tree, what);
             self.skeleton_binds.push(dest_rel);
         } else {
-            if names[0] == "tmp" && names.len() > 1 {
-                self.mount_point_in_tmp(&names[1..], is_dir)?;
+            let in_own_tmpfs = names[0] == "tmp" || self.own_tmpfs.iter().any(|t| t.as_os_str() == names[0]);
+            if in_own_tmpfs && names.len() > 1 {
+                self.mount_point_in_tmp(names[0], &names[1..], is_dir)?;
             }
             self.nested.push(NestedBind { dest: b.dest.clone(), tree, is_dir });
             self.described.push(what);
@@ -604,8 +626,10 @@ impl Prepared {
     /// A bind below `/tmp` (a tool or venv on a host path under `/tmp`, bound at the same path):
     /// the cage's `/tmp` is its own empty tmpfs, so the mount point is made there — directories
     /// root's, 0755, the last a directory or an empty file as the source is — never in the host's.
-    fn mount_point_in_tmp(&self, rel: &[&OsStr], is_dir: bool) -> io::Result<()> {
-        let Some(tmp) = self.attach.iter().find(|a| a.parent == Parent::Root && a.name.as_bytes() == b"tmp") else {
+    /// The same for a bind below one of the plan's own top-level tmpfs mounts (`top`).
+    fn mount_point_in_tmp(&self, top: &OsStr, rel: &[&OsStr], is_dir: bool) -> io::Result<()> {
+        let Some(tmp) = self.attach.iter().find(|a| a.parent == Parent::Root && a.name.as_bytes() == top.as_bytes())
+        else {
             return Ok(());
         };
         let mut at = PathBuf::new();
@@ -619,7 +643,7 @@ impl Prepared {
             match made {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 r => r.map_err(|e| {
-                    err_at("making the mount point in the cage's /tmp for", Path::new("/tmp").join(&at), e)
+                    err_at("making the mount point in the cage's tmpfs for", Path::new("/").join(top).join(&at), e)
                 })?,
             }
         }
@@ -744,14 +768,14 @@ fn mask_root_only(proc: BorrowedFd<'_>, dev: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// The first component of `dest` when it is the only one.
-/// The one name below `/` a plan's tmpfs may take: not one the cage provides itself.
+/// A plan's tmpfs goes below `/`, not at or below a place the cage provides itself.
 fn tmpfs_name(dest: &Path) -> io::Result<&OsStr> {
-    match top_level_name(dest) {
-        Some(n) if !RESERVED.iter().any(|r| OsStr::new(r) == n) => Ok(n),
+    match path::components(dest).ok().and_then(|n| n.first().copied()) {
+        Some(n) if dest.is_absolute() && !RESERVED.iter().any(|r| OsStr::new(r) == n) => Ok(n),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "tmpfs destination {} must be one name below / other than /proc, /dev, /tmp and /workspace",
+                "tmpfs destination {} must be an absolute path outside /proc, /dev, /tmp and /workspace",
                 dest.display()
             ),
         )),

@@ -22,6 +22,11 @@ pub struct OciArgs {
     /// Use systemd for cgroups: refused, chio manages the container's cgroup itself.
     #[arg(long = "systemd-cgroup", global = true)]
     systemd_cgroup: bool,
+    /// The node's configuration: receipts, bind sources, ceilings (default /etc/chio/oci.json).
+    /// Engines that do not pass their environment on take it as a runtime flag (podman
+    /// --runtime-flag node-config=FILE).
+    #[arg(long = "node-config", global = true, value_name = "FILE", env = "CHIO_OCI_CONFIG")]
+    node_config: Option<PathBuf>,
     /// Accepted for compatibility; chio logs nothing more with it.
     #[arg(long, global = true)]
     debug: bool,
@@ -115,7 +120,7 @@ fn call(a: &OciArgs) -> Result<i32> {
              engine with the cgroupfs manager, e.g. podman --cgroup-manager cgroupfs, or SystemdCgroup = false)"
         );
     }
-    let g = Global { root: a.root.clone() };
+    let g = Global { root: a.root.clone(), node_config: a.node_config.clone() };
     let said = |r: Result<(), String>| r.map(|()| 0).map_err(anyhow::Error::msg);
     match &a.command {
         OciCommand::Create { bundle, pid_file, console_socket, preserve_fds, id, .. } => {

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use chio_cage::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Tmpfs};
 use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Process, Spec};
@@ -123,8 +123,40 @@ impl<'a> Translation<'a> {
         if !self.refused.is_empty() {
             return Err(self.refused);
         }
+        self.within_host_limits();
         self.plan.annotations = self.notes;
         Ok(Translated { plan: self.plan, netns: self.netns })
+    }
+
+    /// Without CAP_SYS_RESOURCE (a host that withholds it, as some VMs do) no process can raise
+    /// a hard limit above its own: the cage's init would fail setting one, after `create` has
+    /// returned. Such a limit is lowered to this process's own, and the record says so.
+    fn within_host_limits(&mut self) {
+        if holds_sys_resource() {
+            return;
+        }
+        use nix::sys::resource::{getrlimit, Resource};
+        let l = &mut self.plan.limits;
+        let mut lowered = Vec::new();
+        let mut clamp = |name: &str, r: Resource, v: &mut u64| {
+            if let Ok((_, hard)) = getrlimit(r) {
+                if *v > hard {
+                    lowered.push(format!("{name} {} to {hard}", *v));
+                    *v = hard;
+                }
+            }
+        };
+        clamp("nofile", Resource::RLIMIT_NOFILE, &mut l.nofile);
+        clamp("fsize", Resource::RLIMIT_FSIZE, &mut l.fsize_bytes);
+        clamp("core", Resource::RLIMIT_CORE, &mut l.core_bytes);
+        clamp("sigpending", Resource::RLIMIT_SIGPENDING, &mut l.sigpending);
+        clamp("memlock", Resource::RLIMIT_MEMLOCK, &mut l.memlock_bytes);
+        if !lowered.is_empty() {
+            self.note(
+                "rlimits_lowered",
+                format!("{}: chio lacks CAP_SYS_RESOURCE and cannot raise a hard limit", lowered.join(", ")),
+            );
+        }
     }
 
     fn root(&mut self, spec: &Spec) {
@@ -230,6 +262,13 @@ impl<'a> Translation<'a> {
             let is_bind = kind == "bind" || opts.iter().any(|o| matches!(*o, "bind" | "rbind"));
             let shown = dest.display().to_string();
             match (shown.as_str(), kind) {
+                ("/dev/shm", _) if is_bind => self.note(
+                    "dev_shm",
+                    format!(
+                        "the cage's own /dev/shm (its ipc namespace is its own), not the bind of {}",
+                        m.source().as_deref().unwrap_or(Path::new("")).display()
+                    ),
+                ),
                 (_, _) if is_bind => self.bind(m, &opts),
                 ("/proc", "proc") | ("/dev", "tmpfs") => {}
                 ("/dev/shm", "tmpfs") => {
@@ -251,9 +290,6 @@ impl<'a> Translation<'a> {
                 (_, "tmpfs") => {
                     let bytes =
                         size_of(&opts).unwrap_or(self.node.ceilings.tmp_bytes).min(self.node.ceilings.tmp_bytes);
-                    if top_level(dest).is_none() {
-                        self.refuse(format!("a tmpfs at {shown}: chio mounts tmpfs only one level below /"));
-                    }
                     self.plan.tmpfs.push(Tmpfs { dest: dest.clone(), bytes });
                 }
                 _ => self.refuse(format!("the {kind:?} mount at {shown} is not one chio provides")),
@@ -358,12 +394,13 @@ fn size_of(opts: &[&str]) -> Option<u64> {
     num.parse::<u64>().ok().map(|n| n.saturating_mul(mult))
 }
 
-fn top_level(dest: &Path) -> Option<&std::ffi::OsStr> {
-    let mut parts = dest.components();
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(Component::RootDir), Some(Component::Normal(n)), None) => Some(n),
-        _ => None,
-    }
+/// Whether this process holds CAP_SYS_RESOURCE in its effective set.
+fn holds_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff =
+        status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
+    // CAP_SYS_RESOURCE is capability 24.
+    eff.is_some_and(|e| e & (1 << 24) != 0)
 }
 
 /// Whether the namespace file at `path` is the host's own namespace of `kind` (this process's).

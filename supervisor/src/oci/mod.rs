@@ -36,6 +36,8 @@ pub const RECORD_NAME: &str = "chio-launch.json";
 pub struct Global {
     /// Where container state lives.
     pub root: PathBuf,
+    /// The node configuration named on the command line (see [`node::NodeConfig::load`]).
+    pub node_config: Option<PathBuf>,
 }
 
 impl Global {
@@ -58,7 +60,7 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
         return Err("chio oci needs root: it creates the container's namespaces, mounts and cgroup".into());
     }
     let bundle = std::fs::canonicalize(bundle).map_err(|e| format!("bundle {}: {e}", bundle.display()))?;
-    let node = node::NodeConfig::load()?;
+    let node = node::NodeConfig::load(g.node_config.as_deref())?;
     let t = bundle::translate(id, &bundle, &node)
         .map_err(|why| format!("chio refused container {id}: {}", why.join("; ")))?;
     // Opened before anything runs: a bad key or a foreign store refuses the container now.
@@ -97,9 +99,8 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
         let (out, err) = (std::io::stdout(), std::io::stderr());
         let mut sinks = Sinks::new(out.as_fd(), err.as_fd());
         sinks.ahead.netns = netns;
-        let mut park = |p: &Parked| {
-            park(&root, &mut saved, pid_file.as_deref(), &listener, p, (&mut holder, &mut start_conn))
-        };
+        let mut park =
+            |p: &Parked| park(&root, &mut saved, pid_file.as_deref(), &listener, p, (&mut holder, &mut start_conn));
         sinks.park = Some(&mut park);
         let mut sign = |rec: &LaunchRecord| match receipts.as_mut() {
             Some(r) => r.enforcement(rec).map(drop),

@@ -1,5 +1,5 @@
 //! The node's word on what containers may ask for: read once per runtime call from
-//! `/etc/chio/oci.json` (or `CHIO_OCI_CONFIG`). A missing file means the strictest node: no
+//! `/etc/chio/oci.json` (or the file `--node-config` or `CHIO_OCI_CONFIG` names). A missing file means the strictest node: no
 //! binds, no receipts, the default ceilings.
 
 use std::path::{Component, Path, PathBuf};
@@ -7,7 +7,7 @@ use std::path::{Component, Path, PathBuf};
 use chio_cage::Limits;
 use serde::Deserialize;
 
-/// Where the node configuration is read from when `CHIO_OCI_CONFIG` names none.
+/// Where the node configuration is read from when none is named.
 pub const DEFAULT_NODE_CONFIG: &str = "/etc/chio/oci.json";
 
 /// A host directory whose contents containers may have bound in.
@@ -75,16 +75,14 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
-    /// The node configuration at `CHIO_OCI_CONFIG`, else at [`DEFAULT_NODE_CONFIG`] when that
-    /// exists, else the strictest default. A file that exists but does not parse is an error.
-    pub fn load() -> Result<NodeConfig, String> {
-        let (path, named) = match std::env::var_os("CHIO_OCI_CONFIG") {
-            Some(p) => (PathBuf::from(p), true),
-            None => (PathBuf::from(DEFAULT_NODE_CONFIG), false),
-        };
-        match std::fs::read(&path) {
-            Ok(bytes) => Self::parse(&bytes, &path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => Ok(NodeConfig::default()),
+    /// The node configuration at `named` (`--node-config`, or `CHIO_OCI_CONFIG`), else at
+    /// [`DEFAULT_NODE_CONFIG`] when that exists, else the strictest default. A file that exists
+    /// but does not parse is an error, and so is a named file that does not exist.
+    pub fn load(named: Option<&Path>) -> Result<NodeConfig, String> {
+        let path = named.unwrap_or(Path::new(DEFAULT_NODE_CONFIG));
+        match std::fs::read(path) {
+            Ok(bytes) => Self::parse(&bytes, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && named.is_none() => Ok(NodeConfig::default()),
             Err(e) => Err(format!("reading the node configuration {}: {e}", path.display())),
         }
     }
