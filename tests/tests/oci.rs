@@ -500,3 +500,158 @@ impl Drop for Containerd {
         }
     }
 }
+
+/// podman with chio as its runtime (conmon creates and starts; podman kills, stops and
+/// deletes): exit codes, stdout, stdin with -i, stop and kill through the container's init,
+/// and the probes refused inside. What chio does not do yet (exec, a terminal, pause on cgroup
+/// v1) is refused with its reason.
+#[test]
+fn podman_runs_containers_through_chio() {
+    if !privileged("podman") {
+        return;
+    }
+    if Command::new("podman").arg("--version").output().is_err() {
+        return skip("podman", "podman is not installed (apt-get install podman conmon)");
+    }
+    let Some(o) = Oci::new("podman") else { return };
+    let p = Podman::new(&o);
+    let out = p.run(&["run", "--rm", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "caps"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("REFUSED: all capability sets empty"), "{out:?}");
+    for (probe, errno) in
+        [(vec!["ptrace"], "errno=1"), (vec!["mount", "/run"], "errno=1"), (vec!["unshare", "user"], "errno=1")]
+    {
+        let mut args = vec!["run", "--rm", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe"];
+        args.extend(&probe);
+        let out = p.run(&args);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.starts_with("REFUSED") && said.contains(errno), "{probe:?} under podman: {out:?}");
+    }
+    let mut i = p.cmd(&["run", "--rm", "-i", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "copy-stdin"]);
+    i.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = i.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"through podman's stdin\n").unwrap();
+    let out = output_within(child, Duration::from_secs(60), "podman run -i");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through podman's stdin\n", "{out:?}");
+
+    let out = p.run(&[
+        "run",
+        "-d",
+        "--name",
+        "sleeper",
+        "--read-only",
+        "--network",
+        "none",
+        PODMAN_IMAGE,
+        "/probe",
+        "sleeper",
+        "p",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let exec = p.run(&["exec", "sleeper", "/probe", "euid"]);
+    assert!(String::from_utf8_lossy(&exec.stderr).contains("exec is not supported yet"), "{exec:?}");
+    let pause = p.run(&["pause", "sleeper"]);
+    if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        assert!(String::from_utf8_lossy(&pause.stderr).contains("cgroup v2's freezer"), "{pause:?}");
+    }
+    let stop = p.run(&["stop", "-t", "5", "sleeper"]);
+    assert!(stop.status.success(), "{stop:?}");
+    let code = p.run(&["inspect", "--format", "{{.State.ExitCode}}", "sleeper"]);
+    assert_eq!(String::from_utf8_lossy(&code.stdout).trim(), "143", "SIGTERM reached the process: {code:?}");
+    assert!(p.run(&["rm", "sleeper"]).status.success());
+
+    let out = p.run(&[
+        "run",
+        "-d",
+        "--name",
+        "killed",
+        "--read-only",
+        "--network",
+        "none",
+        PODMAN_IMAGE,
+        "/probe",
+        "sleeper",
+        "k",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(p.run(&["kill", "--signal", "KILL", "killed"]).status.success());
+    let code = p.run(&["wait", "killed"]);
+    assert_eq!(String::from_utf8_lossy(&code.stdout).trim(), "137", "{code:?}");
+    assert!(p.run(&["rm", "killed"]).status.success());
+
+    let writable = p.run(&["run", "--rm", "--network", "none", PODMAN_IMAGE, "/probe", "euid"]);
+    assert!(!writable.status.success());
+    assert!(String::from_utf8_lossy(&writable.stderr).contains("root.readonly is not true"), "{writable:?}");
+    let tty = p.run(&["run", "--rm", "-t", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "euid"]);
+    assert!(String::from_utf8_lossy(&tty.stderr).contains("not supported yet"), "{tty:?}");
+}
+
+const PODMAN_IMAGE: &str = "localhost/chio-probe:1";
+
+/// podman with private storage, run and temporary directories under the test's scratch, chio
+/// as its runtime (by the `chio-runc` name) and the node configuration as a runtime flag.
+struct Podman {
+    dir: PathBuf,
+    runc: PathBuf,
+    node: PathBuf,
+}
+
+impl Podman {
+    fn new(o: &Oci) -> Podman {
+        let dir = o.dir.join("podman");
+        let rootfs = dir.join("rootfs");
+        chio_tests::build_rootfs(&rootfs, Path::new(PROBE));
+        // What podman binds over and mounts on: its /etc/hosts and /etc/hostname, /var/tmp.
+        std::fs::write(rootfs.join("etc/hosts"), "").unwrap();
+        std::fs::create_dir_all(rootfs.join("var/tmp")).unwrap();
+        let runc = o.dir.join("chio-runc");
+        if !runc.exists() {
+            std::os::unix::fs::symlink(&o.chio, &runc).unwrap();
+        }
+        // Podman's defaults set a sysctl chio does not (ping_group_range): none here.
+        std::fs::write(dir.join("containers.conf"), "[containers]\ndefault_sysctls = []\n").unwrap();
+        let node = dir.join("node.json");
+        let binds = serde_json::json!({"bind_sources": [{"path": dir.join("runroot"), "writable": true}]});
+        std::fs::write(&node, binds.to_string()).unwrap();
+        let p = Podman { dir, runc, node };
+        let tar = p.dir.join("rootfs.tar");
+        let t = Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tar).arg(".").output().unwrap();
+        assert!(t.status.success());
+        let i = p.run(&["import", tar.to_str().unwrap(), PODMAN_IMAGE]);
+        assert!(i.status.success(), "podman import: {i:?}");
+        p
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("podman");
+        let d = |n: &str| self.dir.join(n);
+        c.env("CONTAINERS_CONF", d("containers.conf"))
+            .arg("--root")
+            .arg(d("root"))
+            .arg("--runroot")
+            .arg(d("runroot"))
+            .arg("--tmpdir")
+            .arg(d("tmp"))
+            .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file"])
+            .arg("--runtime")
+            .arg(&self.runc)
+            .arg("--runtime-flag")
+            .arg(format!("node-config={}", self.node.display()))
+            .arg("--runtime-flag")
+            .arg(format!("root={}", self.dir.join("oci-root").display()))
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        run_within(&mut self.cmd(args), Duration::from_secs(120), &format!("podman {args:?}"))
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["rm", "--all", "--force"]).output();
+        let _ = self.cmd(&["system", "reset", "--force"]).output();
+    }
+}

@@ -77,9 +77,8 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
     let root = g.root();
     let dir = root.make(id)?;
     let made = Made { dir: dir.clone() };
-    let sock = dir.join("start.sock");
-    let listener =
-        UnixListener::bind(&sock).map_err(|e| format!("making the container's socket {}: {e}", sock.display()))?;
+    let listener = in_dir(&dir, |sock| UnixListener::bind(sock))
+        .map_err(|e| format!("making the container's socket in {}: {e}", dir.display()))?;
     let pid_file = pid_file.map(absolute).transpose()?;
     let mut saved = Saved {
         id: id.to_string(),
@@ -149,6 +148,16 @@ fn held_to_the_end(root: &Root, id: &str, bundle: &Path, rec: &LaunchRecord, con
     let _ = serde_json::to_writer(&mut *conn, &answer).map(|_| conn.write_all(b"\n"));
     // SAFETY: _exit ends the holder without running the caller's destructors or atexit handlers.
     unsafe { libc::_exit(0) }
+}
+
+/// The socket `start` speaks to, in the container's directory.
+const SOCKET: &str = "start.sock";
+
+/// `f` on the container's socket by a short path: a socket's path must fit in 108 bytes, and
+/// an engine's root and a 64-digit id may not, so it goes through the directory's descriptor.
+fn in_dir<T>(dir: &Path, f: impl FnOnce(&Path) -> std::io::Result<T>) -> std::io::Result<T> {
+    let d = std::fs::File::open(dir)?;
+    f(Path::new(&format!("/proc/self/fd/{}/{SOCKET}", std::os::fd::AsRawFd::as_raw_fd(&d))))
 }
 
 /// Removes a new container's directory unless forgotten.
@@ -250,9 +259,9 @@ pub fn start(g: &Global, id: &str) -> Result<(), String> {
         Status::Created => {}
         s => return Err(format!("container {id} is {}, not created: only a created container starts", s.name())),
     }
-    let sock = root.dir(id).join("start.sock");
-    let mut conn = UnixStream::connect(&sock)
-        .map_err(|e| format!("container {id}: its holder is gone ({}: {e})", sock.display()))?;
+    let dir = root.dir(id);
+    let mut conn = in_dir(&dir, |sock| UnixStream::connect(sock))
+        .map_err(|e| format!("container {id}: its holder is gone ({}/{SOCKET}: {e})", dir.display()))?;
     conn.write_all(b"start\n").map_err(|e| format!("container {id}: {e}"))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line).map_err(|e| format!("container {id}: {e}"))?;
