@@ -50,6 +50,7 @@ fail_codes! {
     EmptyCommand = "empty_command", Rejected, "no command to run";
     BadCommand = "bad_command", Rejected, "a command argument contains a NUL byte";
     BadEnvironment = "bad_environment", Rejected, "an environment variable's name is empty or holds '=' or NUL, or its value holds NUL";
+    BadHostname = "bad_hostname", Rejected, "the hostname is empty or over 64 bytes, or holds NUL, '/' or white space";
     BadCwd = "bad_cwd", Rejected, "the working directory is not an absolute path in the kernel's form";
     BadLimit = "bad_limit", Rejected, "a ceiling is below its floor";
     BadIdentity = "bad_identity", Rejected, "uid or gid 4294967295, which the kernel reads as unchanged";

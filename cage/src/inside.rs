@@ -156,7 +156,8 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     fault::fail_at(ctx.plan, Stage::Network)?;
     // (Without its own uts namespace — a test hook — the name would be the host's.)
     if flags & libc::CLONE_NEWUTS != 0 {
-        nix::unistd::sethostname("chio").map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
+        let name = plan.hostname.as_deref().unwrap_or("chio");
+        nix::unistd::sethostname(name).map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
     }
     if plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;

@@ -153,6 +153,14 @@ fn check_plan(plan: &CagePlan) -> Result<(), Failure> {
             ),
         ));
     }
+    if let Some(h) = &plan.hostname {
+        if h.is_empty() || h.len() > 64 || h.bytes().any(|b| b == 0 || b == b'/' || b.is_ascii_whitespace()) {
+            return Err(reject(
+                FailCode::BadHostname,
+                format!("hostname {h:?} must be 1 to 64 bytes without NUL, '/' or white space"),
+            ));
+        }
+    }
     check_limits(&plan.limits, plan.detached).map_err(|detail| reject(FailCode::BadLimit, detail))?;
     if plan.uid == u32::MAX || plan.gid == u32::MAX {
         // -1 means "leave unchanged" to setresuid/setresgid: the target would keep root's ids.
@@ -525,7 +533,8 @@ impl Drop for InitGuard {
 /// cgroup made ahead, so the plan must not withhold one (a test hook) and must fit that cgroup.
 fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
     let withholds = matches!(fault::hook(plan), Some(TestHook::Namespace(_) | TestHook::Cgroup));
-    !withholds && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
+    // (It named itself `chio` before the plan came.)
+    !withholds && plan.hostname.is_none() && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
 }
 
 /// Clone the init now. Returns its pid and the supervisor's ends of its wiring.

@@ -253,6 +253,9 @@ pub struct CagePlan {
     pub staging_dir: PathBuf,
     /// cgroup v2 directory under which launch cgroups are created; `None` = detect.
     pub cgroup_v2_root: Option<PathBuf>,
+    /// The cage's hostname (its own uts namespace); `chio` when none.
+    #[serde(default)]
+    pub hostname: Option<String>,
     /// The cage outlives the process that built it (an OCI runtime's `create` and `start`):
     /// the target gets the supervisor's own stdin, stdout and stderr (the engine's), the init
     /// does not die with the supervisor and exits with the target's status (128 + signal when
@@ -295,6 +298,7 @@ impl CagePlan {
             expect_sha256: None,
             staging_dir: PathBuf::from("/run/chio/cage-root"),
             cgroup_v2_root: None,
+            hostname: None,
             detached: false,
             #[cfg(feature = "test-hooks")]
             test: Default::default(),

@@ -117,6 +117,9 @@ impl<'a> Translation<'a> {
         }) {
             self.refuse("hooks: chio runs no host programs on a container's behalf (remove the config's hooks)");
         }
+        if let Some(h) = spec.hostname().as_ref().filter(|h| !h.is_empty()) {
+            self.plan.hostname = Some(h.clone());
+        }
         for (k, v) in spec.annotations().iter().flatten() {
             self.notes.insert(format!("{ANNOTATION_PREFIX}{k}"), v.clone());
         }
@@ -429,7 +432,8 @@ mod tests {
             ],
             "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
                 {"type": "network"}]},
-            "annotations": {"io.kubernetes.pod.name": "web"}
+            "annotations": {"io.kubernetes.pod.name": "web"},
+            "hostname": "web-0"
         });
         edit(&mut v);
         std::fs::write(dir.0.join("config.json"), v.to_string()).unwrap();
@@ -463,6 +467,7 @@ mod tests {
         let (dir, t) = config(|_| {});
         let t = t.unwrap();
         assert!(t.plan.detached);
+        assert_eq!(t.plan.hostname.as_deref(), Some("web-0"));
         assert_eq!(t.plan.root, RootSpec::Directory(dir.0.join("rootfs")));
         assert_eq!(t.plan.argv, vec![OsString::from("/bin/true")]);
         assert_eq!(t.plan.tmpfs, vec![Tmpfs { dest: "/run".into(), bytes: 64 << 20 }]);
