@@ -308,6 +308,15 @@ impl LaunchCgroup {
         format!("chio-{}-{:016x}", std::process::id(), u64::from_le_bytes(b))
     }
 
+    /// A detached launch's cgroup name: `chio-oci-<random>`. It names no supervisor pid, so no
+    /// later launch's sweep takes it for an orphan (its supervisor exits by design once the
+    /// cage is parked); the OCI runtime's `delete` removes it.
+    pub fn detached_name() -> String {
+        let fresh = Self::new_name();
+        let random = fresh.rsplit('-').next().unwrap_or_default();
+        format!("chio-oci-{random}")
+    }
+
     /// Create the launch cgroup `name` in `hierarchy` and write the ceilings.
     pub fn create(name: &str, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
         let cg = Self::make(name, &needed(limits), hierarchy)?;

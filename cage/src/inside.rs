@@ -68,6 +68,8 @@ pub struct Ctx<'a> {
     /// A fresh network namespace made ahead of the request (see [`crate::ahead`]) to enter
     /// instead of unsharing one, or -1.
     pub netns: RawFd,
+    /// The ipc and uts namespaces to join (the plan's `join`, opened by the supervisor), or -1.
+    pub join: [RawFd; 2],
     /// The root's part made ahead of the request (see [`crate::mounts::RootAhead`]).
     pub root_ahead: Option<&'a crate::mounts::RootAhead>,
 }
@@ -151,10 +153,19 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
         }
     }
     let supervisors = mount_namespace()?;
+    for (fd, flag) in ctx.join.into_iter().zip([libc::CLONE_NEWIPC, libc::CLONE_NEWUTS]).filter(|(fd, _)| *fd >= 0) {
+        // SAFETY: an nsfs descriptor the supervisor opened for us (a descriptor number from the
+        // context, open for the whole call).
+        let ns = unsafe { BorrowedFd::borrow_raw(fd) };
+        nix::sched::setns(ns, CloneFlags::from_bits_retain(flag))
+            .map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, format!("joining a namespace: {e}")))?;
+        flags &= !flag;
+    }
     enter_namespaces(flags, ctx.netns)?;
     let prepared = build_root(ctx, supervisors)?;
     fault::fail_at(ctx.plan, Stage::Network)?;
-    // (Without its own uts namespace — a test hook — the name would be the host's.)
+    // (Without its own uts namespace — a test hook — the name would be the host's; a joined
+    // one keeps its own.)
     if flags & libc::CLONE_NEWUTS != 0 {
         let name = plan.hostname.as_deref().unwrap_or("chio");
         nix::unistd::sethostname(name).map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
@@ -269,6 +280,7 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         stdin_r: if feed_stdin { stdin_r } else { -1 },
         supervisor_ends: [-1; 5],
         netns: -1,
+        join: [-1, -1],
         root_ahead: a.root_ahead,
     };
     match planned_setup(&ctx) {

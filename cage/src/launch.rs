@@ -351,7 +351,8 @@ fn make_cgroup<'h>(
             if let Some(pre) = other {
                 let _ = pre.remove();
             }
-            LaunchCgroup::create(&LaunchCgroup::new_name(), &plan.limits, hierarchy)
+            let name = if plan.detached { LaunchCgroup::detached_name() } else { LaunchCgroup::new_name() };
+            LaunchCgroup::create(&name, &plan.limits, hierarchy)
         }
     };
     let cg = made.map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?;
@@ -534,7 +535,10 @@ impl Drop for InitGuard {
 fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
     let withholds = matches!(fault::hook(plan), Some(TestHook::Namespace(_) | TestHook::Cgroup));
     // (It named itself `chio` before the plan came.)
-    !withholds && plan.hostname.is_none() && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
+    !withholds
+        && plan.hostname.is_none()
+        && plan.join.is_empty()
+        && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
 }
 
 /// Clone the init now. Returns its pid and the supervisor's ends of its wiring.
@@ -556,6 +560,7 @@ fn clone_init(
     let w = Wiring::new(sinks.stdin.is_some()).map_err(|e| FailCode::SetupFailed.at(Stage::Namespaces, e))?;
     // Taken, so that the supervisor's copy closes as soon as the init has its own.
     let (netns, root_ahead) = (sinks.ahead.netns.take(), sinks.ahead.root.take());
+    let join = open_joined(plan)?;
     let ([stdout_w, stderr_w, result_w, stdin_r], sock) = match plan.detached {
         // The engine's own descriptors, as it gave them to us.
         true => ([1, 2, -1, 0], w.cage_ends().1),
@@ -574,6 +579,7 @@ fn clone_init(
         supervisor_ends: w.supervisor_ends(),
         netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
         root_ahead: root_ahead.as_ref(),
+        join: [&join[0], &join[1]].map(|f| f.as_ref().map_or(-1, |f| f.as_raw_fd())),
     };
     // (A test hook leaves the init outside the launch cgroup.)
     let into = v2_dir.as_ref().filter(|_| !fault::on(plan, &TestHook::Cgroup));
@@ -591,6 +597,27 @@ fn clone_init(
         Ok(pid) => Ok((pid, w.into_supervisor_ends())),
         Err(e) => Err(FailCode::NamespaceFailed.at(Stage::Namespaces, e)),
     }
+}
+
+/// The plan's ipc and uts namespaces to join, opened here (on the host, before the clone).
+fn open_joined(plan: &CagePlan) -> Result<[Option<OwnedFd>; 2], Failure> {
+    let mut fds = [None, None];
+    for (kind, path) in &plan.join {
+        let slot = match kind.as_str() {
+            "ipc" => 0,
+            "uts" => 1,
+            _ => {
+                return Err(FailCode::NamespaceFailed
+                    .at(Stage::Namespaces, format!("a {kind} namespace cannot be joined (only ipc and uts)")))
+            }
+        };
+        let f = fs::File::open(path).map_err(|e| {
+            FailCode::NamespaceFailed
+                .at(Stage::Namespaces, format!("opening the {kind} namespace {}: {e}", path.display()))
+        })?;
+        fds[slot] = Some(OwnedFd::from(f));
+    }
+    Ok(fds)
 }
 
 /// Clone this process into a new pid namespace (and on cgroup v2 `into` the launch cgroup): 0

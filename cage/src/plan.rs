@@ -253,6 +253,11 @@ pub struct CagePlan {
     pub staging_dir: PathBuf,
     /// cgroup v2 directory under which launch cgroups are created; `None` = detect.
     pub cgroup_v2_root: Option<PathBuf>,
+    /// Existing ipc and uts namespaces to join instead of making new ones (a CRI pod's
+    /// sandbox's), by their nsfs paths: `("ipc" | "uts", path)`. A joined uts namespace keeps
+    /// its hostname.
+    #[serde(default)]
+    pub join: Vec<(String, PathBuf)>,
     /// The cage's hostname (its own uts namespace); `chio` when none.
     #[serde(default)]
     pub hostname: Option<String>,
@@ -298,6 +303,7 @@ impl CagePlan {
             expect_sha256: None,
             staging_dir: PathBuf::from("/run/chio/cage-root"),
             cgroup_v2_root: None,
+            join: Vec::new(),
             hostname: None,
             detached: false,
             #[cfg(feature = "test-hooks")]

@@ -655,3 +655,50 @@ impl Drop for Podman {
         let _ = self.cmd(&["system", "reset", "--force"]).output();
     }
 }
+
+/// A CRI pod's containers join their sandbox's network, ipc and uts namespaces by path: the
+/// record of the second container shows the first's namespaces, and a path to the host's own
+/// namespace is refused. The first runs on meanwhile: a later launch does not take a running
+/// container's cgroup for an orphan's (its `create` has exited) and kill it.
+#[test]
+fn a_container_joins_its_pods_namespaces() {
+    let Some(o) = Oci::new("join") else { return };
+    let b = o.bundle("pause", &["/probe", "sleeper", "pause"], |c| c["hostname"] = "pod-a".into());
+    let (c, pid) = o.create("pause", &b, &o.dir.join("pause.out"));
+    assert!(c.status.success(), "create: {}", String::from_utf8_lossy(&c.stderr));
+    let (pid, holder) = (pid.unwrap(), o.saved("pause")["holder"].as_i64().unwrap() as i32);
+    assert!(o.run(&["start", "pause"]).status.success());
+    reap(holder);
+    assert_eq!(o.state("pause")["status"], "running", "{}", std::fs::read_to_string(o.dir.join("pause.out")).unwrap());
+    let ns = |kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap().display().to_string();
+    let (status, _, rec) = {
+        let b = o.bundle("app", &["/probe", "euid"], |c| {
+            for (i, kind) in [(1, "ipc"), (2, "uts"), (4, "net")] {
+                c["linux"]["namespaces"][i]["path"] = format!("/proc/{pid}/ns/{kind}").into();
+            }
+        });
+        let out = o.dir.join("app.out");
+        let (c, apid) = o.create("app", &b, &out);
+        assert!(c.status.success(), "create: {}", String::from_utf8_lossy(&c.stderr));
+        let holder = o.saved("app")["holder"].as_i64().unwrap() as i32;
+        let s = o.run(&["start", "app"]);
+        assert!(s.status.success(), "start: {}", String::from_utf8_lossy(&s.stderr));
+        let status = wait_exit(apid.unwrap());
+        reap(holder);
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(b.join("chio-launch.json")).unwrap()).unwrap();
+        assert!(o.run(&["delete", "app"]).status.success());
+        (status, std::fs::read_to_string(out).unwrap(), rec)
+    };
+    assert_eq!((status, rec["state"].as_str()), (0, Some("FullyEnforced")));
+    for kind in ["ipc", "uts", "net"] {
+        assert_eq!(rec["observed"]["namespaces"][kind]["cage"], ns(kind), "{kind}: {}", rec["observed"]["namespaces"]);
+    }
+    assert_ne!(rec["observed"]["namespaces"]["mnt"]["cage"], ns("mnt"), "its own mount namespace");
+    assert_eq!(o.state("pause")["status"], "running", "the pod's first container outlived the second's launch");
+    assert!(o.run(&["delete", "--force", "pause"]).status.success());
+    wait_exit(pid);
+    let b = o.bundle("host", &["/probe", "euid"], |c| c["linux"]["namespaces"][1]["path"] = "/proc/self/ns/ipc".into());
+    let (c, _) = o.create("host", &b, &o.dir.join("host.out"));
+    assert!(String::from_utf8_lossy(&c.stderr).contains("is the host's"), "{c:?}");
+}

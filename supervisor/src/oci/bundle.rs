@@ -336,6 +336,14 @@ impl<'a> Translation<'a> {
                     Ok(true) => self.refuse(format!("the network namespace {} is the host's", p.display())),
                     Err(e) => self.refuse(format!("the network namespace {}: {e}", p.display())),
                 },
+                (LinuxNamespaceType::Ipc | LinuxNamespaceType::Uts, Some(p)) => {
+                    let name = kind.to_string();
+                    match is_hosts_namespace(p, &name) {
+                        Ok(false) => self.plan.join.push((name, p.clone())),
+                        Ok(true) => self.refuse(format!("the {name} namespace {} is the host's", p.display())),
+                        Err(e) => self.refuse(format!("the {name} namespace {}: {e}", p.display())),
+                    }
+                }
                 (_, Some(p)) => {
                     self.refuse(format!("joining the {kind} namespace {} is not supported yet", p.display()))
                 }
