@@ -252,7 +252,9 @@ fn stalling(name: &str, kind: &str) -> String {
 
 /// The variables chio reads as its own configuration in a launch process (and every
 /// `CHIO_TEST_` switch): they stay the daemon's, and a client's value for one is dropped.
-const SETTINGS: [&str; 3] = ["CHIO_STATE_DIR", "CHIO_STAGING_DIR", "CHIO_CGROUP_V2_ROOT"];
+/// (`CHIO_OCI_CONFIG`, the OCI runtime's node configuration, is read by `chio oci` alone; a
+/// client still may not set it for a launch process.)
+const SETTINGS: [&str; 4] = ["CHIO_STATE_DIR", "CHIO_STAGING_DIR", "CHIO_CGROUP_V2_ROOT", "CHIO_OCI_CONFIG"];
 /// Variables that are neither the client's nor the daemon's in a launch process: the client's
 /// way to a daemon (a launch process holding it would send its launch to a daemon again).
 const NEITHER: [&str; 1] = ["CHIO_SUPERVISOR"];
