@@ -20,19 +20,69 @@ fn v2(dirs: &[PathBuf]) -> Option<&Path> {
     dirs.iter().map(PathBuf::as_path).find(|d| d.join("cgroup.freeze").exists())
 }
 
-/// Whether the cgroup is frozen (v2's `cgroup.freeze`).
-pub fn frozen(dirs: &[PathBuf]) -> bool {
-    v2(dirs).and_then(|d| std::fs::read_to_string(d.join("cgroup.freeze")).ok()).is_some_and(|s| s.trim() == "1")
+/// The v1 freezer hierarchy's directory among `dirs`, if the container has one.
+fn v1_freezer(dirs: &[PathBuf]) -> Option<&Path> {
+    dirs.iter().map(PathBuf::as_path).find(|d| d.join("freezer.state").exists())
 }
 
-/// Freeze or thaw the cgroup (v2).
+/// Whether the cgroup is frozen (v2's `cgroup.freeze`, v1's `freezer.state`).
+pub fn frozen(dirs: &[PathBuf]) -> bool {
+    let read = |d: &Path, f: &str| std::fs::read_to_string(d.join(f)).ok();
+    match (v2(dirs), v1_freezer(dirs)) {
+        (Some(d), _) => read(d, "cgroup.freeze").is_some_and(|s| s.trim() == "1"),
+        (None, Some(d)) => read(d, "freezer.state").is_some_and(|s| s.trim() != "THAWED"),
+        (None, None) => false,
+    }
+}
+
+/// Freeze or thaw the cgroup, and wait until the kernel says it is (v1 freezes in steps).
 pub fn freeze(dirs: &[PathBuf], on: bool) -> Result<(), String> {
-    let d = v2(dirs).ok_or(
-        "pause and resume need cgroup v2's freezer: this container's cgroup is on v1, which chio does not \
-         freeze yet",
-    )?;
-    std::fs::write(d.join("cgroup.freeze"), if on { "1" } else { "0" })
-        .map_err(|e| format!("writing {}: {e}", d.join("cgroup.freeze").display()))
+    let (file, value) = match (v2(dirs), v1_freezer(dirs)) {
+        (Some(d), _) => (d.join("cgroup.freeze"), if on { "1" } else { "0" }),
+        (None, Some(d)) => (d.join("freezer.state"), if on { "FROZEN" } else { "THAWED" }),
+        (None, None) => return Err("this container's cgroup has no freezer (the host mounts no v1 freezer)".into()),
+    };
+    std::fs::write(&file, value).map_err(|e| format!("writing {value} to {}: {e}", file.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while frozen(dirs) != on {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("{} did not reach {value} within 10 s", file.display()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// On cgroup v1, a freezer cgroup holding `pids`, named `<launch cgroup>-freezer`: the launch
+/// cgroup has no freezer hierarchy, and `pause` needs one. (Not the launch cgroup's own name:
+/// the exec stop checks the target is in that name in exactly the launch's hierarchies.) Returns its directory, or
+/// None on v2 (whose launch cgroup freezes itself) or a host without a v1 freezer.
+pub fn v1_freezer_for(launch: &[PathBuf], pids: &[i32]) -> Result<Option<PathBuf>, String> {
+    if v2(launch).is_some() {
+        return Ok(None);
+    }
+    let mount = Path::new("/sys/fs/cgroup/freezer");
+    let Some(name) = launch.first().and_then(|d| d.file_name()) else { return Ok(None) };
+    if !mount.join("freezer.state").exists() && !mount.join("cgroup.procs").exists() {
+        return Ok(None);
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let rel = own.lines().find_map(|l| {
+        let mut p = l.splitn(3, ':');
+        let (_, ctl, path) = (p.next()?, p.next()?, p.next()?);
+        ctl.split(',').any(|c| c == "freezer").then(|| path.trim_start_matches('/').to_string())
+    });
+    let mut name = name.to_os_string();
+    name.push("-freezer");
+    let dir = mount.join(rel.unwrap_or_default()).join(name);
+    std::fs::create_dir(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+    for pid in pids {
+        if let Err(e) = std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(format!("moving {pid} into {}: {e}", dir.display()));
+        }
+    }
+    Ok(Some(dir))
 }
 
 /// Kill everything in the cgroup and remove its directories (each absent one is fine).

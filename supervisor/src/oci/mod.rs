@@ -190,6 +190,10 @@ fn park(
     saved.pid = p.init;
     saved.pid_started = pid_started;
     saved.cgroup = p.cgroup.clone();
+    // Before the fork: the parked cage's two processes, and whatever they start, are then in it.
+    if let Some(freezer) = cgroup::v1_freezer_for(&p.cgroup, &[p.init, p.target])? {
+        saved.cgroup.push(freezer);
+    }
     // SAFETY: the caller (a launch) is single-threaded; the child only continues this code.
     match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
         ForkResult::Parent { child } => {
@@ -334,7 +338,11 @@ pub fn delete(g: &Global, id: &str, force: bool) -> Result<(), String> {
             return Err(format!("container {id} is running: stop it first, or delete --force"))
         }
         Status::Stopped => {}
-        _ => {
+        status => {
+            // A frozen process does not die of SIGKILL until it is thawed.
+            if status == Status::Paused {
+                cgroup::freeze(&saved.cgroup, false)?;
+            }
             let _ = kill(Pid::from_raw(saved.pid), Signal::SIGKILL);
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             while saved.alive() && std::time::Instant::now() < deadline {
