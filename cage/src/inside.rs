@@ -797,6 +797,18 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
     // cage's filter refuses personality changes, so the command cannot undo it either).
     nix::sys::personality::set(nix::sys::personality::Persona::empty())
         .map_err(|e| FailCode::PersonalityFailed.at(Stage::Identity, e))?;
+    if plan.terminal {
+        // A session of its own, whose controlling terminal is the console on its stdin.
+        nix::unistd::setsid().map_err(|e| FailCode::FdSetupFailed.at(Stage::Identity, format!("setsid: {e}")))?;
+        // SAFETY: TIOCSCTTY on fd 0 with argument 0 (do not steal a terminal another session
+        // holds); nix has no wrapper for it.
+        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(
+                FailCode::FdSetupFailed.at(Stage::Identity, format!("making stdin the controlling terminal: {e}"))
+            );
+        }
+    }
     let mut reported = Reported {
         proc_verified: true,
         loopback_up: loopback_is_up(),

@@ -562,8 +562,12 @@ fn clone_init(
     let (netns, root_ahead) = (sinks.ahead.netns.take(), sinks.ahead.root.take());
     let join = open_joined(plan)?;
     let ([stdout_w, stderr_w, result_w, stdin_r], sock) = match plan.detached {
-        // The engine's own descriptors, as it gave them to us.
-        true => ([1, 2, -1, 0], w.cage_ends().1),
+        // The engine's own descriptors as it gave them to us (stdin: ours unless one is named),
+        // or its console's terminal.
+        true => {
+            let stdin = sinks.stdin.map_or(0, |f| f.as_raw_fd());
+            ([sinks.stdout.as_raw_fd(), sinks.stderr.as_raw_fd(), -1, stdin], w.cage_ends().1)
+        }
         false => w.cage_ends(),
     };
     let ctx = Ctx {

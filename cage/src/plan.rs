@@ -258,6 +258,10 @@ pub struct CagePlan {
     /// its hostname.
     #[serde(default)]
     pub join: Vec<(String, PathBuf)>,
+    /// The target's stdin is a terminal to make its controlling terminal (an OCI container's
+    /// console): it leads a session of its own.
+    #[serde(default)]
+    pub terminal: bool,
     /// The cage's hostname (its own uts namespace); `chio` when none.
     #[serde(default)]
     pub hostname: Option<String>,
@@ -305,6 +309,7 @@ impl CagePlan {
             cgroup_v2_root: None,
             join: Vec::new(),
             hostname: None,
+            terminal: false,
             detached: false,
             #[cfg(feature = "test-hooks")]
             test: Default::default(),

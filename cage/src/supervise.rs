@@ -69,7 +69,9 @@ pub struct Sinks<'a> {
     /// Receives the target's stderr.
     pub stderr: BorrowedFd<'a>,
     /// Fed to the target's stdin through a pipe; `None` gives it the cage's `/dev/null`. The
-    /// target never gets a host file description itself.
+    /// target never gets a host file description itself — but in a detached launch (an OCI
+    /// container), whose stdout, stderr and this (`None`: the supervisor's own stdin) are the
+    /// target's own, as the engine gave them.
     pub stdin: Option<BorrowedFd<'a>>,
     /// Optional hook at the exec stop (see [`OnEnforced`]).
     pub on_enforced: Option<OnEnforced<'a>>,

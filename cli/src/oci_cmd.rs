@@ -44,7 +44,7 @@ enum OciCommand {
         /// Write the container's pid here before returning.
         #[arg(long = "pid-file", value_name = "FILE")]
         pid_file: Option<PathBuf>,
-        /// A terminal's socket: refused, terminals are not supported yet.
+        /// Where to send the container's terminal (its pty's master), when it has one.
         #[arg(long = "console-socket", value_name = "SOCKET")]
         console_socket: Option<PathBuf>,
         /// Accepted for compatibility (chio always pivots).
@@ -124,13 +124,10 @@ fn call(a: &OciArgs) -> Result<i32> {
     let said = |r: Result<(), String>| r.map(|()| 0).map_err(anyhow::Error::msg);
     match &a.command {
         OciCommand::Create { bundle, pid_file, console_socket, preserve_fds, id, .. } => {
-            if console_socket.is_some() {
-                bail!("a console socket (a terminal, -t) is not supported yet: run the container without a terminal");
-            }
             if *preserve_fds > 0 {
                 bail!("--preserve-fds {preserve_fds}: chio passes the container only its stdin, stdout and stderr");
             }
-            said(oci::create(&g, id, bundle, pid_file.as_deref()))
+            said(oci::create(&g, id, bundle, pid_file.as_deref(), console_socket.as_deref()))
         }
         OciCommand::Start { id } => said(oci::start(&g, id)),
         OciCommand::State { id } => {

@@ -345,8 +345,14 @@ fn what_the_node_refuses_is_refused_at_create() {
     assert!(!pid_file.exists() && !o.root().join("r1").exists());
     let sd = o.run(&["--systemd-cgroup", "state", "r1"]);
     assert!(String::from_utf8_lossy(&sd.stderr).contains("--systemd-cgroup is not supported"));
-    let tty = o.run(&["create", "--bundle", b.to_str().unwrap(), "--console-socket", "/nonexistent", "r2"]);
-    assert!(String::from_utf8_lossy(&tty.stderr).contains("console socket"), "{tty:?}");
+    // A terminal and a console socket go together.
+    let plain = o.bundle("r2", &["/probe", "euid"], |_| {});
+    let tty = o.run(&["create", "--bundle", plain.to_str().unwrap(), "--console-socket", "/nonexistent", "r2"]);
+    assert!(String::from_utf8_lossy(&tty.stderr).contains("process.terminal is not true"), "{tty:?}");
+    let term = o.bundle("r3", &["/probe", "euid"], |c| c["process"]["terminal"] = true.into());
+    let tty = o.run(&["create", "--bundle", term.to_str().unwrap(), "r3"]);
+    assert!(String::from_utf8_lossy(&tty.stderr).contains("no --console-socket"), "{tty:?}");
+    assert!(!o.root().join("r2").exists() && !o.root().join("r3").exists());
 }
 
 /// The escape probes, run as a container's process, are refused; each probe's control on the
@@ -505,8 +511,8 @@ impl Drop for Containerd {
 
 /// podman with chio as its runtime (conmon creates and starts; podman kills, stops and
 /// deletes): exit codes, stdout, stdin with -i, stop and kill through the container's init,
-/// pause and unpause, and the probes refused inside. What chio does not do yet (exec, a
-/// terminal) is refused with its reason.
+/// pause and unpause, a terminal with -t, and the probes refused inside. What chio does not do
+/// yet (exec) is refused with its reason.
 #[test]
 fn podman_runs_containers_through_chio() {
     if !privileged("podman") {
@@ -585,8 +591,12 @@ fn podman_runs_containers_through_chio() {
     let writable = p.run(&["run", "--rm", "--network", "none", PODMAN_IMAGE, "/probe", "euid"]);
     assert!(!writable.status.success());
     assert!(String::from_utf8_lossy(&writable.stderr).contains("root.readonly is not true"), "{writable:?}");
-    let tty = p.run(&["run", "--rm", "-t", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "euid"]);
-    assert!(String::from_utf8_lossy(&tty.stderr).contains("not supported yet"), "{tty:?}");
+    // -t: the container's stdio is a terminal conmon holds the other side of (its console
+    // socket), and the terminal cannot be used to push input back to the engine (TIOCSTI).
+    let tty = p.run(&["run", "--rm", "-t", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "stdin-tty"]);
+    assert!(String::from_utf8_lossy(&tty.stdout).starts_with("ESCAPED: stdin is a terminal"), "{tty:?}");
+    let sti = p.run(&["run", "--rm", "-t", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "tiocsti"]);
+    assert!(String::from_utf8_lossy(&sti.stdout).starts_with("REFUSED"), "{sti:?}");
 }
 
 const PODMAN_IMAGE: &str = "localhost/chio-probe:1";

@@ -193,9 +193,7 @@ impl<'a> Translation<'a> {
             }
         }
         self.plan.cwd = p.cwd().clone();
-        if p.terminal() == Some(true) {
-            self.refuse("process.terminal: a terminal (-t, a console socket) is not supported yet; run without -t");
-        }
+        self.plan.terminal = p.terminal() == Some(true);
         let user = p.user();
         (self.plan.uid, self.plan.gid) = (user.uid(), user.gid());
         let extra: Vec<u32> = user.additional_gids().iter().flatten().copied().filter(|g| *g != user.gid()).collect();

@@ -11,6 +11,7 @@
 
 pub mod bundle;
 pub mod cgroup;
+mod console;
 pub mod node;
 pub mod state;
 
@@ -54,7 +55,13 @@ struct Answer {
 }
 
 /// `create`: build container `id` from `bundle` and leave it parked at its target's hello.
-pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> Result<(), String> {
+pub fn create(
+    g: &Global,
+    id: &str,
+    bundle: &Path,
+    pid_file: Option<&Path>,
+    console_socket: Option<&Path>,
+) -> Result<(), String> {
     state::check_id(id)?;
     if !nix::unistd::geteuid().is_root() {
         return Err("chio oci needs root: it creates the container's namespaces, mounts and cgroup".into());
@@ -67,6 +74,12 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
     let receipts = match (&node.receipt_db, &node.kernel_key) {
         (Some(db), Some(key)) => Some(LaunchReceipts::open(db, key).map_err(|e| e.to_string())?),
         _ => None,
+    };
+    let console = match (t.plan.terminal, console_socket) {
+        (true, Some(s)) => Some(console::Console::open(s)?),
+        (true, None) => return Err("process.terminal is true but no --console-socket was given".into()),
+        (false, Some(_)) => return Err("--console-socket was given but process.terminal is not true".into()),
+        (false, None) => None,
     };
     let netns = match &t.netns {
         Some(p) => Some(OwnedFd::from(
@@ -96,7 +109,16 @@ pub fn create(g: &Global, id: &str, bundle: &Path, pid_file: Option<&Path>) -> R
     let mut receipts = receipts;
     let record = {
         let (out, err) = (std::io::stdout(), std::io::stderr());
-        let mut sinks = Sinks::new(out.as_fd(), err.as_fd());
+        let mut sinks = match &console {
+            // The terminal's side in the container: its stdin, stdout and stderr.
+            Some(c) => {
+                let mut s = Sinks::new(c.slave.as_fd(), c.slave.as_fd());
+                s.stdin = Some(c.slave.as_fd());
+                s
+            }
+            None => Sinks::new(out.as_fd(), err.as_fd()),
+        };
+
         sinks.ahead.netns = netns;
         let mut park =
             |p: &Parked| park(&root, &mut saved, pid_file.as_deref(), &listener, p, (&mut holder, &mut start_conn));
