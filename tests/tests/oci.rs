@@ -597,6 +597,12 @@ fn podman_runs_containers_through_chio() {
     assert!(String::from_utf8_lossy(&tty.stdout).starts_with("ESCAPED: stdin is a terminal"), "{tty:?}");
     let sti = p.run(&["run", "--rm", "-t", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "tiocsti"]);
     assert!(String::from_utf8_lossy(&sti.stdout).starts_with("REFUSED"), "{sti:?}");
+    // Every container's cgroup went with it (podman's cleanup deletes each through chio).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !podman_launch_cgroups().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(podman_launch_cgroups(), Vec::<PathBuf>::new(), "cgroups left behind");
 }
 
 const PODMAN_IMAGE: &str = "localhost/chio-probe:1";
@@ -650,8 +656,6 @@ impl Podman {
             .arg(&self.runc)
             .arg("--runtime-flag")
             .arg(format!("node-config={}", self.node.display()))
-            .arg("--runtime-flag")
-            .arg(format!("root={}", self.dir.join("oci-root").display()))
             .args(args)
             .stdin(Stdio::null());
         c
@@ -666,7 +670,40 @@ impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self.cmd(&["rm", "--all", "--force"]).output();
         let _ = self.cmd(&["system", "reset", "--force"]).output();
+        // podman passes no runtime flag to the runtime calls of its exit command (`container
+        // cleanup` deletes with the default root), so the runtime's root is its default; left
+        // empty, it goes too.
+        let _ = std::fs::remove_dir(oci_default_root());
     }
+}
+
+fn oci_default_root() -> &'static Path {
+    Path::new("/run/chio-oci")
+}
+
+/// Launch cgroups of chio's containers below podman's cgroupfs parent (every hierarchy).
+fn podman_launch_cgroups() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack: Vec<(PathBuf, usize)> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| (e.path().join("libpod_parent"), 0))
+        .collect();
+    while let Some((d, depth)) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if !p.is_dir() {
+                continue;
+            }
+            if e.file_name().to_string_lossy().starts_with("chio-oci-") {
+                found.push(p);
+            } else if depth < 4 {
+                stack.push((p, depth + 1));
+            }
+        }
+    }
+    found
 }
 
 /// A CRI pod's containers join their sandbox's network, ipc and uts namespaces by path: the
