@@ -34,6 +34,18 @@ impl Oci {
         Some(Oci { chio: chio_bin(probe), rootfs: shared_rootfs(probe), dir, node: Default::default() })
     }
 
+    /// [`Oci::new`] for a test that drives `engine` (a program from the Debian `packages`).
+    fn with_engine(test: &str, engine: &str, packages: &str) -> Option<Oci> {
+        if !privileged(test) {
+            return None;
+        }
+        if Command::new(engine).arg("--version").output().is_err() {
+            skip(test, &format!("{engine} is not installed (apt-get install {packages})"));
+            return None;
+        }
+        Oci::new(test)
+    }
+
     fn root(&self) -> PathBuf {
         self.dir.join("root")
     }
@@ -408,13 +420,7 @@ fn a_container_start_is_signed_into_the_nodes_store() {
 /// the container's output and exit status come back, and a probe inside is refused.
 #[test]
 fn ctr_runs_containers_through_chio() {
-    if !privileged("ctr") {
-        return;
-    }
-    if Command::new("containerd").arg("--version").output().is_err() {
-        return skip("ctr", "containerd is not installed (apt-get install containerd)");
-    }
-    let Some(o) = Oci::new("ctr") else { return };
+    let Some(o) = Oci::with_engine("ctr", "containerd", "containerd") else { return };
     let ctd = Containerd::start(&o);
     let runc = o.dir.join("chio-runc");
     std::os::unix::fs::symlink(&o.chio, &runc).unwrap();
@@ -515,13 +521,7 @@ impl Drop for Containerd {
 /// yet (exec) is refused with its reason.
 #[test]
 fn podman_runs_containers_through_chio() {
-    if !privileged("podman") {
-        return;
-    }
-    if Command::new("podman").arg("--version").output().is_err() {
-        return skip("podman", "podman is not installed (apt-get install podman conmon)");
-    }
-    let Some(o) = Oci::new("podman") else { return };
+    let Some(o) = Oci::with_engine("podman", "podman", "podman conmon") else { return };
     let p = Podman::new(&o);
     let out = p.run(&["run", "--rm", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "caps"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
