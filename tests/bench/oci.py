@@ -93,7 +93,7 @@ def podman(tmp, runtime, *args):
     d = os.path.join(tmp, "podman")
     return ["podman", "--root", f"{d}/root", "--runroot", f"{d}/runroot", "--tmpdir", f"{d}/tmp",
             "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-            "--runtime", runtime, "--runtime-flag", f"root={d}/runtime-{os.path.basename(runtime)}",
+            "--runtime", runtime,
             *(["--runtime-flag", f"node-config={d}/node.json"] if runtime.endswith("chio-runc") else []), *args]
 
 
