@@ -119,22 +119,8 @@ impl Oci {
 
 /// runc's default config, as `ctr oci spec` prints it, with a read-only root.
 fn config(rootfs: &Path, args: &[&str]) -> serde_json::Value {
-    let caps = [
-        "CAP_CHOWN",
-        "CAP_DAC_OVERRIDE",
-        "CAP_FSETID",
-        "CAP_FOWNER",
-        "CAP_MKNOD",
-        "CAP_NET_RAW",
-        "CAP_SETGID",
-        "CAP_SETUID",
-        "CAP_SETFCAP",
-        "CAP_SETPCAP",
-        "CAP_NET_BIND_SERVICE",
-        "CAP_SYS_CHROOT",
-        "CAP_KILL",
-        "CAP_AUDIT_WRITE",
-    ];
+    // The engines' default set (runc, containerd, podman), as `ctr oci spec` prints it.
+    let caps = chio_supervisor::oci::bundle::DEFAULT_CAPABILITIES;
     serde_json::json!({
         "ociVersion": "1.0.2-dev",
         "process": {
@@ -542,20 +528,7 @@ fn podman_runs_containers_through_chio() {
     let out = output_within(child, Duration::from_secs(60), "podman run -i");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "through podman's stdin\n", "{out:?}");
 
-    let out = p.run(&[
-        "run",
-        "-d",
-        "--name",
-        "sleeper",
-        "--read-only",
-        "--network",
-        "none",
-        PODMAN_IMAGE,
-        "/probe",
-        "sleeper",
-        "p",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    p.sleeper("sleeper");
     let exec = p.run(&["exec", "sleeper", "/probe", "euid"]);
     assert!(String::from_utf8_lossy(&exec.stderr).contains("exec is not supported yet"), "{exec:?}");
     let pause = p.run(&["pause", "sleeper"]);
@@ -569,20 +542,7 @@ fn podman_runs_containers_through_chio() {
     assert_eq!(String::from_utf8_lossy(&code.stdout).trim(), "143", "SIGTERM reached the process: {code:?}");
     assert!(p.run(&["rm", "sleeper"]).status.success());
 
-    let out = p.run(&[
-        "run",
-        "-d",
-        "--name",
-        "killed",
-        "--read-only",
-        "--network",
-        "none",
-        PODMAN_IMAGE,
-        "/probe",
-        "sleeper",
-        "k",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    p.sleeper("killed");
     assert!(p.run(&["kill", "--signal", "KILL", "killed"]).status.success());
     let code = p.run(&["wait", "killed"]);
     assert_eq!(String::from_utf8_lossy(&code.stdout).trim(), "137", "{code:?}");
@@ -663,6 +623,14 @@ impl Podman {
 
     fn run(&self, args: &[&str]) -> Output {
         run_within(&mut self.cmd(args), Duration::from_secs(120), &format!("podman {args:?}"))
+    }
+
+    /// A detached container `name` that sleeps until it is signalled.
+    fn sleeper(&self, name: &str) {
+        let args =
+            ["run", "-d", "--name", name, "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "sleeper", name];
+        let out = self.run(&args);
+        assert!(out.status.success(), "{out:?}");
     }
 }
 

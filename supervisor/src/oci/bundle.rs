@@ -19,7 +19,7 @@ use super::node::NodeConfig;
 /// podman's list). A config naming only these is an ordinary container: the cage grants none
 /// of them. One naming any other capability asks for more than an ordinary container and is
 /// refused.
-const DEFAULT_CAPABILITIES: [&str; 14] = [
+pub const DEFAULT_CAPABILITIES: [&str; 14] = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",
