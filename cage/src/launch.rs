@@ -739,13 +739,26 @@ fn verify_and_exec(
         }
         _ => return Err(FailCode::ChannelFailed.at(Stage::Namespaces, "the cage spoke out of turn (no hello first)")),
     };
-    if let Some(park) = hooks.park.take() {
-        let cgroup = host.cg.paths().into_iter().map(std::path::PathBuf::from).collect();
-        if let Err(e) = park(&crate::supervise::Parked { init: host.init, target: tpid, cgroup }) {
-            let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
-            return Err(FailCode::Withdrawn.at(Stage::Exec, e));
+    // A cage parked for a later start is parked ready: its target found, confined and waiting
+    // for GO, so that a target that cannot start fails the park with its own reason, not later
+    // as a cage that vanished. (The target waits for GO before it execs: a seize after its
+    // ready still comes before the exec.)
+    let parked_ready = match hooks.park.take() {
+        None => None,
+        Some(park) => {
+            let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
+            if !matches!(ready.msg, Some(CageMsg::Ready { .. })) {
+                cage_msg(ready.msg, ready.pid)?;
+                return Err(FailCode::ChannelFailed.at(Stage::Namespaces, "the cage spoke out of turn (no ready)"));
+            }
+            let cgroup = host.cg.paths().into_iter().map(std::path::PathBuf::from).collect();
+            if let Err(e) = park(&crate::supervise::Parked { init: host.init, target: tpid, cgroup }) {
+                let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
+                return Err(FailCode::Withdrawn.at(Stage::Exec, e));
+            }
+            Some(ready)
         }
-    }
+    };
     if let Err(s) = seize_sender(tpid, sender.as_fd()) {
         let _ = channel::send_byte(sock.as_raw_fd(), ABORT);
         return Err(cage_report(sock).unwrap_or(s));
@@ -768,7 +781,7 @@ fn verify_and_exec(
         // this code) are several times dearer than a repeat, and at the exec stop the target
         // waits for them.
         drop(observe::read(tpid, host.ns));
-        verify_traced(plan, rec, host, sock, (tpid, hashes), hooks.enforced)
+        verify_traced(plan, rec, host, sock, (tpid, hashes), (parked_ready, hooks.enforced))
     });
     if r.is_err() {
         release_tracee(tpid);
@@ -797,9 +810,12 @@ fn verify_traced(
     host: Host<'_>,
     sock: &OwnedFd,
     (tpid, (early, known)): (libc::pid_t, (Option<&Early>, Option<Digests>)),
-    hook: Option<OnEnforced<'_>>,
+    (ready, hook): (Option<channel::Received>, Option<OnEnforced<'_>>),
 ) -> Result<Instant, Failure> {
-    let ready = recv_timeout(sock, SETUP_TIMEOUT_MS)?;
+    let ready = match ready {
+        Some(r) => r,
+        None => recv_timeout(sock, SETUP_TIMEOUT_MS)?,
+    };
     rec.mark("cage_ready");
     let (reported, exec_path, script_path, script_fd) = match cage_msg(ready.msg, ready.pid)? {
         (CageMsg::Ready { reported, exec_path, script_path, script_fd }, Some(pid)) if pid == tpid => {

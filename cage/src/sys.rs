@@ -125,7 +125,9 @@ pub fn move_mount_to(from: BorrowedFd<'_>, to_dir: BorrowedFd<'_>, name: &CStr) 
 pub fn fs_mount(fstype: &CStr, options: &[(&CStr, &CStr)], attrs: u64) -> io::Result<OwnedFd> {
     // SAFETY: NUL-terminated fs name.
     let ctx = owned(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), 1u32) })?;
-    for (key, value) in options {
+    // The source mountinfo shows is the type's name, as mount(8) gives it ("none" otherwise):
+    // tools inside the cage and compliance checks match mounts by it.
+    for (key, value) in [(c"source", fstype)].iter().chain(options) {
         // SAFETY: valid context fd and NUL-terminated strings.
         check(unsafe {
             libc::syscall(libc::SYS_fsconfig, ctx.as_raw_fd(), FSCONFIG_SET_STRING, key.as_ptr(), value.as_ptr(), 0)

@@ -351,6 +351,15 @@ fn what_the_node_refuses_is_refused_at_create() {
     let tty = o.run(&["create", "--bundle", term.to_str().unwrap(), "r3"]);
     assert!(String::from_utf8_lossy(&tty.stderr).contains("no --console-socket"), "{tty:?}");
     assert!(!o.root().join("r2").exists() && !o.root().join("r3").exists());
+    // A process that cannot start fails `create` with its own reason (the cage is parked only
+    // once its target is ready), not later as a container that vanished.
+    let missing = o.bundle("r4", &["/not-in-the-image"], |_| {});
+    let pid_file = o.dir.join("r4.pid");
+    let out = o.run(&["create", "--bundle", missing.to_str().unwrap(), "--pid-file", pid_file.to_str().unwrap(), "r4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("target_not_found") && err.contains("/not-in-the-image"), "{err}");
+    assert!(!pid_file.exists() && !o.root().join("r4").exists());
 }
 
 /// The escape probes, run as a container's process, are refused; each probe's control on the

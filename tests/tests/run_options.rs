@@ -249,3 +249,24 @@ fn a_bind_below_the_cages_own_tmp_is_made_there() {
         std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names.len(), 2, "nothing was made on the host: {names:?}");
 }
+
+/// The cage's own filesystems name their type as their source in its mount table, as mount(8)
+/// gives them, so that tools (and compliance checks) inside match them: `proc` on /proc,
+/// `tmpfs` on /tmp.
+#[test]
+fn the_cages_filesystems_name_their_source() {
+    if !privileged("run_options") {
+        return;
+    }
+    let rootfs = shared_rootfs(&PathBuf::from(PROBE)).to_str().unwrap();
+    let run = cage(&chio(), &["--rootfs", rootfs], &["/probe", "cat", "/proc/self/mountinfo"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    let source_of = |at: &str| {
+        run.stdout.lines().find(|l| l.split(' ').nth(4) == Some(at)).and_then(|l| {
+            let after = l.split(" - ").nth(1)?;
+            Some(after.split(' ').take(2).collect::<Vec<_>>().join(" "))
+        })
+    };
+    assert_eq!(source_of("/proc").as_deref(), Some("proc proc"), "{}", run.stdout);
+    assert_eq!(source_of("/tmp").as_deref(), Some("tmpfs tmpfs"), "{}", run.stdout);
+}
