@@ -96,6 +96,7 @@ impl<'a> Translation<'a> {
     }
 
     fn run(mut self, spec: &Spec) -> Result<Translated, Vec<String>> {
+        self.version(spec.version());
         self.root(spec);
         match spec.process() {
             Some(p) => self.process(p),
@@ -159,6 +160,17 @@ impl<'a> Translation<'a> {
                 "rlimits_lowered",
                 format!("{}: chio lacks CAP_SYS_RESOURCE and cannot raise a hard limit", lowered.join(", ")),
             );
+        }
+    }
+
+    /// The runtime spec's major version 1 (`1.0.2`, `1.2.0`, `1.1.0-rc.1`): a config of another
+    /// major version, or a version that is not one, may mean what this translation does not.
+    fn version(&mut self, v: &str) {
+        let core = v.split(['-', '+']).next().unwrap_or_default();
+        let parts: Vec<&str> = core.split('.').collect();
+        let numeric = parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if !numeric || parts[0] != "1" {
+            self.refuse(format!("ociVersion {v:?} is not a 1.x.y runtime-spec version"));
         }
     }
 
@@ -480,6 +492,10 @@ mod tests {
         assert_eq!(t.plan.annotations["oci.annotation.io.kubernetes.pod.name"], "web");
         assert_eq!(t.plan.annotations["oci.dropped.capabilities"], "CAP_CHOWN,CAP_KILL: the cage's process holds none");
         assert!(t.plan.annotations.contains_key("oci.not_mounted.sys"));
+        for v in ["1.0.2", "1.2.0", "1.1.0-rc.1", "1.0.2-dev"] {
+            let (_dir, t) = config(|c| c["ociVersion"] = v.into());
+            assert!(t.is_ok(), "{v}");
+        }
     }
 
     /// Every kind of asking for more is refused with its reason.
@@ -508,6 +524,9 @@ mod tests {
                 }),
             ),
             ("is the host's", Box::new(|v| v["linux"]["namespaces"][4]["path"] = "/proc/self/ns/net".into())),
+            ("\"invalid\" is not a 1.x.y", Box::new(|v| v["ociVersion"] = "invalid".into())),
+            ("\"2.0.0\" is not a 1.x.y", Box::new(|v| v["ociVersion"] = "2.0.0".into())),
+            ("\"1.0\" is not a 1.x.y", Box::new(|v| v["ociVersion"] = "1.0".into())),
         ];
         for (want, edit) in cases {
             let (_dir, t) = config(edit);
