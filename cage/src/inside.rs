@@ -815,6 +815,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
         mounts: prepared.described.clone(),
         sources: prepared.sources.clone(),
         seccomp_filter_sha256: ctx.filters.sha256.clone(),
+        profile_filter_sha256: ctx.filters.stacked.as_ref().map(|(_, sha)| sha.clone()),
         seccomp_refuses: seccomp::REFUSALS.iter().map(|r| r.to_string()).collect(),
         ..Reported::default()
     };

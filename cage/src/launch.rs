@@ -273,7 +273,15 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mu
         FailCode::LandlockUnsupported
             .at(Stage::Landlock, format!("the host's landlock ABI is {abi}; enforced mode needs 4 or newer")),
     )?;
-    let filters = seccomp::compiled().as_ref().map_err(|e| FailCode::SeccompFailed.at(Stage::Seccomp, e))?;
+    let compiled = seccomp::compiled().as_ref().map_err(|e| FailCode::SeccompFailed.at(Stage::Seccomp, e))?;
+    let stacked;
+    let filters = match &plan.syscall_profile {
+        None => compiled,
+        Some(p) => {
+            stacked = compiled.with_profile(p).map_err(|e| FailCode::SeccompFailed.at(Stage::Seccomp, e))?;
+            &stacked
+        }
+    };
     rec.mark("resolve");
     fault::fail_at(plan, Stage::Cgroup)?;
     let result = launch_cage(plan, sinks, rec, filters, abi, held);
@@ -538,6 +546,8 @@ fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool 
     !withholds
         && plan.hostname.is_none()
         && plan.join.is_empty()
+        // (Its filters were compiled before the plan came, without the plan's own profile.)
+        && plan.syscall_profile.is_none()
         && held.ahead.as_ref().is_some_and(|cg| cg.fits(&plan.limits, hierarchy))
 }
 
@@ -928,6 +938,7 @@ impl Traced<'_> {
             cwd: &cwd,
             script: self.script,
             inherited_filters: self.host.filters,
+            cage_filters: 1 + u32::from(plan.syscall_profile.is_some()),
         };
         // The executed inode is what `exe` names (checked below), and from this exec on the kernel
         // refuses it to every writer (ETXTBSY; a writer still open would have failed the exec):

@@ -30,6 +30,9 @@ pub struct Expect<'a> {
     pub script: Option<(i32, u64, u64)>,
     /// Seccomp filters the supervisor itself runs under (inherited by every process it starts).
     pub inherited_filters: u32,
+    /// Filters the cage installs on the target: chio's, and the workload's own profile when
+    /// the plan brings one.
+    pub cage_filters: u32,
 }
 
 /// How many seccomp filters this process runs under (0 without any).
@@ -154,10 +157,10 @@ pub fn violations(o: &Observed, e: &Expect<'_>) -> Vec<String> {
     }
     // Filters only ever narrow what is allowed: the supervisor's own (its service manager's)
     // stay on everything it starts, and the cage's must be there, once, on top of them.
-    if o.seccomp != 2 || o.seccomp_filters != e.inherited_filters + 1 {
+    if o.seccomp != 2 || o.seccomp_filters != e.inherited_filters + e.cage_filters {
         v.push(format!(
-            "Seccomp is {} with {} filters (want mode 2 with our filter on top of the {} the supervisor runs under)",
-            o.seccomp, o.seccomp_filters, e.inherited_filters
+            "Seccomp is {} with {} filters (want mode 2 with the cage's {} on top of the {} the supervisor runs under)",
+            o.seccomp, o.seccomp_filters, e.cage_filters, e.inherited_filters
         ));
     }
     for (name, value) in &o.capabilities {
@@ -286,6 +289,7 @@ mod tests {
             cwd: "/",
             script: None,
             inherited_filters: 0,
+            cage_filters: 1,
         }
     }
 
@@ -363,6 +367,7 @@ mod tests {
             cwd: &o.cwd,
             script: None,
             inherited_filters,
+            cage_filters: 1,
         };
         assert!(violations(&o, &e).iter().any(|v| v.contains("mnt namespace")));
     }
@@ -386,6 +391,12 @@ mod tests {
             let v = violations(&with(n, i), &e);
             assert!(v.len() == 1 && v[0].contains("on top of the 5 the supervisor runs under"), "{n} {i}: {v:?}");
             assert_eq!(v[0].contains("the cage's init"), i != 6, "{n} {i}: {v:?}");
+        }
+        // With the workload's own profile the target carries two of the cage's; the init one.
+        let e = Expect { cage_filters: 2, ..e };
+        assert_eq!(violations(&with(7, 6), &e), Vec::<String>::new());
+        for (n, i) in [(6, 6), (8, 6), (7, 7)] {
+            assert_eq!(violations(&with(n, i), &e).len(), 1, "{n} {i}");
         }
     }
 

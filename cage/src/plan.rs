@@ -258,6 +258,10 @@ pub struct CagePlan {
     /// its hostname.
     #[serde(default)]
     pub join: Vec<(String, PathBuf)>,
+    /// A syscall profile of the workload's own (an OCI config's), stacked under chio's filter:
+    /// it can only narrow what the target may call (see [`crate::profile`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall_profile: Option<crate::profile::SyscallProfile>,
     /// The target's stdin is a terminal to make its controlling terminal (an OCI container's
     /// console): it leads a session of its own.
     #[serde(default)]
@@ -308,6 +312,7 @@ impl CagePlan {
             staging_dir: PathBuf::from("/run/chio/cage-root"),
             cgroup_v2_root: None,
             join: Vec::new(),
+            syscall_profile: None,
             hostname: None,
             terminal: false,
             detached: false,

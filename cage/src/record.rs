@@ -179,6 +179,10 @@ pub struct Reported {
     /// What the filter's argument conditions refuse beyond its allow-list, in operator words.
     #[serde(default)]
     pub seccomp_refuses: Vec<String>,
+    /// SHA-256 of the workload's own profile, installed over chio's filter (an OCI config's
+    /// `linux.seccomp`); absent when the plan brought none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_filter_sha256: Option<String>,
     /// Capability sets read back with capget/PR_CAPBSET_READ after dropping: all zero.
     pub capabilities_cleared: bool,
     /// Securebits value after locking.

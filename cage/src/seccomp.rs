@@ -77,32 +77,44 @@ pub struct Filters {
     pub init: Program,
     /// SHA-256 over every instruction of the target's filter.
     pub sha256: String,
+    /// The plan's own profile compiled, installed over the target's filter, and its SHA-256.
+    pub stacked: Option<(Program, String)>,
 }
 
-const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+impl Filters {
+    /// These filters with `profile` compiled to be stacked over the target's.
+    pub fn with_profile(&self, profile: &crate::profile::SyscallProfile) -> Result<Filters, String> {
+        let prog = crate::profile::compile(profile).map_err(|e| format!("the plan's syscall profile: {e}"))?;
+        let sha = crate::profile::sha256(&prog);
+        Ok(Filters { stacked: Some((prog, sha)), ..self.clone() })
+    }
+}
+
+pub(crate) const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-const RET_KILL_PROCESS: u32 = 0x8000_0000;
+pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
 const RET_ALLOW: u32 = 0x7fff_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
-const LD_ABS: u16 = 0x20;
-const JEQ: u16 = 0x15;
-const JGE: u16 = 0x35;
+pub(crate) const LD_ABS: u16 = 0x20;
+pub(crate) const JEQ: u16 = 0x15;
+pub(crate) const JGT: u16 = 0x25;
+pub(crate) const JGE: u16 = 0x35;
 const JSET: u16 = 0x45;
 const JA: u16 = 0x05;
-const AND_K: u16 = 0x54;
-const RET: u16 = 0x06;
+pub(crate) const AND_K: u16 = 0x54;
+pub(crate) const RET: u16 = 0x06;
 /// Offsets in `struct seccomp_data`: nr, arch, and the low 32 bits of each argument.
-const OFF_NR: u32 = 0;
-const OFF_ARCH: u32 = 4;
-const fn off_arg_low(i: u32) -> u32 {
+pub(crate) const OFF_NR: u32 = 0;
+pub(crate) const OFF_ARCH: u32 = 4;
+pub(crate) const fn off_arg_low(i: u32) -> u32 {
     16 + 8 * i
 }
 
-fn ins(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+pub(crate) fn ins(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
-fn ret(k: u32) -> libc::sock_filter {
+pub(crate) fn ret(k: u32) -> libc::sock_filter {
     ins(RET, 0, 0, k)
 }
 
@@ -112,7 +124,7 @@ fn eperm() -> libc::sock_filter {
 
 /// What one syscall number leads to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
+pub(crate) enum Action {
     Allow,
     Enosys,
     /// clone: no CLONE_NEW* flag (they all live in the low 32 bits).
@@ -226,13 +238,13 @@ fn action_code(a: Action) -> Program {
 /// Consecutive syscall numbers with one decision, from the first number up to the next run's
 /// (`None`: EPERM). The policy's ~470 numbers make under a hundred runs: the search compares
 /// the number with run boundaries, not with each listed number.
-type Run = (u32, Option<Action>);
+pub(crate) type Run<T = Action> = (u32, Option<T>);
 
-/// The runs of `cases`, from 0 on; the numbers past the last case are one EPERM run.
-fn runs(cases: &BTreeMap<u32, Action>) -> Vec<Run> {
-    let mut out: Vec<Run> = vec![(0, None)];
-    for (&nr, &a) in cases {
-        for r in [(nr, Some(a)), (nr + 1, None)] {
+/// The runs of `cases`, from 0 on; the numbers past the last case are one run with no case.
+pub(crate) fn runs<T: Clone + PartialEq>(cases: &BTreeMap<u32, T>) -> Vec<Run<T>> {
+    let mut out: Vec<Run<T>> = vec![(0, None)];
+    for (&nr, a) in cases {
+        for r in [(nr, Some(a.clone())), (nr + 1, None)] {
             match out.last_mut() {
                 // The EPERM run after the previous number would be empty.
                 Some(last) if last.0 == r.0 => *last = r,
@@ -247,9 +259,15 @@ fn runs(cases: &BTreeMap<u32, Action>) -> Vec<Run> {
 /// Binary search over `runs` (the accumulator holds the syscall number, at least the first
 /// run's); every path ends in a return.
 fn search(runs: &[Run]) -> Program {
+    search_with(runs, &|d: &Option<Action>| d.map_or_else(|| vec![eperm()], action_code))
+}
+
+/// Binary search over `runs`, each run's code from `body` (which must end every path in a
+/// return).
+pub(crate) fn search_with<T>(runs: &[Run<T>], body: &dyn Fn(&Option<T>) -> Program) -> Program {
     let [(_, decision)] = runs else {
         let mid = runs.len() / 2;
-        let (left, right) = (search(&runs[..mid]), search(&runs[mid..]));
+        let (left, right) = (search_with(&runs[..mid], body), search_with(&runs[mid..], body));
         // nr >= the right half's first number: over the left half.
         let mut out = match u8::try_from(left.len()) {
             Ok(n) => vec![ins(JGE, n, 0, runs[mid].0)],
@@ -259,7 +277,7 @@ fn search(runs: &[Run]) -> Program {
         out.extend(right);
         return out;
     };
-    decision.map_or_else(|| vec![eperm()], action_code)
+    body(decision)
 }
 
 /// A whole filter: x86_64 only (anything else is killed), x32 numbers refused, then the search.
@@ -374,11 +392,11 @@ fn compile_filters() -> Result<Filters, String> {
         h.update([i.jt, i.jf]);
         h.update(i.k.to_le_bytes());
     }
-    Ok(Filters { target, init, sha256: hex(&h.finalize()) })
+    Ok(Filters { target, init, sha256: hex(&h.finalize()), stacked: None })
 }
 
 /// The kernel takes at most BPF_MAXINSNS (4096) instructions.
-fn check_len(prog: &Program) -> Result<(), String> {
+pub(crate) fn check_len(prog: &Program) -> Result<(), String> {
     match prog.len() {
         0..=4096 => Ok(()),
         n => Err(format!("the seccomp filter has {n} instructions, more than the kernel takes")),
@@ -397,9 +415,35 @@ fn apply(prog: &Program, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Install the target's filter on the calling thread (no_new_privs must already be set).
+/// Install the target's filter on the calling thread (no_new_privs must already be set), then
+/// the plan's own profile over it: the kernel takes the strictest verdict of the two, and of
+/// two errnos the later filter's (so the workload sees the errno its profile names).
 pub fn install(filters: &Filters) -> Result<(), String> {
-    apply(&filters.target, "target's")
+    apply(&filters.target, "target's")?;
+    match &filters.stacked {
+        Some((prog, _)) => apply(prog, "workload's own"),
+        None => Ok(()),
+    }
+}
+
+/// The x86_64 number of syscall `name`, from the policy table (which lists every number of the
+/// kernel's table); None for a name the table does not have.
+pub fn syscall_number(name: &str) -> Option<u32> {
+    static NUMBERS: std::sync::OnceLock<std::collections::HashMap<&'static str, u32>> = std::sync::OnceLock::new();
+    NUMBERS
+        .get_or_init(|| {
+            POLICY
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| {
+                    let mut f = l.split('\t');
+                    let nr = f.next()?.parse().ok()?;
+                    Some((f.next()?, nr))
+                })
+                .collect()
+        })
+        .get(name)
+        .copied()
 }
 
 /// Install the init's filter on the calling thread (no_new_privs must already be set).
@@ -417,11 +461,11 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A classic-BPF interpreter for the instructions `compile` emits.
-    fn run(prog: &Program, nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+    pub(crate) fn run(prog: &Program, nr: u32, arch: u32, args: [u64; 6]) -> u32 {
         let mut data = [0u8; 64];
         data[0..4].copy_from_slice(&nr.to_le_bytes());
         data[4..8].copy_from_slice(&arch.to_le_bytes());
@@ -436,9 +480,10 @@ mod tests {
                 LD_ABS => acc = u32::from_le_bytes(data[i.k as usize..i.k as usize + 4].try_into().unwrap()),
                 JA => pc += i.k as usize,
                 AND_K => acc &= i.k,
-                JEQ | JGE | JSET => {
+                JEQ | JGT | JGE | JSET => {
                     let hit = match i.code {
                         JEQ => acc == i.k,
+                        JGT => acc > i.k,
                         JGE => acc >= i.k,
                         _ => acc & i.k != 0,
                     };

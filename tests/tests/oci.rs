@@ -100,7 +100,17 @@ impl Oci {
 
     /// create, start, wait: (exit status of the container's process, its output, its record).
     fn run_container(&self, id: &str, args: &[&str]) -> (i32, String, serde_json::Value) {
-        let b = self.bundle(id, args, |_| {});
+        self.run_container_with(id, args, |_| {})
+    }
+
+    /// `run_container` of a config edited by `edit`.
+    fn run_container_with(
+        &self,
+        id: &str,
+        args: &[&str],
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> (i32, String, serde_json::Value) {
+        let b = self.bundle(id, args, edit);
         let out = self.dir.join(&format!("{id}.out"));
         let (o, pid) = self.create(id, &b, &out);
         assert!(o.status.success(), "create: {}", String::from_utf8_lossy(&o.stderr));
@@ -391,6 +401,51 @@ fn escape_probes_are_refused_in_a_container() {
     }
 }
 
+/// The config's own seccomp profile is stacked under chio's allow-list: what it refuses is
+/// refused (a unix socket, which the cage allows and the same container without the profile
+/// opens), and what it allows beyond chio's list (mount) stays refused. The record gives the
+/// profile's digest and the exec stop counts both filters.
+#[test]
+fn the_configs_seccomp_profile_narrows_and_never_widens() {
+    let Some(o) = Oci::new("seccomp") else { return };
+    let profile = serde_json::json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64"],
+        "syscalls": [
+            {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": 13,
+             "args": [{"index": 0, "value": 1, "op": "SCMP_CMP_EQ"}]},
+            {"names": ["mount", "unshare"], "action": "SCMP_ACT_ALLOW"}
+        ]
+    });
+    let unix_socket = ["/probe", "socket-raw", "1", "1", "0"];
+    let with = |c: &mut serde_json::Value| c["linux"]["seccomp"] = profile.clone();
+    let (status, said, rec) = o.run_container_with("s1", &unix_socket, with);
+    assert_eq!(rec["state"], "FullyEnforced", "{rec}");
+    assert_eq!((status, said.trim()), (1, "REFUSED: socket(1, 1, 0) errno=13"), "the profile's own errno");
+    let sha = rec["reported"]["profile_filter_sha256"].as_str().unwrap();
+    assert_eq!(sha.len(), 64, "{rec}");
+    let observed = &rec["observed"];
+    assert_eq!(
+        observed["seccomp_filters"].as_u64().unwrap(),
+        observed["seccomp_filters_inherited"].as_u64().unwrap() + 2
+    );
+    assert!(rec["annotations"]["oci.seccomp"].as_str().unwrap().contains("stacked under chio's allow-list"), "{rec}");
+    // Control: the same container without the profile opens the socket.
+    let (status, said, rec) = o.run_container("s2", &unix_socket);
+    assert_eq!((status, said.trim()), (0, "ESCAPED: socket(1, 1, 0)"));
+    assert!(rec["reported"].get("profile_filter_sha256").is_none(), "{rec}");
+    // What the profile allows and chio refuses stays refused, with chio's EPERM.
+    let (status, said, _) = o.run_container_with("s3", &["/probe", "mount", "/run"], with);
+    assert_eq!((status, said.trim()), (1, "REFUSED: mount tmpfs on /run errno=1"));
+    // A profile that hands calls to another process is refused at create.
+    let b = o.bundle("s4", &unix_socket, |c| {
+        c["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_NOTIFY"})
+    });
+    let out = o.run(&["create", "--bundle", b.to_str().unwrap(), "s4"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SCMP_ACT_NOTIFY"), "{out:?}");
+    assert!(!o.root().join("s4").exists());
+}
+
 /// With receipts configured on the node, every start is signed into the store, and `chio
 /// receipt list` names the container and its pod.
 #[test]
@@ -521,6 +576,14 @@ fn podman_runs_containers_through_chio() {
     let out = p.run(&["run", "--rm", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "caps"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("REFUSED: all capability sets empty"), "{out:?}");
+    // podman's default seccomp profile is stacked over chio's: two filters on the process
+    // beyond the ones this test runs under.
+    let filters = |status: &str| {
+        status.lines().find_map(|l| l.strip_prefix("Seccomp_filters:")).map(|n| n.trim().parse::<u32>().unwrap())
+    };
+    let own = filters(&std::fs::read_to_string("/proc/self/status").unwrap()).unwrap();
+    let out = p.run(&["run", "--rm", "--read-only", "--network", "none", PODMAN_IMAGE, "/probe", "dump-status"]);
+    assert_eq!(filters(&String::from_utf8_lossy(&out.stdout)), Some(own + 2), "{out:?}");
     for (probe, errno) in
         [(vec!["ptrace"], "errno=1"), (vec!["mount", "/run"], "errno=1"), (vec!["unshare", "user"], "errno=1")]
     {

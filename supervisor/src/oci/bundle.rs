@@ -394,8 +394,26 @@ impl<'a> Translation<'a> {
         if let Some(path) = linux.cgroups_path() {
             self.note("cgroups_path", format!("{} asked; the cage's own launch cgroup holds it", path.display()));
         }
-        if linux.seccomp().is_some() {
-            self.note("seccomp", "the config's profile is not loaded: chio's own allow-list applies");
+        if let Some(s) = linux.seccomp() {
+            match super::profile::translate(s) {
+                Ok(t) => {
+                    let stacked = t.profile.as_ref().map_or(0, |p| p.rules.len());
+                    self.plan.syscall_profile = t.profile;
+                    let mut what = match self.plan.syscall_profile {
+                        Some(_) => format!(
+                            "the config's profile ({stacked} rules) is stacked under chio's allow-list: the \
+                             stricter answer holds for every call"
+                        ),
+                        None => "the config's profile allows every call: chio's own allow-list applies".into(),
+                    };
+                    for n in t.notes {
+                        what.push_str("; ");
+                        what.push_str(&n);
+                    }
+                    self.note("seccomp", what);
+                }
+                Err(why) => self.refused.extend(why),
+            }
         }
         if linux.masked_paths().as_ref().is_some_and(|m| !m.is_empty()) {
             self.note("masked_paths", "the cage has no /sys, and its /proc hides the host's as it always does");

@@ -13,6 +13,7 @@ pub mod bundle;
 pub mod cgroup;
 mod console;
 pub mod node;
+mod profile;
 pub mod state;
 
 use std::io::{BufRead, BufReader, Write};
