@@ -137,6 +137,10 @@ pub struct Prepared {
     /// Top-level tmpfs mounts of the plan's (besides `/tmp`): binds below them get their mount
     /// points made in them.
     own_tmpfs: Vec<std::ffi::OsString>,
+    /// In-cage paths covered once everything is attached (the plan's `masked`).
+    masked: Vec<PathBuf>,
+    /// In-cage paths made read-only once everything is attached (the plan's `read_only`).
+    read_only: Vec<PathBuf>,
 }
 
 fn err_at(what: &str, p: impl AsRef<Path>, e: io::Error) -> io::Error {
@@ -293,6 +297,8 @@ impl Prepared {
             no_ephemeral_ports: false,
             strip,
             own_tmpfs: Vec::new(),
+            masked: Vec::new(),
+            read_only: Vec::new(),
         })
     }
 
@@ -317,6 +323,8 @@ impl Prepared {
             no_ephemeral_ports: false,
             strip: self.strip,
             own_tmpfs: self.own_tmpfs.clone(),
+            masked: self.masked.clone(),
+            read_only: self.read_only.clone(),
         })
     }
 
@@ -369,6 +377,19 @@ impl Prepared {
         for b in &plan.binds {
             p.add_bind(b)?;
         }
+        for (list, what) in [(&plan.masked, "masked"), (&plan.read_only, "read-only")] {
+            for m in list {
+                if !m.is_absolute() || path::components(m).map_or(true, |c| c.is_empty()) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("a {what} path must be absolute and below /, not {}", m.display()),
+                    ));
+                }
+                p.described.push(format!("{} {what}", m.display()));
+            }
+        }
+        p.masked = plan.masked.clone();
+        p.read_only = plan.read_only.clone();
         Ok(p)
     }
 
@@ -692,6 +713,12 @@ impl Prepared {
         if self.mask_proc {
             mask_root_only(proc.as_fd(), self.dev.as_fd())?;
         }
+        for m in &self.masked {
+            mask(sk, m, self.dev.as_fd()).map_err(|e| err_at("masking", m, e))?;
+        }
+        for r in &self.read_only {
+            make_read_only(sk, r).map_err(|e| err_at("making read-only", r, e))?;
+        }
         // procfs read-only as a whole: its top-level files are one inode for every procfs on
         // the host, so a chmod or utimensat by uid 0 would change them everywhere; sysctls and
         // sysrq-trigger are written through it.
@@ -765,6 +792,38 @@ fn mask_root_only(proc: BorrowedFd<'_>, dev: BorrowedFd<'_>) -> io::Result<()> {
             .map_err(|e| err_at("masking", Path::new("/proc").join(OsStr::from_bytes(name.as_bytes())), e))?;
     }
     Ok(())
+}
+
+/// Cover `at` (resolved inside the cage's root, as the container would resolve it): a file
+/// with a read-only bind of the cage's own `/dev/null`, a directory with an empty read-only
+/// tmpfs. A path the root does not have is left alone (there is nothing to hide).
+fn mask(root: BorrowedFd<'_>, at: &Path, dev: BorrowedFd<'_>) -> io::Result<()> {
+    let target = match path::resolve_in(root, at, libc::O_PATH | libc::O_CLOEXEC) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    let cover = match sys::fstat(target.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        true => tmpfs(4096, "0555", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?,
+        false => {
+            let null = sys::open_tree_clone_at(dev, c"null")?;
+            sys::mount_setattr_one(null.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
+            null
+        }
+    };
+    sys::move_mount_onto(cover.as_fd(), target.as_fd())
+}
+
+/// Make `at` (resolved inside the cage's root) and every mount below it read-only: a
+/// recursive read-only clone of it mounted over it. A path the root does not have is left
+/// alone.
+fn make_read_only(root: BorrowedFd<'_>, at: &Path) -> io::Result<()> {
+    let target = match path::resolve_in(root, at, libc::O_PATH | libc::O_CLOEXEC) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    let tree = sys::open_tree_clone(target.as_fd())?;
+    sys::mount_setattr_tree(tree.as_fd(), MOUNT_ATTR_RDONLY)?;
+    sys::move_mount_onto(tree.as_fd(), target.as_fd())
 }
 
 /// The first component of `dest` when it is the only one.

@@ -262,6 +262,13 @@ pub struct CagePlan {
     /// it can only narrow what the target may call (see [`crate::profile`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syscall_profile: Option<crate::profile::SyscallProfile>,
+    /// In-cage paths hidden from the target (an OCI config's `maskedPaths`): a file covered
+    /// by `/dev/null`, a directory by an empty read-only tmpfs; one the root lacks is skipped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked: Vec<PathBuf>,
+    /// In-cage paths made read-only with every mount below them (`readonlyPaths`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<PathBuf>,
     /// The target's stdin is a terminal to make its controlling terminal (an OCI container's
     /// console): it leads a session of its own.
     #[serde(default)]
@@ -313,6 +320,8 @@ impl CagePlan {
             cgroup_v2_root: None,
             join: Vec::new(),
             syscall_profile: None,
+            masked: Vec::new(),
+            read_only: Vec::new(),
             hostname: None,
             terminal: false,
             detached: false,

@@ -446,6 +446,38 @@ fn the_configs_seccomp_profile_narrows_and_never_widens() {
     assert!(!o.root().join("s4").exists());
 }
 
+/// `maskedPaths` hide what they name (a file reads as empty, a directory is an empty one) and
+/// `readonlyPaths` make a writable place read-only; the same container without them reads and
+/// writes those places (the controls).
+#[test]
+fn masked_and_read_only_paths_take_access_away() {
+    let Some(o) = Oci::new("masked") else { return };
+    let hide = |c: &mut serde_json::Value| {
+        c["linux"]["maskedPaths"] = serde_json::json!(["/proc/version", "/proc/sys/kernel", "/not/in/the/image"]);
+        c["linux"]["readonlyPaths"] = serde_json::json!(["/run"]);
+    };
+    let version = ["/probe", "cat", "/proc/version"];
+    let (_, said, rec) = o.run_container_with("m1", &version, hide);
+    assert_eq!(rec["state"], "FullyEnforced", "{rec}");
+    assert_eq!(said, "", "a masked file reads as /dev/null");
+    let mounts = rec["reported"]["mounts"].to_string();
+    assert!(mounts.contains("/proc/version masked") && mounts.contains("/run read-only"), "{mounts}");
+    let (_, said, _) = o.run_container("m2", &version);
+    assert!(said.starts_with("Linux version"), "control: {said:?}");
+
+    let hostname = ["/probe", "cat", "/proc/sys/kernel/hostname"];
+    let (status, said, _) = o.run_container_with("m3", &hostname, hide);
+    assert!(status != 0 && said.contains("No such file"), "a masked directory is empty: {status} {said:?}");
+    let (status, said, _) = o.run_container("m4", &hostname);
+    assert!(status == 0 && !said.trim().is_empty(), "control: {status} {said:?}");
+
+    let write = ["/probe", "create", "reg", "/run/new"];
+    let (status, said, _) = o.run_container_with("m5", &write, hide);
+    assert!(status == 1 && said.contains("errno=30"), "read-only /run: {said:?}");
+    let (status, said, _) = o.run_container("m6", &write);
+    assert!(status == 0 && said.starts_with("ESCAPED"), "control: /run is the config's writable tmpfs: {said:?}");
+}
+
 /// With receipts configured on the node, every start is signed into the store, and `chio
 /// receipt list` names the container and its pod.
 #[test]

@@ -415,9 +415,10 @@ impl<'a> Translation<'a> {
                 Err(why) => self.refused.extend(why),
             }
         }
-        if linux.masked_paths().as_ref().is_some_and(|m| !m.is_empty()) {
-            self.note("masked_paths", "the cage has no /sys, and its /proc hides the host's as it always does");
-        }
+        // Hidden and read-only paths only ever take access away: applied as asked (a path the
+        // root lacks is skipped, as runc skips it).
+        self.plan.masked = linux.masked_paths().iter().flatten().map(PathBuf::from).collect();
+        self.plan.read_only = linux.readonly_paths().iter().flatten().map(PathBuf::from).collect();
     }
 }
 
