@@ -83,6 +83,9 @@ pub struct LaunchCgroup {
     /// its own): how a sweep tells a live launch from an orphan, whatever pid namespace the
     /// launch runs in ([`sweep_orphans`]).
     held: Vec<OwnedFd>,
+    /// A running cage's cgroup that a process entering it joins ([`LaunchCgroup::adopt`]):
+    /// never killed or removed through this handle.
+    adopted: bool,
 }
 
 fn statfs_magic(p: &Path) -> Option<i64> {
@@ -317,6 +320,49 @@ impl LaunchCgroup {
         format!("chio-oci-{random}")
     }
 
+    /// A running cage's launch cgroup (its directories as that launch recorded them), for a
+    /// process entering the cage to join. Its ceilings are the cage's, already written; this
+    /// handle never kills what is in it or removes it.
+    pub fn adopt(dirs: &[PathBuf]) -> io::Result<LaunchCgroup> {
+        let first = dirs.first().ok_or_else(|| io::Error::other("the cage names no launch cgroup"))?;
+        let name = first.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if name.is_empty() || dirs.iter().any(|d| d.file_name() != first.file_name()) {
+            return Err(io::Error::other(format!("the cage's cgroup directories do not share one name: {dirs:?}")));
+        }
+        let v2 = statfs_magic(first) == Some(CGROUP2_SUPER_MAGIC);
+        let mut adopted = Vec::new();
+        for d in dirs {
+            if !matches!(statfs_magic(d), Some(CGROUP2_SUPER_MAGIC | CGROUP_SUPER_MAGIC)) {
+                return Err(io::Error::other(format!("{} is not a cgroup directory", d.display())));
+            }
+            // A v1 directory's controller by the files it has (cpu and cpuacct may share one).
+            let has = |f: &str| d.join(f).exists();
+            let controllers = match v2 {
+                true => vec![Controller::Cpuacct],
+                false => [
+                    (Controller::Memory, "memory.limit_in_bytes"),
+                    (Controller::Pids, "pids.max"),
+                    (Controller::Cpu, "cpu.cfs_quota_us"),
+                    (Controller::Cpuacct, "cpuacct.usage"),
+                ]
+                .into_iter()
+                .filter(|(_, f)| has(f))
+                .map(|(c, _)| c)
+                .collect(),
+            };
+            adopted.extend(controllers.into_iter().map(|c| (c, d.clone())));
+        }
+        Ok(LaunchCgroup {
+            name,
+            version: if v2 { "v2" } else { "v1" },
+            dirs: adopted,
+            missing: Vec::new(),
+            missing_why: None,
+            held: Vec::new(),
+            adopted: true,
+        })
+    }
+
     /// Create the launch cgroup `name` in `hierarchy` and write the ceilings.
     pub fn create(name: &str, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
         let cg = Self::make(name, &needed(limits), hierarchy)?;
@@ -409,6 +455,7 @@ impl LaunchCgroup {
             missing: Vec::new(),
             missing_why: None,
             held,
+            adopted: false,
         };
         for &c in controllers.iter().filter(|c| **c != Controller::Cpuacct) {
             if has(c) {
@@ -447,6 +494,7 @@ impl LaunchCgroup {
             missing: Vec::new(),
             missing_why: None,
             held: Vec::new(),
+            adopted: false,
         };
         for &c in controllers {
             let mount = Path::new("/sys/fs/cgroup").join(c.name());
@@ -591,6 +639,9 @@ impl LaunchCgroup {
 
     /// Kill every process in the cgroup (v2: cgroup.kill; v1: SIGKILL each listed pid until empty).
     pub fn kill_all(&self) {
+        if self.adopted {
+            return;
+        }
         for d in self.unique_dirs() {
             if self.version == "v2" && write(&d.join("cgroup.kill"), "1").is_ok() {
                 continue;
@@ -609,6 +660,9 @@ impl LaunchCgroup {
 
     /// Kill what is left, wait (bounded) for the cgroup to empty, and remove every directory.
     pub fn remove(&self) -> io::Result<()> {
+        if self.adopted {
+            return Ok(());
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut last_err = None;
         for d in self.unique_dirs() {
@@ -960,6 +1014,7 @@ mod tests {
             missing: Vec::new(),
             missing_why: None,
             held: Vec::new(),
+            adopted: false,
         };
         let applied = cg.apply(&ceilings());
         let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());

@@ -72,6 +72,33 @@ pub struct Ctx<'a> {
     pub join: [RawFd; 2],
     /// The root's part made ahead of the request (see [`crate::mounts::RootAhead`]).
     pub root_ahead: Option<&'a crate::mounts::RootAhead>,
+    /// Entering a running cage (the plan's `enter`): its net, ipc, uts, cgroup, pid and mnt
+    /// namespaces, opened by the supervisor; -1 otherwise.
+    pub enter: [RawFd; 6],
+}
+
+/// The namespaces an entering process joins, in the order it joins them: the mount namespace
+/// last, since joining it moves the process's root and working directory into the cage.
+pub const ENTERED: [(&str, libc::c_int); 6] = [
+    ("net", libc::CLONE_NEWNET),
+    ("ipc", libc::CLONE_NEWIPC),
+    ("uts", libc::CLONE_NEWUTS),
+    ("cgroup", libc::CLONE_NEWCGROUP),
+    ("pid", libc::CLONE_NEWPID),
+    ("mnt", libc::CLONE_NEWNS),
+];
+
+/// What the target is granted (landlock), and the record's view of the cage's mounts.
+struct Granted<'a> {
+    access: &'a Access,
+    described: &'a [String],
+    sources: &'a [crate::record::SourceFact],
+}
+
+impl<'a> From<&'a Prepared> for Granted<'a> {
+    fn from(p: &'a Prepared) -> Self {
+        Granted { access: &p.access, described: &p.described, sources: &p.sources }
+    }
 }
 
 impl Ctx<'_> {
@@ -95,7 +122,11 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
         await_orphaned();
     }
     init_start(ctx.sock, ctx.supervisor_ends, ctx.plan.detached);
-    match init_setup(ctx) {
+    let setup = match &ctx.plan.enter {
+        Some(e) => enter_setup(ctx, e),
+        None => init_setup(ctx),
+    };
+    match setup {
         Ok(target) => reap(ctx, target),
         Err(f) => {
             ctx.report(&f);
@@ -184,7 +215,40 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     // The init leads a new session so the target has no controlling tty.
     let _ = nix::unistd::setsid();
     block_forwarded_signals();
-    spawn_target(ctx, &prepared).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+    spawn_target(ctx, &Granted::from(&prepared)).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+}
+
+/// Enter a running cage instead of building one: its cgroup, then its namespaces (its root
+/// with the mount namespace, last), then the target is spawned as in a new cage — in the
+/// cage's pid namespace, a child of this process, which stays outside it (in the supervisor's
+/// pid namespace) to reap it and report its end.
+fn enter_setup(ctx: &Ctx<'_>, e: &crate::plan::Enter) -> Result<libc::pid_t, Failure> {
+    hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
+    if ctx.await_cgroup {
+        join_cgroup(ctx.sock, true)?;
+    }
+    for (fd, (name, flag)) in ctx.enter.into_iter().zip(ENTERED) {
+        if fd < 0 {
+            return Err(FailCode::NamespaceFailed.at(Stage::Namespaces, format!("no {name} namespace to enter")));
+        }
+        // SAFETY: an nsfs descriptor the supervisor opened for us (a descriptor number from the
+        // context, open for the whole call).
+        let ns = unsafe { BorrowedFd::borrow_raw(fd) };
+        nix::sched::setns(ns, CloneFlags::from_bits_retain(flag)).map_err(|err| {
+            FailCode::NamespaceFailed.at(Stage::Namespaces, format!("entering the cage's {name} namespace: {err}"))
+        })?;
+    }
+    nix::unistd::chdir(c"/").map_err(|err| FailCode::NamespaceFailed.at(Stage::Namespaces, err))?;
+    let cstrings = |v: &[String]| -> Result<Vec<std::ffi::CString>, Failure> {
+        v.iter()
+            .map(|p| std::ffi::CString::new(p.as_bytes()).map_err(|err| FailCode::PathRefused.at(Stage::Landlock, err)))
+            .collect()
+    };
+    let access = Access { read_exec: cstrings(&e.read_exec)?, read_write_exec: cstrings(&e.read_write_exec)? };
+    let _ = nix::unistd::setsid();
+    block_forwarded_signals();
+    let granted = Granted { access: &access, described: &e.mounts, sources: &e.sources };
+    spawn_target(ctx, &granted).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
 }
 
 /// Unshare the namespaces in `flags`, entering the network namespace made ahead (`netns`, or
@@ -282,6 +346,7 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         netns: -1,
         join: [-1, -1],
         root_ahead: a.root_ahead,
+        enter: [-1; 6],
     };
     match planned_setup(&ctx) {
         Ok(target) => reap(&ctx, target),
@@ -337,7 +402,7 @@ fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     await_ceilings(ctx.sock)?;
     fault::fail_at(ctx.plan, Stage::Namespaces)?;
     block_forwarded_signals();
-    spawn_target(ctx, &prepared).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+    spawn_target(ctx, &Granted::from(&prepared)).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
 }
 
 /// An init ahead is in the launch cgroup already; the target may exist only once the request's
@@ -415,21 +480,21 @@ const TARGET_STACK: usize = 1 << 20;
 /// What the target's entry point gets from the init.
 struct Spawn<'a, 'b> {
     ctx: &'a Ctx<'b>,
-    prepared: &'a Prepared,
+    granted: &'a Granted<'a>,
 }
 
 extern "C" fn target_entry(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `Spawn` on the init's stack, alive (the init is suspended) until we
     // exec or exit.
     let s = unsafe { &*(arg as *const Spawn<'_, '_>) };
-    target_main(s.ctx, s.prepared)
+    target_main(s.ctx, s.granted)
 }
 
 /// Start the target the way posix_spawn does: CLONE_VM | CLONE_VFORK on a stack of its own.
 /// Nothing is copied (a fork would copy the page tables the init inherited from the supervisor,
 /// and the exec would tear them down again) and the init sleeps until the target has exec'd or
 /// died; the init is single-threaded, so the target has the address space to itself meanwhile.
-fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
+fn spawn_target(ctx: &Ctx<'_>, granted: &Granted<'_>) -> io::Result<libc::pid_t> {
     // The target's stack and clone are raw: nix's clone boxes a callback and cannot express
     // CLONE_VM|CLONE_VFORK on a stack unmapped right after; its mman calls are unsafe alike.
     // SAFETY: a fresh private anonymous mapping; the lowest page becomes a guard page.
@@ -453,7 +518,7 @@ fn spawn_target(ctx: &Ctx<'_>, prepared: &Prepared) -> io::Result<libc::pid_t> {
         unsafe { libc::munmap(stack, TARGET_STACK) };
         return Err(err);
     }
-    let spawn = Spawn { ctx, prepared };
+    let spawn = Spawn { ctx, granted };
     // SAFETY: the child runs `target_entry` on its own stack (the top of the mapping, 16-byte
     // aligned) and never returns to our frames; CLONE_VFORK keeps us suspended until it execs
     // or exits, so `spawn` and the stack outlive every use.
@@ -518,6 +583,10 @@ fn block_forwarded_signals() {
 /// the init's own exit, which tears the namespaces down).
 fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let outlives = ctx.plan.detached;
+    // Only a pid namespace's init may end the rest with kill(-1): a process that entered a
+    // cage stays in the supervisor's pid namespace, where kill(-1) would reach every process
+    // of its uid on the host. Asked now: the init's filter refuses getpid.
+    let namespace_init = std::process::id() == 1;
     // Keep the result pipe as fd 3 (a detached cage has none: its init's exit status says it).
     // SAFETY: plain fd syscall on fds we own (raw: onto a fixed number).
     if !outlives && ctx.result_w != 3 && unsafe { libc::dup2(ctx.result_w, 3) } < 0 {
@@ -584,7 +653,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
                         if aborts {
                             std::process::abort();
                         }
-                        let killed = end_the_rest();
+                        let killed = if namespace_init { end_the_rest() } else { 0 };
                         if outlives {
                             // The engine reads the container's end from its init's status, as
                             // runc's init gives it: the target's code, or 128 + its signal.
@@ -702,7 +771,7 @@ fn loopback_flags() -> io::Result<(OwnedFd, libc::ifreq)> {
 }
 
 /// The target's pre-exec setup, in the child of the init.
-fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
+fn target_main(ctx: &Ctx<'_>, granted: &Granted<'_>) -> ! {
     let sock = match arrange_fds(ctx) {
         Ok(s) => s,
         Err(e) => {
@@ -711,7 +780,7 @@ fn target_main(ctx: &Ctx<'_>, prepared: &Prepared) -> ! {
         }
     };
     let ctx = Ctx { sock, ..*ctx };
-    match target_setup(&ctx, prepared) {
+    match target_setup(&ctx, granted) {
         Ok(()) => exit_now(125),
         Err(f) => {
             ctx.report(&f);
@@ -784,7 +853,7 @@ fn default_disposition(sig: libc::c_int) {
     };
 }
 
-fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
+fn target_setup(ctx: &Ctx<'_>, granted: &Granted<'_>) -> Result<(), Failure> {
     // First, so that the supervisor attaches ptrace while the rest is set up.
     channel::send(ctx.sock, &CageMsg::Hello, &[]).map_err(|e| FailCode::ChannelFailed.at(Stage::Identity, e))?;
     let plan = ctx.plan;
@@ -812,8 +881,15 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
     let mut reported = Reported {
         proc_verified: true,
         loopback_up: loopback_is_up(),
-        mounts: prepared.described.clone(),
-        sources: prepared.sources.clone(),
+        mounts: granted.described.to_vec(),
+        sources: granted.sources.to_vec(),
+        landlock_read_exec: granted.access.read_exec.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+        landlock_read_write_exec: granted
+            .access
+            .read_write_exec
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect(),
         seccomp_filter_sha256: ctx.filters.sha256.clone(),
         profile_filter_sha256: ctx.filters.stacked.as_ref().map(|(_, sha)| sha.clone()),
         seccomp_refuses: seccomp::REFUSALS.iter().map(|r| r.to_string()).collect(),
@@ -836,6 +912,14 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
     let uid = if fault::on(plan, &TestHook::Uid) { plan.uid.wrapping_sub(1) } else { plan.uid };
     let gid = if fault::on(plan, &TestHook::Gid) { plan.gid.wrapping_sub(1) } else { plan.gid };
     identity::set_ids(uid, gid).map_err(|e| FailCode::IdentityFailed.at(Stage::Identity, e))?;
+    if plan.enter.is_some() {
+        // Entering a running cage, the target is not below a namespace init of its own: it
+        // dies with the process that entered (whose pid the engine holds, signals and waits
+        // for), as a cage's processes die with theirs. Armed after the uid change, which
+        // clears it; it lasts through the exec.
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+            .map_err(|e| FailCode::IdentityFailed.at(Stage::Identity, format!("parent-death signal: {e}")))?;
+    }
     if fault::on(plan, &TestHook::Groups) {
         // One group (CAP_SETGID is still effective here).
         let _ = nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(gid)]);
@@ -867,7 +951,7 @@ fn target_setup(ctx: &Ctx<'_>, prepared: &Prepared) -> Result<(), Failure> {
         let _ = nix::unistd::chdir(c"/");
     }
     fault::fail_at(ctx.plan, Stage::Landlock)?;
-    apply_landlock(ctx, &prepared.access, &mut reported)?;
+    apply_landlock(ctx, granted.access, &mut reported)?;
     fault::fail_at(ctx.plan, Stage::Target)?;
     if let (true, Some(argv0)) = (fault::on(plan, &TestHook::TouchBeforeOpen), plan.argv.first()) {
         // The supervisor hashes its early guess while the cage sets up; give it the time.

@@ -124,6 +124,9 @@ fn check_plan(plan: &CagePlan) -> Result<(), Failure> {
     if plan.argv.is_empty() {
         return Err(reject(FailCode::EmptyCommand, "no command to run".into()));
     }
+    if plan.enter.is_some() && !plan.detached {
+        return Err(reject(FailCode::SetupFailed, "a process entering a running cage is launched detached".into()));
+    }
     // exec takes C strings: an argument or variable with a NUL in it would reach the command
     // cut short, or not at all, while the record shows it whole.
     if let Some(a) = plan.argv.iter().find(|a| a.as_bytes().contains(&0)) {
@@ -359,8 +362,14 @@ fn make_cgroup<'h>(
             if let Some(pre) = other {
                 let _ = pre.remove();
             }
-            let name = if plan.detached { LaunchCgroup::detached_name() } else { LaunchCgroup::new_name() };
-            LaunchCgroup::create(&name, &plan.limits, hierarchy)
+            match &plan.enter {
+                // A running cage's own: joined, never made over.
+                Some(e) => LaunchCgroup::adopt(&e.cgroup),
+                None => {
+                    let name = if plan.detached { LaunchCgroup::detached_name() } else { LaunchCgroup::new_name() };
+                    LaunchCgroup::create(&name, &plan.limits, hierarchy)
+                }
+            }
         }
     };
     let cg = made.map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?;
@@ -485,7 +494,7 @@ fn launch_cage(
         }
     };
     // From here the init exists: until supervision takes it, any way out kills and reaps it.
-    let guard = InitGuard(Some(init));
+    let guard = InitGuard(Some(init), plan.enter.is_some());
     let SupEnds { sock, stdout, stderr, result, stdin } = ends;
     let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
     let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take(), park: sinks.park.take() };
@@ -521,7 +530,12 @@ fn launch_cage(
 /// The cage's init from its clone until supervision takes it: dropped on the way — a setup
 /// stage that failed, a refusal at the exec stop, a withdrawn launch, a panic — it is killed
 /// and reaped, so that no failed launch leaves a cage behind.
-struct InitGuard(Option<libc::pid_t>);
+///
+/// A process entering a running cage is given a moment first: its target lives in the cage's
+/// pid namespace, and only its parent — the entering process — reaps it there. Killed at once,
+/// it would leave the target (which ends with the channel closed, or of its parent-death
+/// signal) to the caller's subreaper, outside the cage, where the cage's init could not reap it.
+struct InitGuard(Option<libc::pid_t>, bool);
 
 impl InitGuard {
     /// The init, now supervision's to end.
@@ -533,6 +547,17 @@ impl InitGuard {
 impl Drop for InitGuard {
     fn drop(&mut self) {
         if let Some(pid) = self.0.take() {
+            if self.1 {
+                let deadline = Instant::now() + std::time::Duration::from_secs(2);
+                while Instant::now() < deadline {
+                    match waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(Errno::EINTR) => {
+                            std::thread::sleep(std::time::Duration::from_millis(2))
+                        }
+                        _ => return,
+                    }
+                }
+            }
             kill_and_reap(pid);
         }
     }
@@ -571,6 +596,7 @@ fn clone_init(
     // Taken, so that the supervisor's copy closes as soon as the init has its own.
     let (netns, root_ahead) = (sinks.ahead.netns.take(), sinks.ahead.root.take());
     let join = open_joined(plan)?;
+    let entered = open_entered(plan)?;
     let ([stdout_w, stderr_w, result_w, stdin_r], sock) = match plan.detached {
         // The engine's own descriptors as it gave them to us (stdin: ours unless one is named),
         // or its console's terminal.
@@ -594,13 +620,19 @@ fn clone_init(
         netns: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
         root_ahead: root_ahead.as_ref(),
         join: [&join[0], &join[1]].map(|f| f.as_ref().map_or(-1, |f| f.as_raw_fd())),
+        enter: entered.each_ref().map(|f| f.as_ref().map_or(-1, |f| f.as_raw_fd())),
     };
     // (A test hook leaves the init outside the launch cgroup.)
     let into = v2_dir.as_ref().filter(|_| !fault::on(plan, &TestHook::Cgroup));
     if fault::on(plan, &TestHook::OrphanEarly) {
         inside::HOOK_SUPERVISOR.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     }
-    match clone_pid_ns(into.map(AsFd::as_fd)) {
+    let cloned = match plan.enter {
+        None => clone_pid_ns(into.map(AsFd::as_fd)),
+        // Entering: the process stays in our pid namespace; its target is born in the cage's.
+        Some(_) => clone_plain(into.map(AsFd::as_fd)),
+    };
+    match cloned {
         Ok(0) => inside::init_main(&ctx),
         Ok(_) if fault::on(plan, &TestHook::OrphanEarly) => {
             // Test hook: the supervisor dies the moment its init exists, before it sends a word.
@@ -611,6 +643,36 @@ fn clone_init(
         Ok(pid) => Ok((pid, w.into_supervisor_ends())),
         Err(e) => Err(FailCode::NamespaceFailed.at(Stage::Namespaces, e)),
     }
+}
+
+/// A running cage's namespaces to enter (the plan's `enter`), opened here, in the order the
+/// entering process joins them — only while its init is the process the plan names (its start
+/// time), and never one of the supervisor's own.
+fn open_entered(plan: &CagePlan) -> Result<[Option<OwnedFd>; 6], Failure> {
+    let Some(e) = &plan.enter else { return Ok(Default::default()) };
+    let fail = |d: String| FailCode::NamespaceFailed.at(Stage::Namespaces, d);
+    let pidfd = sys::pidfd_open(e.init).map_err(|err| fail(format!("the cage's init {} is gone: {err}", e.init)))?;
+    let started: u64 = sys::stat_field(&e.init.to_string(), 22).map_err(|err| fail(format!("{err}")))?;
+    if started != e.init_started {
+        return Err(fail(format!("pid {} is no longer the cage's init (another process has its pid)", e.init)));
+    }
+    let mut fds: [Option<OwnedFd>; 6] = Default::default();
+    for (slot, (name, _)) in fds.iter_mut().zip(inside::ENTERED) {
+        let path = format!("/proc/{}/ns/{name}", e.init);
+        let f = fs::File::open(&path).map_err(|err| fail(format!("opening {path}: {err}")))?;
+        let own = fs::metadata(format!("/proc/self/ns/{name}")).map_err(|err| fail(format!("{err}")))?;
+        let theirs = f.metadata().map_err(|err| fail(format!("{err}")))?;
+        use std::os::unix::fs::MetadataExt;
+        if (own.dev(), own.ino()) == (theirs.dev(), theirs.ino()) {
+            return Err(fail(format!("the cage's {name} namespace is the supervisor's own: it is not entered")));
+        }
+        *slot = Some(OwnedFd::from(f));
+    }
+    // Still the same process after the opens: the namespaces are the cage's.
+    if !sys::pidfd_holds_pid(pidfd.as_fd()) {
+        return Err(fail(format!("the cage's init {} ended while it was being entered", e.init)));
+    }
+    Ok(fds)
 }
 
 /// The plan's ipc and uts namespaces to join, opened here (on the host, before the clone).
@@ -644,6 +706,17 @@ pub(crate) fn clone_pid_ns(into: Option<BorrowedFd<'_>>) -> io::Result<libc::pid
     match into {
         Some(dir) => sys::clone_into_cgroup(libc::CLONE_NEWPID as u64, dir),
         None => sys::clone_fork(libc::CLONE_NEWPID as libc::c_ulong),
+    }
+}
+
+/// Fork this process (on cgroup v2 `into` the cage's cgroup) with no new namespace: a process
+/// entering a running cage.
+fn clone_plain(into: Option<BorrowedFd<'_>>) -> io::Result<libc::pid_t> {
+    let _ = sys::arg_area();
+    sys::leave_realtime()?;
+    match into {
+        Some(dir) => sys::clone_into_cgroup(0, dir),
+        None => sys::clone_fork(0),
     }
 }
 

@@ -269,6 +269,11 @@ pub struct CagePlan {
     /// In-cage paths made read-only with every mount below them (`readonlyPaths`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<PathBuf>,
+    /// A running detached cage to enter instead of building one (an OCI `exec`): the target
+    /// joins its namespaces and cgroup and is confined as its first process was (see
+    /// [`Enter`]). Only with `detached`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enter: Option<Enter>,
     /// The target's stdin is a terminal to make its controlling terminal (an OCI container's
     /// console): it leads a session of its own.
     #[serde(default)]
@@ -322,6 +327,7 @@ impl CagePlan {
             syscall_profile: None,
             masked: Vec::new(),
             read_only: Vec::new(),
+            enter: None,
             hostname: None,
             terminal: false,
             detached: false,
@@ -330,6 +336,32 @@ impl CagePlan {
             annotations: Default::default(),
         }
     }
+}
+
+/// A running cage a second process enters: its init, the cgroup it runs in, and what its first
+/// process was granted (from that launch's record). The new process gets the same: the
+/// cage's namespaces (its root among them), its cgroup, the landlock grants below, the plan's
+/// identity rules, rlimits and seccomp filters, no capability — and its exec is observed and
+/// recorded like any launch's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enter {
+    /// The cage's init (PID 1 of its pid namespace) as the host sees it.
+    pub init: i32,
+    /// The init's start time (field 22 of `/proc/<pid>/stat`), which the pid must still name:
+    /// a pid reused by another process is never entered.
+    pub init_started: u64,
+    /// The cage's launch cgroup, one directory per hierarchy.
+    pub cgroup: Vec<PathBuf>,
+    /// Paths landlock grants read and execute.
+    pub read_exec: Vec<String>,
+    /// Paths landlock grants read, write and execute.
+    pub read_write_exec: Vec<String>,
+    /// The cage's mounts as its launch recorded them (for this launch's record).
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    /// Host paths mounted in the cage, as its launch recorded them.
+    #[serde(default)]
+    pub sources: Vec<crate::record::SourceFact>,
 }
 
 #[cfg(test)]

@@ -183,6 +183,12 @@ pub struct Reported {
     /// `linux.seccomp`); absent when the plan brought none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_filter_sha256: Option<String>,
+    /// In-cage paths landlock grants read and execute.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub landlock_read_exec: Vec<String>,
+    /// In-cage paths landlock grants read, write and execute.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub landlock_read_write_exec: Vec<String>,
     /// Capability sets read back with capget/PR_CAPBSET_READ after dropping: all zero.
     pub capabilities_cleared: bool,
     /// Securebits value after locking.

@@ -92,11 +92,52 @@ enum OciCommand {
     Pause { id: String },
     /// Thaw a paused container.
     Resume { id: String },
-    /// Run another process in a container: not supported yet.
-    #[command(disable_help_flag = false)]
+    /// Run a further process in a running container, confined as its first and observed at
+    /// its exec.
     Exec {
+        /// The process as the spec's JSON (args, env, cwd, user, terminal, rlimits).
+        #[arg(long, short = 'p', value_name = "FILE")]
+        process: Option<PathBuf>,
+        /// Return once the exec is observed (the engine's subreaper waits for the process).
+        #[arg(long, short = 'd')]
+        detach: bool,
+        /// Write the process's pid here.
+        #[arg(long = "pid-file", value_name = "FILE")]
+        pid_file: Option<PathBuf>,
+        /// Where to send the process's terminal (its pty's master).
+        #[arg(long = "console-socket", value_name = "SOCKET")]
+        console_socket: Option<PathBuf>,
+        /// Give the process a terminal.
+        #[arg(long, short = 't')]
+        tty: bool,
+        /// Working directory inside the container.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// A variable to set (K=V), repeatable.
+        #[arg(long, short = 'e', value_name = "K=V")]
+        env: Vec<String>,
+        /// UID[:GID] to run as.
+        #[arg(long, short = 'u', value_name = "UID[:GID]")]
+        user: Option<String>,
+        /// Accepted: chio always sets no_new_privs.
+        #[arg(long = "no-new-privs")]
+        no_new_privs: bool,
+        /// A capability to add: refused (chio grants a container's processes none).
+        #[arg(long, short = 'c', value_name = "CAP")]
+        cap: Vec<String>,
+        /// An AppArmor profile or SELinux label: refused (landlock and seccomp confine it).
+        #[arg(long, value_name = "PROFILE")]
+        apparmor: Option<String>,
+        #[arg(long = "process-label", value_name = "LABEL")]
+        process_label: Option<String>,
+        /// Extra descriptors to pass: refused unless 0.
+        #[arg(long = "preserve-fds", default_value_t = 0)]
+        preserve_fds: u32,
+        /// The container's id.
+        id: String,
+        /// The command and its arguments (without --process).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        rest: Vec<String>,
+        args: Vec<String>,
     },
     /// What this runtime supports (JSON).
     Features,
@@ -156,8 +197,47 @@ fn call(a: &OciArgs) -> Result<i32> {
         }
         OciCommand::Pause { id } => said(oci::pause(&g, id, true)),
         OciCommand::Resume { id } => said(oci::pause(&g, id, false)),
-        OciCommand::Exec { .. } => {
-            bail!("exec is not supported yet: chio observes one process per container, its first")
+        OciCommand::Exec {
+            process,
+            detach,
+            pid_file,
+            console_socket,
+            tty,
+            cwd,
+            env,
+            user,
+            no_new_privs: _,
+            cap,
+            apparmor,
+            process_label,
+            preserve_fds,
+            id,
+            args,
+        } => {
+            if !cap.is_empty() {
+                bail!("--cap {}: chio grants a container's processes no capability", cap.join(","));
+            }
+            if apparmor.as_deref().is_some_and(|p| !p.is_empty())
+                || process_label.as_deref().is_some_and(|p| !p.is_empty())
+            {
+                bail!("--apparmor and --process-label: chio applies neither (its landlock and seccomp confine the process)");
+            }
+            if *preserve_fds > 0 {
+                bail!("--preserve-fds {preserve_fds}: chio passes the process only its stdin, stdout and stderr");
+            }
+            let a = oci::exec::ExecArgs {
+                id,
+                process: process.as_deref(),
+                args,
+                cwd: cwd.as_deref(),
+                env,
+                user: user.as_deref(),
+                tty: *tty,
+                console_socket: console_socket.as_deref(),
+                detach: *detach,
+                pid_file: pid_file.as_deref(),
+            };
+            oci::exec::exec(&g, &a).map_err(anyhow::Error::msg)
         }
         OciCommand::Features => {
             println!("{}", serde_json::to_string_pretty(&oci::features())?);

@@ -179,6 +179,19 @@ fn wait_exit(pid: i32) -> i32 {
     }
 }
 
+/// `wait_exit`, reaping any other child that ends first.
+fn wait_exit_reaping_others(pid: i32) -> i32 {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child into a local.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        assert!(r > 0, "waitpid(-1) while waiting for {pid}: {}", std::io::Error::last_os_error());
+        if r == pid {
+            return if libc::WIFSIGNALED(status) { 128 + libc::WTERMSIG(status) } else { libc::WEXITSTATUS(status) };
+        }
+    }
+}
+
 /// Reap `pid` if it is our child (the holder after `start`, re-parented here).
 fn reap(pid: i32) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -478,6 +491,81 @@ fn masked_and_read_only_paths_take_access_away() {
     assert!(status == 0 && said.starts_with("ESCAPED"), "control: /run is the config's writable tmpfs: {said:?}");
 }
 
+/// `exec` runs a further process in a running container: in the container's namespaces and
+/// cgroup, confined as the first (the probes are refused), observed at its exec and recorded;
+/// its status comes back, and with `--detach` the pid file names the process the caller's
+/// subreaper reaps. What exec cannot be given is refused.
+#[test]
+fn exec_runs_a_further_process_confined_and_observed() {
+    let Some(o) = Oci::new("exec") else { return };
+    become_subreaper();
+    let b = o.bundle("x1", &["/probe", "sleeper", "x1"], |_| {});
+    let out = o.dir.join("x1.out");
+    let (c, pid) = o.create("x1", &b, &out);
+    assert!(c.status.success(), "create: {}", String::from_utf8_lossy(&c.stderr));
+    let holder = o.saved("x1")["holder"].as_i64().unwrap() as i32;
+    let early = o.run(&["exec", "x1", "/probe", "euid"]);
+    assert!(String::from_utf8_lossy(&early.stderr).contains("is created"), "not before start: {early:?}");
+    assert!(o.run(&["start", "x1"]).status.success());
+    reap(holder);
+    let started: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(o.root().join("x1").join("chio-launch.json")).unwrap()).unwrap();
+
+    let euid = o.run(&["exec", "x1", "/probe", "euid"]);
+    assert_eq!(euid.status.code(), Some(0), "{euid:?}");
+    assert_eq!(String::from_utf8_lossy(&euid.stdout).trim(), "ESCAPED: euid is 0", "{euid:?}");
+    let records: Vec<serde_json::Value> = std::fs::read_dir(o.root().join("x1"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("exec-"))
+        .map(|e| serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap())
+        .collect();
+    assert_eq!(records.len(), 1);
+    let rec = &records[0];
+    assert_eq!(rec["state"], "FullyEnforced", "{rec}");
+    assert!(rec["annotations"]["oci.exec"].is_string(), "{rec}");
+    for ns in ["mnt", "pid", "net", "ipc", "uts", "cgroup"] {
+        assert_eq!(rec["observed"]["namespaces"][ns]["cage"], started["observed"]["namespaces"][ns]["cage"], "{ns}");
+    }
+    assert_eq!(rec["cgroup"]["paths"], started["cgroup"]["paths"], "the container's launch cgroup");
+    assert_eq!(rec["reported"]["landlock_read_write_exec"], started["reported"]["landlock_read_write_exec"]);
+
+    // Confined as the container's first process: each probe is refused (their host controls
+    // escape in `escape_probes_are_refused_in_a_container`).
+    for probe in [vec!["caps"], vec!["unshare", "user"], vec!["mount", "/run"], vec!["ptrace"], vec!["keyctl"]] {
+        let mut args = vec!["exec", "x1", "/probe"];
+        args.extend(&probe);
+        let r = o.run(&args);
+        assert_eq!(r.status.code(), Some(1), "{probe:?}: {r:?}");
+        assert!(String::from_utf8_lossy(&r.stdout).starts_with("REFUSED"), "{probe:?}: {r:?}");
+    }
+    // Each exec'd process is a landlock domain of its own: it cannot signal the container's
+    // other processes (its init here).
+    let sig = o.run(&["exec", "x1", "/probe", "kill", "1"]);
+    assert_eq!(String::from_utf8_lossy(&sig.stdout).trim(), "REFUSED: kill(1, SIGTERM) errno=1", "{sig:?}");
+
+    let pid_file = o.dir.join("x1-exec.pid");
+    let d = o.run(&["exec", "--detach", "--pid-file", pid_file.to_str().unwrap(), "x1", "/probe", "euid"]);
+    assert!(d.status.success(), "{d:?}");
+    let entered: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert_eq!(wait_exit(entered), 0, "the detached process is reaped by the caller's subreaper");
+
+    for (args, why) in [
+        (vec!["exec", "--cap", "CAP_SYS_ADMIN", "x1", "/probe", "euid"], "no capability"),
+        (vec!["exec", "x1"], "names no command"),
+        (vec!["exec", "x1", "/not-in-the-image"], "target_not_found"),
+        (vec!["exec", "nope", "/probe", "euid"], "does not exist"),
+    ] {
+        let r = o.run(&args);
+        assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains(why), "{args:?}: {r:?}");
+    }
+    assert!(o.run(&["delete", "--force", "x1"]).status.success());
+    // (Reaping whatever else ended here: a subreaper reaps what is left to it.)
+    assert_eq!(wait_exit_reaping_others(pid.unwrap()), 128 + 9);
+    let stopped = o.run(&["exec", "x1", "/probe", "euid"]);
+    assert!(String::from_utf8_lossy(&stopped.stderr).contains("does not exist"), "{stopped:?}");
+}
+
 /// With receipts configured on the node, every start is signed into the store, and `chio
 /// receipt list` names the container and its pod.
 #[test]
@@ -599,8 +687,8 @@ impl Drop for Containerd {
 
 /// podman with chio as its runtime (conmon creates and starts; podman kills, stops and
 /// deletes): exit codes, stdout, stdin with -i, stop and kill through the container's init,
-/// pause and unpause, a terminal with -t, and the probes refused inside. What chio does not do
-/// yet (exec) is refused with its reason.
+/// pause and unpause, a terminal with -t, exec (with and without a terminal), and the probes
+/// refused inside.
 #[test]
 fn podman_runs_containers_through_chio() {
     let Some(o) = Oci::with_engine("podman", "podman", "podman conmon") else { return };
@@ -633,8 +721,18 @@ fn podman_runs_containers_through_chio() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "through podman's stdin\n", "{out:?}");
 
     p.sleeper("sleeper");
+    // exec through conmon: output and status come back, and the process is confined.
     let exec = p.run(&["exec", "sleeper", "/probe", "euid"]);
-    assert!(String::from_utf8_lossy(&exec.stderr).contains("exec is not supported yet"), "{exec:?}");
+    assert_eq!(
+        (exec.status.code(), String::from_utf8_lossy(&exec.stdout).trim()),
+        (Some(0), "ESCAPED: euid is 0"),
+        "{exec:?}"
+    );
+    let exec = p.run(&["exec", "sleeper", "/probe", "unshare", "user"]);
+    assert_eq!(exec.status.code(), Some(1), "{exec:?}");
+    assert!(String::from_utf8_lossy(&exec.stdout).starts_with("REFUSED"), "{exec:?}");
+    let exec = p.run(&["exec", "-t", "sleeper", "/probe", "stdin-tty"]);
+    assert!(String::from_utf8_lossy(&exec.stdout).starts_with("ESCAPED: stdin is a terminal"), "{exec:?}");
     let pause = p.run(&["pause", "sleeper"]);
     assert!(pause.status.success(), "{pause:?}");
     let state = p.run(&["inspect", "--format", "{{.State.Status}}", "sleeper"]);

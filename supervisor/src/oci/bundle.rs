@@ -56,6 +56,25 @@ pub fn translate(id: &str, bundle: &Path, node: &NodeConfig) -> Result<Translate
     Translation::new(id, bundle, node).run(&spec)
 }
 
+/// The plan for a process `exec` runs in a started container: the container's own plan
+/// (`base`: its ceilings, network rules, seccomp profile) with the process's arguments,
+/// environment, working directory, user, terminal and rlimits — which, as at `create`, may
+/// only lower the ceilings and ask for no capability beyond an ordinary container's.
+pub fn exec_plan(id: &str, base: &CagePlan, p: &Process, node: &NodeConfig) -> Result<CagePlan, Vec<String>> {
+    let bundle = PathBuf::new();
+    let mut t = Translation::new(id, &bundle, node);
+    t.plan = CagePlan { argv: Vec::new(), env: Vec::new(), annotations: BTreeMap::new(), ..base.clone() };
+    t.notes.extend(base.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+    t.note("exec", "a further process run in the container by exec, in its namespaces, cgroup and confinement");
+    t.process(p);
+    if !t.refused.is_empty() {
+        return Err(t.refused);
+    }
+    t.within_host_limits();
+    t.plan.annotations = t.notes;
+    Ok(t.plan)
+}
+
 struct Translation<'a> {
     bundle: &'a Path,
     node: &'a NodeConfig,

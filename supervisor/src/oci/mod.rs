@@ -12,6 +12,7 @@
 pub mod bundle;
 pub mod cgroup;
 mod console;
+pub mod exec;
 pub mod node;
 mod profile;
 pub mod state;
@@ -104,6 +105,7 @@ pub fn create(
         created: chio_cage::record::now_rfc3339(),
         cgroup: Vec::new(),
         annotations: t.plan.annotations.clone(),
+        plan: Some(t.plan.clone()),
     };
     // The holder's: whether this process is it, and `start`'s connection once it came.
     let (mut holder, mut start_conn) = (false, None::<UnixStream>);

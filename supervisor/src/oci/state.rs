@@ -32,6 +32,9 @@ pub struct Saved {
     pub cgroup: Vec<PathBuf>,
     /// The bundle's annotations.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// The container's plan, which a process `exec` runs in it is confined by too.
+    #[serde(default)]
+    pub plan: Option<chio_cage::CagePlan>,
 }
 
 /// A container's status in the spec's words.
