@@ -611,6 +611,38 @@ fn ctr_runs_containers_through_chio() {
         .unwrap();
     assert!(!writable.status.success());
     assert!(String::from_utf8_lossy(&writable.stderr).contains("root.readonly"), "{writable:?}");
+    // A detached task, and a further process in it through the shim (`runc exec --detach`).
+    let d = ctd
+        .ctr(&[
+            "run",
+            "-d",
+            "--read-only",
+            "--runc-binary",
+            runc.to_str().unwrap(),
+            IMAGE,
+            "t4",
+            "/probe",
+            "sleeper",
+            "t4",
+        ])
+        .output()
+        .unwrap();
+    assert!(d.status.success(), "{d:?}");
+    let exec = |id: &str, args: &[&str]| {
+        let mut c = ctd.ctr(&["task", "exec", "--exec-id", id, "t4"]);
+        c.args(args);
+        run_within(&mut c, Duration::from_secs(60), "ctr task exec")
+    };
+    let e = exec("e1", &["/probe", "euid"]);
+    assert_eq!((e.status.code(), String::from_utf8_lossy(&e.stdout).trim()), (Some(0), "ESCAPED: euid is 0"), "{e:?}");
+    let e = exec("e2", &["/probe", "unshare", "user"]);
+    assert!(e.status.code() == Some(1) && String::from_utf8_lossy(&e.stdout).starts_with("REFUSED"), "{e:?}");
+    let k = ctd.ctr(&["task", "kill", "-s", "SIGKILL", "t4"]).output().unwrap();
+    assert!(k.status.success(), "{k:?}");
+    let mut w = ctd.ctr(&["task", "wait", "t4"]);
+    run_within(&mut w, Duration::from_secs(30), "ctr task wait");
+    assert!(ctd.ctr(&["task", "delete", "t4"]).output().unwrap().status.success());
+    assert!(ctd.ctr(&["container", "delete", "t4"]).output().unwrap().status.success());
 }
 
 const IMAGE: &str = "docker.io/library/chio-probe:1";
