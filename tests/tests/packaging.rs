@@ -329,3 +329,58 @@ fn the_release_artifact_refuses_every_test_switch() {
     let record = String::from_utf8_lossy(&hooked.stderr);
     assert!(record.contains("\"stage\":\"landlock\""), "control: the switch acts in the test build: {record}");
 }
+
+/// `packaging/kubernetes/`: the containerd snippet parses with containerd's own configuration
+/// loader and gives the `chio` handler the runc v2 shim with chio's runtime as its binary; the
+/// RuntimeClass fits the Kubernetes API's models (the official client's, generated from its
+/// OpenAPI schema: no unknown field, every value of its type, the required handler present and
+/// a DNS-1123 label) and names that same handler.
+#[test]
+fn the_kubernetes_manifests_fit_containerd_and_the_api() {
+    let dir = repo().join("packaging/kubernetes");
+    if Command::new("containerd").arg("--version").output().is_err() {
+        return skip("kubernetes manifests", "containerd is not installed (apt-get install containerd)");
+    }
+    let python = repo().join("target/k8s-venv/bin/python");
+    if !python.exists() {
+        return skip("kubernetes manifests", "no target/k8s-venv (.ci/run makes it: pip install kubernetes pyyaml)");
+    }
+    let scratch = Scratch::new("k8s-manifests");
+    let config = scratch.join("config.toml");
+    let snippet = std::fs::read_to_string(dir.join("containerd-chio.toml")).unwrap();
+    std::fs::write(&config, format!("version = 2\n{snippet}")).unwrap();
+    let dump = Command::new("containerd").arg("--config").arg(&config).args(["config", "dump"]).output().unwrap();
+    assert!(dump.status.success(), "{dump:?}");
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    let handler = dump
+        .split("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.chio]")
+        .nth(1)
+        .unwrap_or_else(|| panic!("containerd does not list the chio handler:\n{dump}"));
+    let handler = handler.split("\n        [plugins.").take(2).collect::<Vec<_>>().join("\n");
+    for want in [
+        "runtime_type = \"io.containerd.runc.v2\"",
+        "BinaryName = \"/usr/local/bin/chio-runc\"",
+        "SystemdCgroup = false",
+    ] {
+        assert!(handler.contains(want), "{want} in the chio handler:\n{handler}");
+    }
+    let check = Command::new(&python)
+        .arg(repo().join("tests/tools/check_k8s_manifests.py"))
+        .arg(dir.join("runtimeclass.yaml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{said} {}", String::from_utf8_lossy(&check.stderr));
+    assert!(said.contains("RuntimeClass chio handler=chio"), "the handler containerd has: {said}");
+    // The check refuses what the API would: an unknown field, and a handler that is no label.
+    let rc = std::fs::read_to_string(dir.join("runtimeclass.yaml")).unwrap();
+    for (bad, why) in [
+        (rc.replace("nodeSelector:", "nodeSelecter:"), "has no such field"),
+        (rc.replace("handler: chio", "handler: Chio_1"), "DNS-1123"),
+    ] {
+        let f = scratch.join("bad.yaml");
+        std::fs::write(&f, bad).unwrap();
+        let c = Command::new(&python).arg(repo().join("tests/tools/check_k8s_manifests.py")).arg(&f).output().unwrap();
+        assert!(!c.status.success() && String::from_utf8_lossy(&c.stdout).contains(why), "{c:?}");
+    }
+}
