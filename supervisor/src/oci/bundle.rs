@@ -63,7 +63,19 @@ pub fn translate(id: &str, bundle: &Path, node: &NodeConfig) -> Result<Translate
 pub fn exec_plan(id: &str, base: &CagePlan, p: &Process, node: &NodeConfig) -> Result<CagePlan, Vec<String>> {
     let bundle = PathBuf::new();
     let mut t = Translation::new(id, &bundle, node);
-    t.plan = CagePlan { argv: Vec::new(), env: Vec::new(), annotations: BTreeMap::new(), ..base.clone() };
+    // What built the container's root and namespaces is not redone: the process enters them.
+    t.plan = CagePlan {
+        argv: Vec::new(),
+        env: Vec::new(),
+        annotations: BTreeMap::new(),
+        join: Vec::new(),
+        binds: Vec::new(),
+        hostname: None,
+        tmpfs: Vec::new(),
+        masked: Vec::new(),
+        read_only: Vec::new(),
+        ..base.clone()
+    };
     t.notes.extend(base.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
     t.note("exec", "a further process run in the container by exec, in its namespaces, cgroup and confinement");
     t.process(p);
