@@ -4,7 +4,7 @@
 //! terminal.
 
 use std::io::IoSlice;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -38,5 +38,29 @@ impl Console {
         nix::fcntl::fcntl(&pty.slave, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
             .map_err(|e| format!("the container's terminal: {e}"))?;
         Ok(Console { slave: pty.slave })
+    }
+}
+
+/// The terminal a process asks for (`process.terminal`): opened and sent to `socket`, or none;
+/// a terminal without a socket, or a socket without a terminal, is refused.
+pub fn for_process(terminal: bool, socket: Option<&Path>) -> Result<Option<Console>, String> {
+    match (terminal, socket) {
+        (true, Some(s)) => Console::open(s).map(Some),
+        (true, None) => Err("process.terminal is true but no --console-socket was given".into()),
+        (false, Some(_)) => Err("--console-socket was given but process.terminal is not true".into()),
+        (false, None) => Ok(None),
+    }
+}
+
+/// Where the process's stdio goes: the terminal's side in the container (its stdin, stdout
+/// and stderr), or the engine's own `out` and `err` (and stdin).
+pub fn sinks<'a>(console: Option<&'a Console>, out: BorrowedFd<'a>, err: BorrowedFd<'a>) -> chio_cage::Sinks<'a> {
+    match console {
+        Some(c) => {
+            let mut s = chio_cage::Sinks::new(c.slave.as_fd(), c.slave.as_fd());
+            s.stdin = Some(c.slave.as_fd());
+            s
+        }
+        None => chio_cage::Sinks::new(out, err),
     }
 }

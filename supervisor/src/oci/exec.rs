@@ -13,7 +13,7 @@
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use chio_cage::{Enter, LaunchRecord, Sinks, State};
+use chio_cage::{Enter, LaunchRecord, State};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 use oci_spec::runtime::Process;
@@ -135,22 +135,10 @@ pub fn exec(g: &Global, a: &ExecArgs<'_>) -> Result<i32, String> {
         (Some(db), Some(key)) => Some(LaunchReceipts::open(db, key).map_err(|e| e.to_string())?),
         _ => None,
     };
-    let console = match (plan.terminal, a.console_socket) {
-        (true, Some(s)) => Some(console::Console::open(s)?),
-        (true, None) => return Err("the process asks for a terminal but no --console-socket was given".into()),
-        (false, Some(_)) => return Err("--console-socket was given but the process asks for no terminal".into()),
-        (false, None) => None,
-    };
+    let console = console::for_process(plan.terminal, a.console_socket)?;
     let record = {
         let (out, err) = (std::io::stdout(), std::io::stderr());
-        let mut sinks = match &console {
-            Some(c) => {
-                let mut s = Sinks::new(c.slave.as_fd(), c.slave.as_fd());
-                s.stdin = Some(c.slave.as_fd());
-                s
-            }
-            None => Sinks::new(out.as_fd(), err.as_fd()),
-        };
+        let mut sinks = console::sinks(console.as_ref(), out.as_fd(), err.as_fd());
         // At the exec stop, before the process runs: into the container's freezer too (so
         // `pause` holds it), and signed into the node's store.
         let mut at_exec = |rec: &LaunchRecord| {

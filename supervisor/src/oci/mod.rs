@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
-use chio_cage::{LaunchRecord, Parked, Sinks, State};
+use chio_cage::{LaunchRecord, Parked, State};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{fork, ForkResult, Pid};
 use serde::{Deserialize, Serialize};
@@ -77,12 +77,7 @@ pub fn create(
         (Some(db), Some(key)) => Some(LaunchReceipts::open(db, key).map_err(|e| e.to_string())?),
         _ => None,
     };
-    let console = match (t.plan.terminal, console_socket) {
-        (true, Some(s)) => Some(console::Console::open(s)?),
-        (true, None) => return Err("process.terminal is true but no --console-socket was given".into()),
-        (false, Some(_)) => return Err("--console-socket was given but process.terminal is not true".into()),
-        (false, None) => None,
-    };
+    let console = console::for_process(t.plan.terminal, console_socket)?;
     let netns = match &t.netns {
         Some(p) => Some(OwnedFd::from(
             std::fs::File::open(p).map_err(|e| format!("opening the network namespace {}: {e}", p.display()))?,
@@ -112,15 +107,7 @@ pub fn create(
     let mut receipts = receipts;
     let record = {
         let (out, err) = (std::io::stdout(), std::io::stderr());
-        let mut sinks = match &console {
-            // The terminal's side in the container: its stdin, stdout and stderr.
-            Some(c) => {
-                let mut s = Sinks::new(c.slave.as_fd(), c.slave.as_fd());
-                s.stdin = Some(c.slave.as_fd());
-                s
-            }
-            None => Sinks::new(out.as_fd(), err.as_fd()),
-        };
+        let mut sinks = console::sinks(console.as_ref(), out.as_fd(), err.as_fd());
 
         sinks.ahead.netns = netns;
         let mut park =
