@@ -7,9 +7,9 @@
 use std::io;
 
 use caps::CapSet;
-use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
-use crate::plan::Limits;
+use crate::plan::{Limits, RlimitResource};
 
 /// Securebits we set and lock: NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE (+ their locks),
 /// and KEEP_CAPS locked off.
@@ -32,7 +32,7 @@ fn nix_err(what: String) -> impl FnOnce(nix::Error) -> io::Error {
     move |e| io::Error::new(io::Error::from(e).kind(), format!("{what}: {e}"))
 }
 
-/// Apply the plan's rlimits (soft = hard), and no real-time or raised priority whatever the
+/// Apply the plan's rlimits (soft = hard, then the asked ones, which only lower), and no real-time or raised priority whatever the
 /// invoker's limits allow: `sched_setscheduler` and `setpriority` are the caller's own to call,
 /// and with an inherited `RLIMIT_RTPRIO` a cage could make itself SCHED_FIFO, which the cgroup's
 /// CPU ceiling does not hold.
@@ -55,7 +55,36 @@ pub fn set_rlimits(l: &Limits) -> io::Result<()> {
     for (res, value, name) in set {
         setrlimit(res, value, value).map_err(nix_err(format!("setting RLIMIT_{name} to {value}")))?;
     }
+    for a in &l.asked {
+        let res = resource(a.resource);
+        let (_, held) = getrlimit(res).map_err(nix_err(format!("reading {:?}", a.resource)))?;
+        let hard = a.hard.min(held);
+        let soft = a.soft.min(hard);
+        setrlimit(res, soft, hard).map_err(nix_err(format!("setting {res:?} to {soft}:{hard}")))?;
+    }
     Ok(())
+}
+
+fn resource(r: RlimitResource) -> Resource {
+    use RlimitResource as R;
+    match r {
+        R::As => Resource::RLIMIT_AS,
+        R::Core => Resource::RLIMIT_CORE,
+        R::Cpu => Resource::RLIMIT_CPU,
+        R::Data => Resource::RLIMIT_DATA,
+        R::Fsize => Resource::RLIMIT_FSIZE,
+        R::Locks => Resource::RLIMIT_LOCKS,
+        R::Memlock => Resource::RLIMIT_MEMLOCK,
+        R::Msgqueue => Resource::RLIMIT_MSGQUEUE,
+        R::Nice => Resource::RLIMIT_NICE,
+        R::Nofile => Resource::RLIMIT_NOFILE,
+        R::Nproc => Resource::RLIMIT_NPROC,
+        R::Rss => Resource::RLIMIT_RSS,
+        R::Rtprio => Resource::RLIMIT_RTPRIO,
+        R::Rttime => Resource::RLIMIT_RTTIME,
+        R::Sigpending => Resource::RLIMIT_SIGPENDING,
+        R::Stack => Resource::RLIMIT_STACK,
+    }
 }
 
 /// Highest capability number the kernel knows.

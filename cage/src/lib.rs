@@ -33,7 +33,7 @@ pub use ahead::Ahead;
 pub use fault::TestHook;
 pub use launch::{launch, launch_to_end, missing_supervisor_capabilities, Teardown, NAMESPACES};
 pub use mounts::RootKey;
-pub use plan::{Bind, CagePlan, Enter, Limits, Mode, NetMode, RootSpec, Stage, Tmpfs};
+pub use plan::{AskedRlimit, Bind, CagePlan, Enter, Limits, Mode, NetMode, RlimitResource, RootSpec, Stage, Tmpfs};
 pub use profile::{ArgCheck, CmpOp, SyscallProfile, SyscallRule, Verdict};
 pub use record::{LaunchRecord, State};
 pub use supervise::{Gate, Park, Parked, Sinks};

@@ -95,6 +95,61 @@ pub struct Limits {
     /// RLIMIT_MEMLOCK in bytes (`SHM_LOCK` is counted per uid across the host in the same way).
     #[serde(default = "default_memlock")]
     pub memlock_bytes: u64,
+    /// Rlimits a launch asks for by name (an OCI config's `process.rlimits`), set after the
+    /// ones above. Each only ever lowers: its hard value is capped at what the cage already
+    /// holds, its soft value at that hard one — so a soft limit may sit below its hard one
+    /// (`RLIMIT_NOFILE` 1024 under 1048576, as engines ask), and no request raises a ceiling.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked: Vec<AskedRlimit>,
+}
+
+/// One rlimit a launch asks for: see [`Limits::asked`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AskedRlimit {
+    /// Which limit.
+    pub resource: RlimitResource,
+    /// The soft value asked (at most `hard`).
+    pub soft: u64,
+    /// The hard value asked (capped at what the cage holds).
+    pub hard: u64,
+}
+
+/// The rlimits a launch may ask for by name (`RLIMIT_` + the upper-cased name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitResource {
+    /// RLIMIT_AS: address space (bytes).
+    As,
+    /// RLIMIT_CORE: core file size (bytes).
+    Core,
+    /// RLIMIT_CPU: CPU time (seconds).
+    Cpu,
+    /// RLIMIT_DATA: data segment (bytes).
+    Data,
+    /// RLIMIT_FSIZE: file size (bytes).
+    Fsize,
+    /// RLIMIT_LOCKS: file locks.
+    Locks,
+    /// RLIMIT_MEMLOCK: locked memory (bytes).
+    Memlock,
+    /// RLIMIT_MSGQUEUE: POSIX message queue bytes (counted per uid).
+    Msgqueue,
+    /// RLIMIT_NICE: nice ceiling.
+    Nice,
+    /// RLIMIT_NOFILE: open files.
+    Nofile,
+    /// RLIMIT_NPROC: processes of the uid (counted across the host).
+    Nproc,
+    /// RLIMIT_RSS: resident set (ignored by Linux).
+    Rss,
+    /// RLIMIT_RTPRIO: real-time priority.
+    Rtprio,
+    /// RLIMIT_RTTIME: real-time CPU time (microseconds).
+    Rttime,
+    /// RLIMIT_SIGPENDING: queued signals (counted per uid).
+    Sigpending,
+    /// RLIMIT_STACK: stack size (bytes).
+    Stack,
 }
 
 fn default_sigpending() -> u64 {
@@ -124,6 +179,7 @@ impl Default for Limits {
             address_space_bytes: None,
             sigpending: default_sigpending(),
             memlock_bytes: default_memlock(),
+            asked: Vec::new(),
         }
     }
 }

@@ -491,6 +491,42 @@ fn masked_and_read_only_paths_take_access_away() {
     assert!(status == 0 && said.starts_with("ESCAPED"), "control: /run is the config's writable tmpfs: {said:?}");
 }
 
+/// The config's rlimits are set as asked, soft below hard, for the limits the cage names and
+/// for the rest (RLIMIT_DATA, RLIMIT_STACK); a hard value above the node's ceiling is held to
+/// the ceiling, and a soft value above its hard one is refused at `create`.
+#[test]
+fn the_configs_rlimits_are_set_soft_below_hard_and_never_above_the_node() {
+    let Some(o) = Oci::new("rlimits") else { return };
+    let limits = |c: &mut serde_json::Value| {
+        c["process"]["rlimits"] = serde_json::json!([
+            {"type": "RLIMIT_NOFILE", "soft": 512, "hard": 1024},
+            {"type": "RLIMIT_DATA", "soft": 1_u64 << 30, "hard": 2_u64 << 30},
+            {"type": "RLIMIT_STACK", "soft": 4_u64 << 20, "hard": 8_u64 << 20},
+            {"type": "RLIMIT_FSIZE", "soft": 1_u64 << 62, "hard": 1_u64 << 62}
+        ]);
+    };
+    let (status, said, rec) = o.run_container_with("r1", &["/probe", "cat", "/proc/self/limits"], limits);
+    assert_eq!((status, rec["state"].as_str()), (0, Some("FullyEnforced")), "{said}");
+    let row = |name: &str| -> (String, String) {
+        let line = said.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {said}"));
+        let mut f = line[name.len()..].split_whitespace();
+        (f.next().unwrap().to_string(), f.next().unwrap().to_string())
+    };
+    assert_eq!(row("Max open files"), ("512".into(), "1024".into()));
+    assert_eq!(row("Max data size"), ((1_u64 << 30).to_string(), (2_u64 << 30).to_string()));
+    assert_eq!(row("Max stack size"), ((4_u64 << 20).to_string(), (8_u64 << 20).to_string()));
+    let node = chio_supervisor::oci::node::NodeConfig::default().ceilings.fsize_bytes.to_string();
+    assert_eq!(row("Max file size"), (node.clone(), node), "held to the node's ceiling");
+
+    let b = o.bundle("r2", &["/probe", "euid"], |c| {
+        c["process"]["rlimits"] = serde_json::json!([{"type": "RLIMIT_NOFILE", "soft": 2048, "hard": 1024}]);
+    });
+    let (c, pid) = o.create("r2", &b, &o.dir.join("r2.out"));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(!c.status.success() && pid.is_none(), "soft above hard is refused: {err}");
+    assert!(err.contains("soft 2048 above hard 1024"), "{err}");
+}
+
 /// `exec` runs a further process in a running container: in the container's namespaces and
 /// cgroup, confined as the first (the probes are refused), observed at its exec and recorded;
 /// its status comes back, and with `--detach` the pid file names the process the caller's

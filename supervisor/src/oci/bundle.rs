@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use chio_cage::{Bind, CagePlan, Limits, Mode, NetMode, RootSpec, Tmpfs};
+use chio_cage::{AskedRlimit, Bind, CagePlan, Limits, Mode, NetMode, RlimitResource, RootSpec, Tmpfs};
 use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Process, Spec};
 
 use super::node::NodeConfig;
@@ -276,25 +276,59 @@ impl<'a> Translation<'a> {
             self.refuse("process.selinuxLabel: chio does not apply SELinux labels");
         }
         for r in p.rlimits().iter().flatten() {
-            let l = &mut self.plan.limits;
-            let v = r.hard();
-            let lower = |to: &mut u64| *to = (*to).min(v);
-            match r.typ() {
-                PosixRlimitType::RlimitNofile => lower(&mut l.nofile),
-                PosixRlimitType::RlimitCore => lower(&mut l.core_bytes),
-                PosixRlimitType::RlimitFsize => lower(&mut l.fsize_bytes),
-                PosixRlimitType::RlimitSigpending => lower(&mut l.sigpending),
-                PosixRlimitType::RlimitMemlock => lower(&mut l.memlock_bytes),
-                PosixRlimitType::RlimitCpu => l.cpu_seconds = Some(l.cpu_seconds.map_or(v, |c| c.min(v))),
-                PosixRlimitType::RlimitAs => {
-                    l.address_space_bytes = Some(l.address_space_bytes.map_or(v, |c| c.min(v)))
-                }
-                other => {
-                    let name = serde_json::to_value(other).ok().and_then(|v| v.as_str().map(str::to_string));
-                    let name = name.unwrap_or_default();
-                    self.note(&format!("rlimit.{name}"), "not set: the cage's cgroup and its own limits bound it");
-                }
+            let (soft, hard) = (r.soft(), r.hard());
+            if soft > hard {
+                self.refuse(format!("process.rlimits {:?}: soft {soft} above hard {hard}", r.typ()));
+                continue;
             }
+            let l = &mut self.plan.limits;
+            let lower = |to: &mut u64| *to = (*to).min(hard);
+            let lower_opt = |to: &mut Option<u64>| *to = Some(to.map_or(hard, |c| c.min(hard)));
+            use PosixRlimitType as T;
+            use RlimitResource as R;
+            // The ceilings the plan names are lowered to the hard value (the record shows them);
+            // every asked limit, these too, is then set with its own soft value.
+            let resource = match r.typ() {
+                T::RlimitNofile => {
+                    lower(&mut l.nofile);
+                    R::Nofile
+                }
+                T::RlimitCore => {
+                    lower(&mut l.core_bytes);
+                    R::Core
+                }
+                T::RlimitFsize => {
+                    lower(&mut l.fsize_bytes);
+                    R::Fsize
+                }
+                T::RlimitSigpending => {
+                    lower(&mut l.sigpending);
+                    R::Sigpending
+                }
+                T::RlimitMemlock => {
+                    lower(&mut l.memlock_bytes);
+                    R::Memlock
+                }
+                T::RlimitCpu => {
+                    lower_opt(&mut l.cpu_seconds);
+                    R::Cpu
+                }
+                T::RlimitAs => {
+                    lower_opt(&mut l.address_space_bytes);
+                    R::As
+                }
+                T::RlimitData => R::Data,
+                T::RlimitStack => R::Stack,
+                T::RlimitRss => R::Rss,
+                T::RlimitNproc => R::Nproc,
+                T::RlimitLocks => R::Locks,
+                T::RlimitMsgqueue => R::Msgqueue,
+                T::RlimitNice => R::Nice,
+                T::RlimitRtprio => R::Rtprio,
+                T::RlimitRttime => R::Rttime,
+            };
+            l.asked.retain(|a| a.resource != resource);
+            l.asked.push(AskedRlimit { resource, soft, hard });
         }
     }
 
