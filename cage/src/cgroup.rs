@@ -69,7 +69,8 @@ pub struct Usage {
 /// The cgroup of one launch.
 #[derive(Debug)]
 pub struct LaunchCgroup {
-    /// Directory name, `chio-<supervisor pid>-<random>`, the same in every hierarchy.
+    /// Directory name, `chio-<supervisor pid>-<random>`, the same in every hierarchy (or an
+    /// engine's path: [`LaunchCgroup::create_at`]).
     name: String,
     /// "v1" or "v2".
     pub version: &'static str,
@@ -370,6 +371,100 @@ impl LaunchCgroup {
         Ok(cg)
     }
 
+    /// Create the launch cgroup at the place an engine names (an OCI config's
+    /// `linux.cgroupsPath`) and write the ceilings. An absolute `path` is taken from each
+    /// hierarchy's root (`/kubepods/burstable/pod…/ID`: the pod's own cgroup then bounds the
+    /// container, and the engine finds it where it looks), a relative one from where chio makes
+    /// its launch cgroups. Missing parents are made (and left: they are the engine's); the leaf
+    /// is made, or taken if it exists and holds no process.
+    pub fn create_at(path: &Path, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
+        let rel = engine_path(path)?;
+        // The whole path, not the leaf alone: the exec stop then checks each hierarchy's line
+        // ends with it (an engine's leaf, a container id or `c1`, is not unique on its own).
+        let name = rel.to_string_lossy().into_owned();
+        let controllers = needed(limits);
+        let mut cg = LaunchCgroup {
+            name,
+            version: "v1",
+            dirs: Vec::new(),
+            missing: Vec::new(),
+            missing_why: None,
+            held: Vec::new(),
+            adopted: false,
+        };
+        let leaves: Vec<(Vec<Controller>, PathBuf)> = match hierarchy {
+            Hierarchy::V2(root) => {
+                cg.version = "v2";
+                let base = if path.is_absolute() { v2_mount_of(root) } else { root.clone() };
+                let dir = base.join(&rel);
+                // Each level offers the ceilings' controllers to the next (a failure leaves
+                // them missing, named below, as for a launch cgroup of chio's own).
+                for level in
+                    dir.ancestors().skip(1).take_while(|d| d.starts_with(&base)).collect::<Vec<_>>().iter().rev()
+                {
+                    if !level.exists() {
+                        fs::create_dir(level)?;
+                    }
+                    for c in CEILINGS {
+                        let _ = write(&level.join("cgroup.subtree_control"), &format!("+{c}"));
+                    }
+                }
+                vec![(controllers.clone(), dir)]
+            }
+            Hierarchy::V1 => {
+                let own = fs::read_to_string("/proc/self/cgroup")?;
+                let mut by_dir: Vec<(Vec<Controller>, PathBuf)> = Vec::new();
+                for &c in &controllers {
+                    let mount = Path::new("/sys/fs/cgroup").join(c.name());
+                    if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
+                        cg.missing.push(c.name().to_string());
+                        continue;
+                    }
+                    let mount = fs::canonicalize(&mount)?;
+                    let base = if path.is_absolute() { mount.clone() } else { v1_parent(&mount, &own, c) };
+                    let dir = base.join(&rel);
+                    match by_dir.iter_mut().find(|(_, d)| *d == dir) {
+                        Some((cs, _)) => cs.push(c),
+                        None => by_dir.push((vec![c], dir)),
+                    }
+                }
+                by_dir
+            }
+        };
+        for (cs, dir) in leaves {
+            if let Err(e) = take_leaf(&dir) {
+                let _ = cg.remove();
+                return Err(e);
+            }
+            match hold(&dir) {
+                Ok(fd) => cg.held.push(fd),
+                Err(e) => {
+                    let _ = cg.remove();
+                    return Err(e);
+                }
+            }
+            let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+            for c in cs {
+                let on_v2 = cg.version == "v2";
+                if on_v2 && c != Controller::Cpuacct && !enabled.split_whitespace().any(|a| a == c.name()) {
+                    cg.missing.push(c.name().to_string());
+                    cg.missing_why = Some(format!(
+                        "the cgroup above {} does not offer {} (enable it in cgroup.subtree_control of each cgroup above)",
+                        dir.display(),
+                        c.name()
+                    ));
+                    continue;
+                }
+                cg.dirs.push((c, dir.clone()));
+            }
+            if cg.version == "v2" && !cg.has(Controller::Cpuacct) {
+                cg.dirs.insert(0, (Controller::Cpuacct, dir.clone()));
+            }
+        }
+        cg.apply(limits)?;
+        Ok(cg)
+    }
+
     /// Create the launch cgroup `name` in `hierarchy` with `controllers`, without ceilings yet
     /// (a daemon makes its next launch's ahead of the request: see [`crate::ahead`]).
     pub fn make(name: &str, controllers: &[Controller], hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
@@ -577,7 +672,8 @@ impl LaunchCgroup {
             .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", d.display())))
     }
 
-    /// The launch cgroup's directory name.
+    /// The launch cgroup's directory name — or, at an engine's place, its path from the place's
+    /// base (`pod/c1`): what each hierarchy's line of the target's `/proc/PID/cgroup` ends with.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -683,6 +779,51 @@ impl LaunchCgroup {
             }
         }
         last_err.map_or(Ok(()), Err)
+    }
+}
+
+/// An engine's cgroup path as a relative path of plain names: no `..`, no `.`, none empty,
+/// and a leaf that is not of chio's own launch names (which sweeps take for orphans).
+fn engine_path(path: &Path) -> io::Result<PathBuf> {
+    use std::path::Component;
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("cgroupsPath {}: {why}", path.display()));
+    let mut rel = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::RootDir => {}
+            Component::Normal(n) => rel.push(n),
+            _ => return Err(bad("only plain names may follow one another (no '..' or '.')")),
+        }
+    }
+    let leaf = rel.file_name().and_then(|n| n.to_str()).ok_or_else(|| bad("names no cgroup"))?;
+    if leaf.starts_with("chio-") {
+        return Err(bad("a name beginning chio- is chio's own launch cgroups'"));
+    }
+    Ok(rel)
+}
+
+/// The root of the cgroup2 mount `dir` lies on.
+fn v2_mount_of(dir: &Path) -> PathBuf {
+    let on = |d: &Path| statfs_magic(d) == Some(CGROUP2_SUPER_MAGIC);
+    dir.ancestors().take_while(|d| on(d)).last().unwrap_or(dir).to_path_buf()
+}
+
+/// Make the cgroup directory `dir` (its parents too), or take it if it exists and is empty: a
+/// cgroup that holds processes is another's, never joined.
+fn take_leaf(dir: &Path) -> io::Result<()> {
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent)
+            .map_err(|e| io::Error::new(e.kind(), format!("making {}: {e}", parent.display())))?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match procs(dir).is_empty() {
+            true => Ok(()),
+            false => {
+                Err(io::Error::other(format!("{} already holds processes: it is not this container's", dir.display())))
+            }
+        },
+        Err(e) => Err(io::Error::new(e.kind(), format!("making {}: {e}", dir.display()))),
     }
 }
 
@@ -854,6 +995,17 @@ fn procs(d: &Path) -> Vec<libc::pid_t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engines_cgroup_path_is_plain_names() {
+        assert_eq!(engine_path(Path::new("/kubepods/pod1/abc")).unwrap(), PathBuf::from("kubepods/pod1/abc"));
+        assert_eq!(engine_path(Path::new("rel/c")).unwrap(), PathBuf::from("rel/c"));
+        // (A "." inside is no step at all: Path drops it.)
+        assert_eq!(engine_path(Path::new("/a/./b")).unwrap(), PathBuf::from("a/b"));
+        for bad in ["/a/../../etc", "./a", "/", "", "/pods/chio-1-00112233aabbccdd"] {
+            assert!(engine_path(Path::new(bad)).is_err(), "{bad:?} taken");
+        }
+    }
 
     #[test]
     fn reclaim_touches_only_launch_cgroups() {

@@ -357,7 +357,9 @@ fn make_cgroup<'h>(
 ) -> Result<&'h LaunchCgroup, Failure> {
     // The one made ahead of the request (by a daemon's spare), if it fits; else a new one.
     let made = match held.ahead.take() {
-        Some(pre) if pre.fits(&plan.limits, hierarchy) => pre.apply(&plan.limits).map(|_| pre),
+        Some(pre) if plan.cgroup_path.is_none() && pre.fits(&plan.limits, hierarchy) => {
+            pre.apply(&plan.limits).map(|_| pre)
+        }
         other => {
             if let Some(pre) = other {
                 let _ = pre.remove();
@@ -365,10 +367,14 @@ fn make_cgroup<'h>(
             match &plan.enter {
                 // A running cage's own: joined, never made over.
                 Some(e) => LaunchCgroup::adopt(&e.cgroup),
-                None => {
-                    let name = if plan.detached { LaunchCgroup::detached_name() } else { LaunchCgroup::new_name() };
-                    LaunchCgroup::create(&name, &plan.limits, hierarchy)
-                }
+                None => match &plan.cgroup_path {
+                    // The engine's place for it.
+                    Some(at) => LaunchCgroup::create_at(at, &plan.limits, hierarchy),
+                    None => {
+                        let name = if plan.detached { LaunchCgroup::detached_name() } else { LaunchCgroup::new_name() };
+                        LaunchCgroup::create(&name, &plan.limits, hierarchy)
+                    }
+                },
             }
         }
     };

@@ -344,6 +344,11 @@ pub struct CagePlan {
     /// cap, no janitor — the engine supervises, and the runtime's `delete` removes the cgroup.
     #[serde(default)]
     pub detached: bool,
+    /// Where the launch cgroup is made, when an engine names the place (an OCI config's
+    /// `linux.cgroupsPath`): absolute from each hierarchy's root, relative from where chio makes
+    /// its own. None: a fresh `chio-…` name under chio's own cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_path: Option<PathBuf>,
     /// The test suites' switches; a build without the `test-hooks` feature has none.
     #[cfg(feature = "test-hooks")]
     #[serde(default)]
@@ -387,6 +392,7 @@ impl CagePlan {
             hostname: None,
             terminal: false,
             detached: false,
+            cgroup_path: None,
             #[cfg(feature = "test-hooks")]
             test: Default::default(),
             annotations: Default::default(),

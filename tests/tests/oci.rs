@@ -21,6 +21,25 @@ struct Oci {
     dir: Scratch,
     /// The node configuration every call names (`CHIO_OCI_CONFIG`), if any.
     node: std::cell::RefCell<Option<PathBuf>>,
+    /// The test's own parent of its containers' cgroups (`cgroupsPath` `/PARENT/NAME`), as an
+    /// engine's pod cgroup: removed, in every hierarchy, when the test ends.
+    cgroup_parent: String,
+}
+
+impl Drop for Oci {
+    fn drop(&mut self) {
+        for d in cgroup_dirs(&self.cgroup_parent) {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// `rel` in every cgroup hierarchy mounted on this host where it exists.
+fn cgroup_dirs(rel: &str) -> Vec<PathBuf> {
+    let hierarchies = std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten().map(|e| e.path());
+    let mut all: Vec<PathBuf> = hierarchies.chain([PathBuf::from("/sys/fs/cgroup")]).map(|h| h.join(rel)).collect();
+    all.retain(|d| d.is_dir());
+    all
 }
 
 impl Oci {
@@ -31,7 +50,8 @@ impl Oci {
         become_subreaper();
         let probe = Path::new(PROBE);
         let dir = Scratch::new(&format!("oci-{test}"));
-        Some(Oci { chio: chio_bin(probe), rootfs: shared_rootfs(probe), dir, node: Default::default() })
+        let cgroup_parent = format!("chio-tests-{}-{test}", std::process::id());
+        Some(Oci { chio: chio_bin(probe), rootfs: shared_rootfs(probe), dir, node: Default::default(), cgroup_parent })
     }
 
     /// [`Oci::new`] for a test that drives `engine` (a program from the Debian `packages`).
@@ -55,6 +75,7 @@ impl Oci {
         let b = self.dir.join(name);
         std::fs::create_dir_all(&b).unwrap();
         let mut c = config(self.rootfs, args);
+        c["linux"]["cgroupsPath"] = format!("/{}/{name}", self.cgroup_parent).into();
         edit(&mut c);
         std::fs::write(b.join("config.json"), c.to_string()).unwrap();
         b
@@ -151,7 +172,6 @@ fn config(rootfs: &Path, args: &[&str]) -> serde_json::Value {
         ],
         "linux": {
             "resources": {"devices": [{"allow": false, "access": "rwm"}], "memory": {"limit": 268435456}},
-            "cgroupsPath": "/default",
             "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}],
             "maskedPaths": ["/proc/kcore", "/proc/keys"],
             "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]
@@ -527,6 +547,49 @@ fn the_configs_rlimits_are_set_soft_below_hard_and_never_above_the_node() {
     assert!(err.contains("soft 2048 above hard 1024"), "{err}");
 }
 
+/// The container's cgroup is made where the config's `cgroupsPath` names it, so the engine's
+/// pod cgroup above it bounds it (here a pod-level pids ceiling the container's own does not
+/// have) and the engine finds it where it looks; `delete` removes it and leaves the pod's.
+/// A path that climbs out, or a cgroup that holds another's processes, is refused.
+#[test]
+fn the_containers_cgroup_is_where_the_engine_names_it() {
+    let Some(o) = Oci::new("cgpath") else { return };
+    let pod = format!("{}/pod", o.cgroup_parent);
+    let pids = PathBuf::from("/sys/fs/cgroup/pids").join(&pod);
+    std::fs::create_dir_all(&pids).unwrap();
+    std::fs::write(pids.join("pids.max"), "4").unwrap();
+    let in_pod = |c: &mut serde_json::Value| c["linux"]["cgroupsPath"] = format!("/{pod}/c1").into();
+    let fork = ["/probe", "fork-many", "8"];
+    let (status, said, rec) = o.run_container_with("c1", &fork, in_pod);
+    assert_eq!((status, rec["state"].as_str()), (1, Some("FullyEnforced")), "{said}");
+    assert!(said.starts_with("REFUSED: created only"), "the pod's pids ceiling holds the container: {said}");
+    let paths = rec["cgroup"]["paths"].as_array().unwrap();
+    assert!(!paths.is_empty() && paths.iter().all(|p| p.as_str().unwrap().ends_with(&format!("/{pod}/c1"))), "{rec}");
+    assert!(paths.iter().all(|p| !Path::new(p.as_str().unwrap()).exists()), "delete removed the container's cgroup");
+    assert!(pids.is_dir(), "the pod's cgroup is the engine's: left");
+    let (status, said, _) = o.run_container("c2", &fork);
+    assert_eq!(status, 0, "control: outside the pod the container forks 8: {said}");
+
+    let climbs = o.bundle("c3", &["/probe", "euid"], |c| c["linux"]["cgroupsPath"] = "/a/../../etc".into());
+    let (c, pid) = o.create("c3", &climbs, &o.dir.join("c3.out"));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(!c.status.success() && pid.is_none() && err.contains("cgroupsPath /a/../../etc"), "{err}");
+    let taken = PathBuf::from("/sys/fs/cgroup/pids").join(&pod).join("busy");
+    std::fs::create_dir(&taken).unwrap();
+    let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(taken.join("cgroup.procs"), other.id().to_string()).unwrap();
+    let busy = o.bundle("c4", &["/probe", "euid"], |c| c["linux"]["cgroupsPath"] = format!("/{pod}/busy").into());
+    let (c, _) = o.create("c4", &busy, &o.dir.join("c4.out"));
+    let _ = other.kill();
+    let _ = other.wait();
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(!c.status.success() && err.contains("already holds processes"), "{err}");
+    std::fs::remove_dir(&taken).unwrap();
+    for d in cgroup_dirs(&pod) {
+        std::fs::remove_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    }
+}
+
 /// `exec` runs a further process in a running container: in the container's namespaces and
 /// cgroup, confined as the first (the probes are refused), observed at its exec and recorded;
 /// its status comes back, and with `--detach` the pid file names the process the caller's
@@ -631,7 +694,9 @@ fn ctr_runs_containers_through_chio() {
     let runc = o.dir.join("chio-runc");
     std::os::unix::fs::symlink(&o.chio, &runc).unwrap();
     let run = |id: &str, args: &[&str]| {
-        let mut c = ctd.ctr(&["run", "--rm", "--read-only", "--runc-binary", runc.to_str().unwrap(), IMAGE, id]);
+        let cg = format!("/{}/{id}", o.cgroup_parent);
+        let mut c = ctd.ctr(&["run", "--rm", "--read-only", "--cgroup", &cg, "--runc-binary", runc.to_str().unwrap()]);
+        c.args([IMAGE, id]);
         c.args(args);
         run_within(&mut c, Duration::from_secs(60), "ctr run")
     };
@@ -642,7 +707,8 @@ fn ctr_runs_containers_through_chio() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.starts_with("REFUSED") && out.status.code() == Some(1), "{out:?}");
     let writable = ctd
-        .ctr(&["run", "--rm", "--runc-binary", runc.to_str().unwrap(), IMAGE, "t3", "/probe", "euid"])
+        .ctr(&["run", "--rm", "--cgroup", &format!("/{}/t3", o.cgroup_parent), "--runc-binary", runc.to_str().unwrap()])
+        .args([IMAGE, "t3", "/probe", "euid"])
         .output()
         .unwrap();
     assert!(!writable.status.success());
@@ -653,6 +719,8 @@ fn ctr_runs_containers_through_chio() {
             "run",
             "-d",
             "--read-only",
+            "--cgroup",
+            &format!("/{}/t4", o.cgroup_parent),
             "--runc-binary",
             runc.to_str().unwrap(),
             IMAGE,
@@ -664,6 +732,8 @@ fn ctr_runs_containers_through_chio() {
         .output()
         .unwrap();
     assert!(d.status.success(), "{d:?}");
+    let t4 = format!("{}/t4", o.cgroup_parent);
+    assert!(cgroup_dirs(&t4).iter().any(|d| d.join("pids.max").exists()), "the task's cgroup is ctr's --cgroup");
     let exec = |id: &str, args: &[&str]| {
         let mut c = ctd.ctr(&["task", "exec", "--exec-id", id, "t4"]);
         c.args(args);
@@ -789,6 +859,7 @@ fn podman_runs_containers_through_chio() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "through podman's stdin\n", "{out:?}");
 
     p.sleeper("sleeper");
+    assert!(!podman_launch_cgroups(&o.cgroup_parent).is_empty(), "the container's cgroup is below --cgroup-parent");
     // exec through conmon: output and status come back, and the process is confined.
     let exec = p.run(&["exec", "sleeper", "/probe", "euid"]);
     assert_eq!(
@@ -829,10 +900,10 @@ fn podman_runs_containers_through_chio() {
     assert!(String::from_utf8_lossy(&sti.stdout).starts_with("REFUSED"), "{sti:?}");
     // Every container's cgroup went with it (podman's cleanup deletes each through chio).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !podman_launch_cgroups().is_empty() && Instant::now() < deadline {
+    while !podman_launch_cgroups(&o.cgroup_parent).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(podman_launch_cgroups(), Vec::<PathBuf>::new(), "cgroups left behind");
+    assert_eq!(podman_launch_cgroups(&o.cgroup_parent), Vec::<PathBuf>::new(), "cgroups left behind");
 }
 
 const PODMAN_IMAGE: &str = "localhost/chio-probe:1";
@@ -843,6 +914,7 @@ struct Podman {
     dir: PathBuf,
     runc: PathBuf,
     node: PathBuf,
+    cgroup_parent: String,
 }
 
 impl Podman {
@@ -862,7 +934,7 @@ impl Podman {
         let node = dir.join("node.json");
         let binds = serde_json::json!({"bind_sources": [{"path": dir.join("runroot"), "writable": true}]});
         std::fs::write(&node, binds.to_string()).unwrap();
-        let p = Podman { dir, runc, node };
+        let p = Podman { dir, runc, node, cgroup_parent: format!("/{}", o.cgroup_parent) };
         let tar = p.dir.join("rootfs.tar");
         let t = Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tar).arg(".").output().unwrap();
         assert!(t.status.success());
@@ -885,9 +957,13 @@ impl Podman {
             .arg("--runtime")
             .arg(&self.runc)
             .arg("--runtime-flag")
-            .arg(format!("node-config={}", self.node.display()))
-            .args(args)
-            .stdin(Stdio::null());
+            .arg(format!("node-config={}", self.node.display()));
+        match args.split_first() {
+            // Its containers' cgroups (and conmon's) below the test's own parent.
+            Some((&"run", rest)) => c.arg("run").arg("--cgroup-parent").arg(&self.cgroup_parent).args(rest),
+            _ => c.args(args),
+        };
+        c.stdin(Stdio::null());
         c
     }
 
@@ -912,6 +988,10 @@ impl Drop for Podman {
         // cleanup` deletes with the default root), so the runtime's root is its default; left
         // empty, it goes too.
         let _ = std::fs::remove_dir(oci_default_root());
+        // conmon's own cgroups below the parent (podman's, not the runtime's).
+        for d in cgroup_dirs(self.cgroup_parent.trim_start_matches('/')) {
+            remove_cgroup_tree(&d);
+        }
     }
 }
 
@@ -919,29 +999,20 @@ fn oci_default_root() -> &'static Path {
     Path::new("/run/chio-oci")
 }
 
-/// Launch cgroups of chio's containers below podman's cgroupfs parent (every hierarchy).
-fn podman_launch_cgroups() -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack: Vec<(PathBuf, usize)> = std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| (e.path().join("libpod_parent"), 0))
-        .collect();
-    while let Some((d, depth)) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if !p.is_dir() {
-                continue;
-            }
-            if e.file_name().to_string_lossy().starts_with("chio-oci-") {
-                found.push(p);
-            } else if depth < 4 {
-                stack.push((p, depth + 1));
-            }
+/// Cgroups of podman's containers (`libpod-<id>`) below the test's parent, in every hierarchy.
+fn podman_launch_cgroups(parent: &str) -> Vec<PathBuf> {
+    let below = cgroup_dirs(parent).into_iter().flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten());
+    below.map(|e| e.path()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n != "conmon")).collect()
+}
+
+/// Remove `dir` and every cgroup below it (each empty by then).
+fn remove_cgroup_tree(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            remove_cgroup_tree(&e.path());
         }
     }
-    found
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// A CRI pod's containers join their sandbox's network, ipc and uts namespaces by path: the

@@ -456,9 +456,8 @@ impl<'a> Translation<'a> {
                 }
             }
         }
-        if let Some(path) = linux.cgroups_path() {
-            self.note("cgroups_path", format!("{} asked; the cage's own launch cgroup holds it", path.display()));
-        }
+        // The engine's place for the container's cgroup (the cage checks it is plain names).
+        self.plan.cgroup_path = linux.cgroups_path().clone();
         if let Some(s) = linux.seccomp() {
             match super::profile::translate(s) {
                 Ok(t) => {

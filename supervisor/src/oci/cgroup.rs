@@ -55,9 +55,13 @@ pub fn freeze(dirs: &[PathBuf], on: bool) -> Result<(), String> {
 
 /// On cgroup v1, a freezer cgroup holding `pids`, named `<launch cgroup>-freezer`: the launch
 /// cgroup has no freezer hierarchy, and `pause` needs one. (Not the launch cgroup's own name:
-/// the exec stop checks the target is in that name in exactly the launch's hierarchies.) Returns its directory, or
-/// None on v2 (whose launch cgroup freezes itself) or a host without a v1 freezer.
-pub fn v1_freezer_for(launch: &[PathBuf], pids: &[i32]) -> Result<Option<PathBuf>, String> {
+/// the exec stop checks the target is in that name in exactly the launch's hierarchies.) It
+/// sits beside where the launch cgroup would in the freezer hierarchy: under the engine's
+/// `cgroupsPath` parent when the config names one (`engine`; absolute from the hierarchy's
+/// root, relative from this process's own), else under this process's own freezer cgroup.
+/// Returns its directory, or None on v2 (whose launch cgroup freezes itself) or a host without
+/// a v1 freezer.
+pub fn v1_freezer_for(launch: &[PathBuf], pids: &[i32], engine: Option<&Path>) -> Result<Option<PathBuf>, String> {
     if v2(launch).is_some() {
         return Ok(None);
     }
@@ -72,9 +76,18 @@ pub fn v1_freezer_for(launch: &[PathBuf], pids: &[i32]) -> Result<Option<PathBuf
         let (_, ctl, path) = (p.next()?, p.next()?, p.next()?);
         ctl.split(',').any(|c| c == "freezer").then(|| path.trim_start_matches('/').to_string())
     });
+    let mut parent = match engine {
+        Some(e) if e.is_absolute() => mount.to_path_buf(),
+        _ => mount.join(rel.unwrap_or_default()),
+    };
+    // (The launch cgroup was made from the same path, which the cage checked: plain names.)
+    if let Some(up) = engine.and_then(Path::parent) {
+        parent.push(up.strip_prefix("/").unwrap_or(up));
+        std::fs::create_dir_all(&parent).map_err(|e| format!("making {}: {e}", parent.display()))?;
+    }
     let mut name = name.to_os_string();
     name.push("-freezer");
-    let dir = mount.join(rel.unwrap_or_default()).join(name);
+    let dir = parent.join(name);
     std::fs::create_dir(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
     for pid in pids {
         if let Err(e) = std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {

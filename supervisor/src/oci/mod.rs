@@ -203,7 +203,8 @@ fn park(
     saved.pid_started = pid_started;
     saved.cgroup = p.cgroup.clone();
     // Before the fork: the parked cage's two processes, and whatever they start, are then in it.
-    if let Some(freezer) = cgroup::v1_freezer_for(&p.cgroup, &[p.init, p.target])? {
+    let engine = saved.plan.as_ref().and_then(|p| p.cgroup_path.clone());
+    if let Some(freezer) = cgroup::v1_freezer_for(&p.cgroup, &[p.init, p.target], engine.as_deref())? {
         saved.cgroup.push(freezer);
     }
     // SAFETY: the caller (a launch) is single-threaded; the child only continues this code.
