@@ -805,7 +805,8 @@ fn engine_path(path: &Path) -> io::Result<PathBuf> {
 /// The root of the cgroup2 mount `dir` lies on.
 fn v2_mount_of(dir: &Path) -> PathBuf {
     let on = |d: &Path| statfs_magic(d) == Some(CGROUP2_SUPER_MAGIC);
-    dir.ancestors().take_while(|d| on(d)).last().unwrap_or(dir).to_path_buf()
+    // (chio's launch root may not exist yet: from its nearest existing ancestor.)
+    dir.ancestors().skip_while(|d| !d.exists()).take_while(|d| on(d)).last().unwrap_or(dir).to_path_buf()
 }
 
 /// Make the cgroup directory `dir` (its parents too), or take it if it exists and is empty: a
@@ -1129,6 +1130,52 @@ mod tests {
             let (removed, status) = outcome.unwrap();
             removed.unwrap();
             assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// On v2 an engine's absolute path is taken from the mount's root, not from chio's own
+    /// launch root, and a relative one from that launch root; parents are left at removal. (On
+    /// a hybrid host the private cgroup2 mount offers no controllers: the ceilings are named
+    /// missing, never silently dropped.)
+    #[test]
+    fn a_v2_cgroup_at_an_engines_path_is_made_from_the_mounts_root() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+            let none: Option<&str> = None;
+            nix::mount::mount(none, "/", none, nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE, none)
+                .unwrap();
+            let mnt = std::env::temp_dir().join(format!("chio-cg2-at-{}", std::process::id()));
+            fs::create_dir_all(&mnt).unwrap();
+            nix::mount::mount(Some("none"), &mnt, Some("cgroup2"), nix::mount::MsFlags::empty(), none).unwrap();
+            let root = mnt.join(format!("chio-unit-at-{}", std::process::id()));
+            let h = Hierarchy::V2(root.clone());
+            let pod = format!("pod-{}", std::process::id());
+            let abs = LaunchCgroup::create_at(Path::new(&format!("/{pod}/c1")), &ceilings(), &h);
+            let rel = LaunchCgroup::create_at(Path::new("c2"), &ceilings(), &h);
+            let seen = |cg: &io::Result<LaunchCgroup>| {
+                let c = cg.as_ref().map_err(|e| e.to_string())?;
+                Ok::<_, String>((c.unique_dirs()[0].to_path_buf(), c.name().to_string(), c.missing.clone()))
+            };
+            let (a, r) = (seen(&abs), seen(&rel));
+            let removed = [abs.map(|c| c.remove()), rel.map(|c| c.remove())];
+            let pod_left = mnt.join(&pod).is_dir();
+            let offered = fs::read_to_string(mnt.join("cgroup.controllers")).unwrap_or_default();
+            let _ = fs::remove_dir(mnt.join(&pod));
+            let _ = fs::remove_dir(&root);
+            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+            let _ = fs::remove_dir(&mnt);
+            let (a, r) = (a.unwrap(), r.unwrap());
+            assert_eq!((a.0, a.1), (mnt.join(&pod).join("c1"), format!("{pod}/c1")));
+            assert_eq!(r.0, root.join("c2"));
+            for c in CEILINGS.iter().filter(|c| !offered.split_whitespace().any(|o| o == **c)) {
+                assert!(a.2.iter().any(|m| m == c), "{c} not offered yet not named missing: {:?}", a.2);
+            }
+            for r in removed {
+                r.unwrap().unwrap();
+            }
+            assert!(pod_left, "the engine's parent is left");
         })
         .join()
         .unwrap();
