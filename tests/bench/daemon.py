@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Daemon benchmark and load test for `chio supervisor serve` (not part of the test run).
 
-  sudo tests/bench/daemon.py [--runs N] [--load SECONDS] [--clients N] [--compare OLD_CHIO]
+  sudo tests/bench/daemon.py [--runs N] [--load SECONDS] [--clients N] [--compare OLD_CHIO | --compare-rev REV]
 
 Builds the static release binary and a rootfs holding one static /true, starts the daemon in
 the foreground on a private socket and state directory, and times, interleaved in the same run:
@@ -167,6 +167,7 @@ def main():
     ap.add_argument("--clients", type=int, default=2 * os.cpu_count())
     ap.add_argument("--settle", type=float, default=0.005, help="seconds idle before each timed launch")
     ap.add_argument("--compare", help="an earlier chio build to time through its own daemon")
+    ap.add_argument("--compare-rev", help="a commit or tag: its static release build is --compare")
     ap.add_argument("--chio", help="time this build instead of building one (compare builds made the same way)")
     ap.add_argument("--image-shape", action="store_true",
                     help="give the rootfs the top level of a distribution image (bin, etc, usr, var...: "
@@ -174,6 +175,9 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
+    if a.compare_rev:
+        import revision
+        a.compare = revision.build(a.compare_rev)
     chio = a.chio or lb.build_chio()
     bwrap = lb.ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-daemon-") as tmp:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch benchmark and soak for `chio cage run` (not part of the test run).
 
-  sudo tests/bench/launch.py [--runs N] [--soak N] [--compare OTHER_CHIO]
+  sudo tests/bench/launch.py [--runs N] [--soak N] [--compare OTHER_CHIO | --compare-rev REV]
 
 Builds a rootfs holding one static binary (`int main(){return 0;}` from gcc -static), then times,
 interleaved in the same run so machine noise hits all three alike:
@@ -16,7 +16,7 @@ and prints medians and the chio/bwrap ratio; then the same launch with the targe
 in a workspace (hashed at the exec stop) and as a script in a workspace (run from a sealed copy).
 `--compare` times another chio binary (say, the
 release build of an earlier commit) the same way, interleaved, as `chio-other`, and prints
-the ratio of this build to it. The soak runs N launches two at a time and checks
+the ratio of this build to it; `--compare-rev REV` builds that commit first (tests/bench/revision.py). The soak runs N launches two at a time and checks
 that no process, mount, cgroup or fd is left behind.
 """
 import argparse
@@ -115,9 +115,13 @@ def main():
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--soak", type=int, default=500)
     ap.add_argument("--compare", help="another chio binary to time as chio-other")
+    ap.add_argument("--compare-rev", help="a commit or tag: its static release build is timed as chio-other")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
+    if a.compare_rev:
+        import revision
+        a.compare = revision.build(a.compare_rev)
     chio = build_chio()
     bwrap = ensure_bwrap()
     with tempfile.TemporaryDirectory(prefix="chio-bench-") as tmp:
