@@ -1100,18 +1100,32 @@ mod tests {
         (removed, left.0.wait().unwrap())
     }
 
+    /// This thread in a mount namespace of its own with the host's unified hierarchy mounted at
+    /// a fresh `/tmp/NAME-<pid>` (the mount is private to the thread's namespace).
+    fn private_cgroup2(name: &str) -> PathBuf {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+        let none: Option<&str> = None;
+        nix::mount::mount(none, "/", none, nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE, none)
+            .unwrap();
+        let mnt = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        fs::create_dir_all(&mnt).unwrap();
+        nix::mount::mount(Some("none"), &mnt, Some("cgroup2"), nix::mount::MsFlags::empty(), none).unwrap();
+        mnt
+    }
+
+    /// Detached: a child another test thread forks holds copies of our descriptors (the
+    /// cgroup's locks among them) until it execs, and the mount is busy meanwhile.
+    fn unmount_private(mnt: &Path) {
+        let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
+        let _ = fs::remove_dir(mnt);
+    }
+
     /// The same on cgroup v2, through `cgroup.kill`: in a private cgroup2 mount (the hierarchy is
     /// the host's one unified tree; the mount lives in this test thread's own mount namespace).
     #[test]
     fn removing_a_v2_launch_cgroup_kills_what_is_left_in_it() {
         std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-            let none: Option<&str> = None;
-            nix::mount::mount(none, "/", none, nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE, none)
-                .unwrap();
-            let mnt = std::env::temp_dir().join(format!("chio-cg2-{}", std::process::id()));
-            fs::create_dir_all(&mnt).unwrap();
-            nix::mount::mount(Some("none"), &mnt, Some("cgroup2"), nix::mount::MsFlags::empty(), none).unwrap();
+            let mnt = private_cgroup2("chio-cg2");
             let root = mnt.join(format!("chio-unit-{}", std::process::id()));
             let cg = LaunchCgroup::make(&LaunchCgroup::new_name(), &[], &Hierarchy::V2(root.clone()));
             let outcome = cg.map(|cg| {
@@ -1123,10 +1137,7 @@ mod tests {
                 (removed, status)
             });
             let _ = fs::remove_dir(&root);
-            // Detached: a child another test thread forks holds copies of our descriptors (the
-            // cgroup's locks among them) until it execs, and the mount is busy meanwhile.
-            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
-            let _ = fs::remove_dir(&mnt);
+            unmount_private(&mnt);
             let (removed, status) = outcome.unwrap();
             removed.unwrap();
             assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
@@ -1142,13 +1153,7 @@ mod tests {
     #[test]
     fn a_v2_cgroup_at_an_engines_path_is_made_from_the_mounts_root() {
         std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-            let none: Option<&str> = None;
-            nix::mount::mount(none, "/", none, nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE, none)
-                .unwrap();
-            let mnt = std::env::temp_dir().join(format!("chio-cg2-at-{}", std::process::id()));
-            fs::create_dir_all(&mnt).unwrap();
-            nix::mount::mount(Some("none"), &mnt, Some("cgroup2"), nix::mount::MsFlags::empty(), none).unwrap();
+            let mnt = private_cgroup2("chio-cg2-at");
             let root = mnt.join(format!("chio-unit-at-{}", std::process::id()));
             let h = Hierarchy::V2(root.clone());
             let pod = format!("pod-{}", std::process::id());
@@ -1164,8 +1169,7 @@ mod tests {
             let offered = fs::read_to_string(mnt.join("cgroup.controllers")).unwrap_or_default();
             let _ = fs::remove_dir(mnt.join(&pod));
             let _ = fs::remove_dir(&root);
-            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
-            let _ = fs::remove_dir(&mnt);
+            unmount_private(&mnt);
             let (a, r) = (a.unwrap(), r.unwrap());
             assert_eq!((a.0, a.1), (mnt.join(&pod).join("c1"), format!("{pod}/c1")));
             assert_eq!(r.0, root.join("c2"));
