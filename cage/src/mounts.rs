@@ -756,22 +756,32 @@ fn seal_memfds(proc: BorrowedFd<'_>) -> io::Result<()> {
 
 /// Landlock governs `bind()`, not the port the kernel picks itself when a TCP socket that was
 /// never bound listens (autobind): with no TCP bind port granted, the cage's network namespace
-/// gets no ephemeral port at all — its range one port, and that port reserved — so `listen()`
-/// without `bind()` fails (EADDRINUSE) and no listener exists that the plan did not grant. With
-/// no port to listen on, no TCP connection within the namespace could be made anyway; a UDP
-/// socket must bind a port of its own to send. Written through the cage's procfs before it is
-/// sealed read-only (`sys/net` is the writer's network namespace's, the cage's own here; the
-/// host's `/proc/sys` may be read-only, as under systemd's `ProtectKernelTunables=`).
+/// gets no ephemeral port at all — its range two ports, both reserved — so `listen()` without
+/// `bind()` fails (EADDRINUSE) and no listener exists that the plan did not grant. With no port
+/// to listen on, no TCP connection within the namespace could be made anyway; a UDP socket must
+/// bind a port of its own to send. Two ports, not one: the kernel logs a warning for a range
+/// whose ends have the same parity, on every write (a line per launch in the host's kernel log,
+/// and ~1 ms of console output in the init on a machine with a serial console). Written
+/// through the cage's procfs before it is sealed read-only (`sys/net` is the writer's network
+/// namespace's, the cage's own here; the host's `/proc/sys` may be read-only, as under
+/// systemd's `ProtectKernelTunables=`).
 fn no_ephemeral_ports(proc: BorrowedFd<'_>) -> io::Result<()> {
-    for (name, value) in
-        [(c"sys/net/ipv4/ip_local_reserved_ports", "65535"), (c"sys/net/ipv4/ip_local_port_range", "65535 65535")]
-    {
+    for (name, value) in [
+        (c"sys/net/ipv4/ip_local_reserved_ports", NO_EPHEMERAL_RESERVED),
+        (c"sys/net/ipv4/ip_local_port_range", NO_EPHEMERAL_RANGE),
+    ] {
         let fd = sys::openat(proc, name, libc::O_WRONLY, 0).map_err(|e| err_at("opening", "/proc/sys/net/ipv4", e))?;
         std::io::Write::write_all(&mut std::fs::File::from(fd), value.as_bytes())
             .map_err(|e| err_at(&format!("writing {value:?} to"), Path::new(OsStr::from_bytes(name.to_bytes())), e))?;
     }
     Ok(())
 }
+
+/// The ephemeral range of a cage granted no TCP bind port (ends of different parity), and the
+/// reservation covering all of it.
+pub const NO_EPHEMERAL_RANGE: &str = "65534 65535";
+/// See [`NO_EPHEMERAL_RANGE`].
+pub const NO_EPHEMERAL_RESERVED: &str = "65534-65535";
 
 /// A cage running as uid or gid 0 owns procfs's root-only files (`kpageflags`, `slabinfo`,
 /// `vmallocinfo`, `timer_list`, `sysrq-trigger`, ...: every top-level file not readable by

@@ -457,6 +457,24 @@ fn a_tcp_listener_without_a_bind_is_refused() {
     assert_escaped("listen without bind", host_as(Nobody, &e.probe, &["tcp-listen"]));
 }
 
+/// The cage's ephemeral range is all reserved, and its two ends differ in parity: the kernel
+/// logs "prefer different parity" for every write of a range whose ends do not (a line in the
+/// host's kernel log per launch, and ~1 ms of console output in the cage's init).
+#[test]
+fn the_cages_ephemeral_range_is_reserved_and_draws_no_kernel_warning() {
+    let Some(e) = env("ephemeral_range") else { return };
+    let read = |path: &str| {
+        let run = e.caged(&[], &["cat", path]);
+        assert_eq!(run.code, 0, "cat {path}: {}", run.stderr);
+        run.stdout.trim().to_string()
+    };
+    let range: Vec<u32> =
+        read("/proc/sys/net/ipv4/ip_local_port_range").split_whitespace().map(|p| p.parse().unwrap()).collect();
+    let [low, high] = range[..] else { panic!("the range {range:?} is not two ports") };
+    assert_ne!(low % 2, high % 2, "the range {low}-{high} has ends of the same parity");
+    assert_eq!(read("/proc/sys/net/ipv4/ip_local_reserved_ports"), format!("{low}-{high}"));
+}
+
 #[test]
 fn abstract_unix_socket_on_host_is_unreachable() {
     let Some(e) = env("abstract") else { return };

@@ -33,12 +33,12 @@ before('cage/src/launch.rs', "let (mut rec, teardown) = launch_to_end", "K0", C)
 before('cage/src/launch.rs', "let mut rec = new_record(plan);", "K_start", C)
 before('cage/src/supervise.rs', "read_result(&r.result, &mut outcome);\n            result_read = true;", "R_result", C)
 before('cage/src/supervise.rs', "if !result_read {\n                outcome.wall_ms", "R_reaped", C)
-for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","ctx.inject(Stage::Mounts)?;"),("I_attached","ctx.inject(Stage::Pivot)?;"),("I_pivoted","ctx.inject(Stage::Network)?;"),("I_net","if ctx.await_cgroup {"),("I_joined","ctx.inject(Stage::Namespaces)?;\n    // We are in the launch cgroup"),("I_spawn","spawn_target(ctx, &prepared).map_err"),("T_start","let sock = match arrange_fds(ctx)")]:
+for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","fault::fail_at(ctx.plan, Stage::Mounts)?;"),("I_attached","fault::fail_at(ctx.plan, Stage::Pivot)?;"),("I_pivoted","    Ok(prepared)\n}"),("I_net","if ctx.await_cgroup {"),("I_joined","fault::fail_at(ctx.plan, Stage::Namespaces)?;\n    // We are in the launch cgroup"),("I_spawn","spawn_target(ctx, &Granted::from(&prepared)).map_err"),("T_start","let sock = match arrange_fds(ctx)")]:
     before('cage/src/inside.rs', anc, lab, C)
 # An init cloned ahead (the daemon's spare): its plan-dependent steps come last in inside.rs.
-for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;"),("A_built","ctx.inject(Stage::Network)?;"),("A_ceilings","    ctx.inject(Stage::Namespaces)?;\n    block_forwarded_signals"),("A_spawn","spawn_target(ctx, &prepared).map_err")]:
+for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;"),("A_built","fault::fail_at(ctx.plan, Stage::Network)?;\n    if ctx.plan.net == NetMode::Loopback {\n        loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;\n    }\n    await_ceilings"),("A_ceilings","    fault::fail_at(ctx.plan, Stage::Namespaces)?;\n    block_forwarded_signals"),("A_spawn","spawn_target(ctx, &Granted::from(&prepared)).map_err")]:
     before('cage/src/inside.rs', anc, lab, C, last=True)
-before('supervisor/src/daemon/server.rs', "let req: Request = match serde_json::from_slice(&line)", "S_read")
+before('supervisor/src/daemon/server.rs', "line.extend_from_slice(&buf[..n]);", "S_read")
 before('supervisor/src/daemon/server.rs', "if let Some(Err(why)) = settle(settling).await", "S_replied")
 before('supervisor/src/daemon/server.rs', "let submitted = submit(s, &job, fds, &conn);", "S_submit")
 before('supervisor/src/daemon/server.rs', "let delivered = match submitted {", "S_begun")
@@ -48,8 +48,12 @@ before('supervisor/src/daemon/launcher.rs', "running.insert(s.pid, Some(s.sock))
 before('supervisor/src/daemon/launcher.rs', "let _ = nix::unistd::write(&theirs, TAKEN);", "P_recv")
 before('supervisor/src/daemon/launcher.rs', "let sending = word.is_some_and(", "P_answered")
 before('supervisor/src/daemon/launcher.rs', "let _ = nix::unistd::write(&launcher, &root_word(ANSWERED", "P_written")
-before('supervisor/src/daemon/job.rs', "if !go(gate) {", "P_parsed")
+before('supervisor/src/daemon/job.rs', "let admitted = super::admit::launch(", "P_parsed")
 before('supervisor/src/daemon/job.rs', "Some(match admitted {", "P_go")
-before('supervisor/src/launch/mod.rs', "let (mut rec, left) = chio_cage::launch_to_end", "C_planned")
-before('supervisor/src/launch/mod.rs', "let left = match teardown {", "C_launched")
+before('supervisor/src/launch/mod.rs', "let (rec, left) = chio_cage::launch_to_end", "C_planned")
+before('supervisor/src/launch/mod.rs', "let teardown = match how.teardown {", "C_launched")
 before('supervisor/src/launch/mod.rs', "let status = if unrecorded", "C_reported")
+# The one-shot CLI (timeline.py with ONESHOT=1): its main, its parsed command line, its exit.
+before('cli/src/main.rs', "if let Some(name) = chio_supervisor::test_switch_refused()", "M_main")
+before('cli/src/main.rs', "let (code, on_error) = match &cli.command", "M_parsed")
+before('cli/src/main.rs', "match code {\n        Ok(c) => std::process::exit(c),", "M_exit")

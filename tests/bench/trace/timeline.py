@@ -5,6 +5,7 @@
   python3 tests/bench/trace/instrument.py && packaging/build-release
   sudo python3 tests/bench/trace/timeline.py [RUNS]          # a rootfs with a static /true
   sudo HOSTROOT=1 python3 tests/bench/trace/timeline.py      # the agents' shape: host root, bash
+  sudo ONESHOT=1 python3 tests/bench/trace/timeline.py       # `chio cage run` itself, no daemon
   git checkout -- . && rm cage/src/trace.rs
 
 instrument.py adds `chio_cage::trace::t("LABEL")` calls that append `pid LABEL monotonic_ns` to
@@ -18,6 +19,7 @@ ahead has no I_ marks, a launch that cloned its own has no A_ marks).
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,10 +32,10 @@ import launch as lb  # noqa: E402
 
 CHIO = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/chio")
 TRACE = "/tmp/chio-trace"
-CHAIN = ["client_start", "S_read", "S_submit", "L_recv", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
+CHAIN = ["client_start", "M_main", "M_parsed", "S_read", "S_submit", "L_recv", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
          "C_planned", "K_start", "m_resolve", "I_start", "A_plan", "m_cgroup", "I_unshared", "I_built",
          "I_attached", "I_pivoted", "A_built", "I_net", "I_joined", "A_ceilings", "I_spawn", "A_spawn", "T_start", "m_cage_ready", "m_exec_stop", "m_exec_observed",
-         "R_result", "m_target_ended", "C_launched", "C_reported", "P_answered", "S_answer", "S_replied",
+         "R_result", "m_target_ended", "C_launched", "C_reported", "M_exit", "P_answered", "S_answer", "S_replied",
          "client_end"]
 
 
@@ -49,8 +51,23 @@ def main():
         with open(conf, "w") as f:
             json.dump({"schema": "chio.supervisor-config.v1"}, f)
         open(TRACE, "w").close()
-        d, sock = db.start_daemon(CHIO, tmp, "new", conf)
         runs = []
+        if os.environ.get("ONESHOT"):
+            try:
+                for i in range(10 + n):
+                    t0 = time.monotonic_ns()
+                    out = subprocess.run([CHIO, "cage", "run", "--json", *args], stderr=subprocess.PIPE, check=True)
+                    t1 = time.monotonic_ns()
+                    if i >= 10:
+                        runs.append((t0, t1, json.loads(out.stderr.decode().strip().splitlines()[-1])["timings_us"]))
+                    time.sleep(0.01)
+            finally:
+                with open(TRACE) as f:
+                    events = [(l.split()[1], int(l.split()[2])) for l in f if len(l.split()) == 3]
+                os.unlink(TRACE)
+            report(runs, events, n)
+            return
+        d, sock = db.start_daemon(CHIO, tmp, "new", conf)
         try:
             for i in range(10):
                 db.request(sock, args, f"warm-{i}-{time.time_ns()}")
@@ -65,6 +82,11 @@ def main():
             with open(TRACE) as f:
                 events = [(l.split()[1], int(l.split()[2])) for l in f if len(l.split()) == 3]
             os.unlink(TRACE)
+    report(runs, events, n)
+
+
+def report(runs, events, n):
+    """The median of each step of CHAIN over the runs."""
     steps = {}
     for t0, t1, marks in runs:
         seen = {"client_start": t0, "client_end": t1}
