@@ -5,6 +5,7 @@
 //! no_new_privs through nix; raw calls remain only where neither has one, each marked.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use caps::CapSet;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -14,10 +15,6 @@ use crate::plan::{Limits, RlimitResource};
 /// Securebits we set and lock: NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE (+ their locks),
 /// and KEEP_CAPS locked off.
 pub const SECUREBITS: u32 = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
-
-/// The highest capability number the `caps` crate knows (CAP_CHECKPOINT_RESTORE); a newer
-/// kernel's are handled by number.
-const CRATE_LAST_CAP: u32 = 40;
 
 fn os_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -87,16 +84,29 @@ fn resource(r: RlimitResource) -> Resource {
     }
 }
 
-/// Highest capability number the kernel knows.
+/// Highest capability number the kernel knows (read once per process; a forked child has it).
 pub fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
+    static LAST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
+    })
 }
 
+/// Set once this process has dropped its bounding set and locked its securebits, or was forked
+/// from one that had: both are credentials, inherited across fork, so the cage's init does it
+/// once before it forks the target and neither repeats it.
+static SHED: AtomicBool = AtomicBool::new(false);
+
 /// Drop every capability from the bounding set, clear ambient, set and lock securebits.
+///
+/// Each `PR_CAPBSET_DROP` commits a new set of credentials (~2 µs here), so each capability is
+/// dropped once, by number, without reading it first (the `caps` crate's `clear` reads every
+/// capability before dropping it, and knows none past its own last): raw prctl.
 pub fn drop_bounding_and_lock(last: u32) -> io::Result<()> {
-    caps::clear(None, CapSet::Bounding).map_err(caps_err("dropping the bounding set"))?;
-    for cap in CRATE_LAST_CAP + 1..=last {
-        // Raw: a capability newer than the `caps` crate has no name there; dropped by number.
+    if SHED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    for cap in 0..=last {
         // SAFETY: plain prctl with integer arguments.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
             return Err(os_err(&format!("dropping capability {cap} from the bounding set")));
@@ -108,6 +118,7 @@ pub fn drop_bounding_and_lock(last: u32) -> io::Result<()> {
     if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS as libc::c_ulong, 0, 0, 0) } != 0 {
         return Err(os_err("locking securebits"));
     }
+    SHED.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -136,28 +147,18 @@ pub fn raise_inheritable() -> io::Result<()> {
         .map_err(caps_err("raising an inheritable capability"))
 }
 
-/// Read every capability set back; true only when all five are empty. (`caps` reads the
-/// capabilities it knows; bits beyond them are never granted by the steps above, and the exec
-/// stop checks all 64 bits of each set in `/proc/<pid>/status`.)
+/// Read every capability set back; true only when all five are empty. The ambient set needs no
+/// read of its own: the kernel keeps it within permitted ∩ inheritable (lowering either lowers
+/// it), so with both empty it is empty. The exec stop checks all 64 bits of all five sets in
+/// `/proc/<pid>/status` besides.
 pub fn caps_all_clear(last: u32) -> bool {
-    let sets = [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable, CapSet::Ambient, CapSet::Bounding];
+    let sets = [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable];
     if !sets.into_iter().all(|set| caps::read(None, set).is_ok_and(|s| s.is_empty())) {
         return false;
     }
-    (CRATE_LAST_CAP + 1..=last).all(|cap| {
-        // Raw: capabilities newer than the crate's, read by number.
-        // SAFETY: plain prctl queries.
-        unsafe {
-            libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) == 0
-                && libc::prctl(
-                    libc::PR_CAP_AMBIENT,
-                    libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
-                    cap as libc::c_ulong,
-                    0,
-                    0,
-                ) == 0
-        }
-    })
+    // Raw: by number, past the crate's last capability too, and without building a set.
+    // SAFETY: plain prctl queries.
+    (0..=last).all(|cap| unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) } == 0)
 }
 
 /// Set no_new_privs.

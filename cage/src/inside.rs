@@ -204,6 +204,7 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     if plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;
     }
+    shed_bounding(plan)?;
     if ctx.await_cgroup {
         join_cgroup(ctx.sock, !fault::on(plan, &TestHook::Cgroup))?;
     }
@@ -216,6 +217,20 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     let _ = nix::unistd::setsid();
     block_forwarded_signals();
     spawn_target(ctx, &Granted::from(&prepared)).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+}
+
+/// Drop the bounding set and lock securebits once, in the init, for itself and the target it
+/// forks (both inherit them; the init never execs, and keeps its effective capabilities for
+/// the rest of its setup): off the target's way to its exec, and while a v1 cgroup is still
+/// being made for the init. (Not under the test hooks that need them in the target: one
+/// leaves them to the exec stop, one raises an inheritable capability, which the bounding set
+/// caps.)
+fn shed_bounding(plan: &CagePlan) -> Result<(), Failure> {
+    if fault::on(plan, &TestHook::Bounding) || fault::on(plan, &TestHook::Caps) {
+        return Ok(());
+    }
+    identity::drop_bounding_and_lock(identity::last_cap())
+        .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))
 }
 
 /// Enter a running cage instead of building one: its cgroup, then its namespaces (its root
@@ -365,6 +380,9 @@ fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Failure> {
     hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
     enter_namespaces(UNSHARED & !libc::CLONE_NEWNS, a.netns)?;
     nix::unistd::sethostname("chio").map_err(|e| FailCode::HostnameFailed.at(Stage::Network, e))?;
+    // (A plan with a test hook that needs them kept is not sent to an init made ahead.)
+    identity::drop_bounding_and_lock(identity::last_cap())
+        .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     if a.await_cgroup {
         join_cgroup(a.sock, true)?;
     }

@@ -572,8 +572,11 @@ impl Drop for InitGuard {
 /// Whether an init cloned ahead can take this plan: it made every namespace and is in the
 /// cgroup made ahead, so the plan must not withhold one (a test hook) and must fit that cgroup.
 fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
-    let withholds = matches!(fault::hook(plan), Some(TestHook::Namespace(_) | TestHook::Cgroup));
-    // (It named itself `chio` before the plan came.)
+    let withholds = matches!(
+        fault::hook(plan),
+        Some(TestHook::Namespace(_) | TestHook::Cgroup | TestHook::Bounding | TestHook::Caps)
+    );
+    // (It named itself `chio`, and dropped its bounding set, before the plan came.)
     !withholds
         && plan.hostname.is_none()
         && plan.join.is_empty()
