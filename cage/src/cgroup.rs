@@ -531,7 +531,6 @@ impl LaunchCgroup {
         for c in wanted.iter().filter(|c| available.split_whitespace().any(|a| a == **c)) {
             let _ = write(&root.join("cgroup.subtree_control"), &format!("+{c}"));
         }
-        sweep_orphans(root);
         let dir = root.join(name);
         fs::create_dir(&dir)?;
         let held = match hold(&dir) {
@@ -604,9 +603,6 @@ impl LaunchCgroup {
                 cg.dirs.push((c, dir));
                 continue;
             }
-            if let Some(parent) = dir.parent() {
-                sweep_orphans(parent);
-            }
             if let Err(e) = fs::create_dir(&dir) {
                 let _ = cg.remove();
                 return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
@@ -644,6 +640,17 @@ impl LaunchCgroup {
             write(&d.join("cpu.cfs_quota_us"), &(c * CPU_PERIOD_US / 1000).to_string())?;
         }
         Ok(())
+    }
+
+    /// Remove the launch cgroups beside this one whose supervisor is gone (see [`sweep`]).
+    /// Called by a launch once its init is on its way, not while the init waits for the cgroup:
+    /// a held cgroup (this one, any live launch's) is never taken for an orphan, so when the
+    /// sweep runs does not matter.
+    pub fn sweep_beside(&self) -> usize {
+        let mut parents: Vec<&Path> = self.dirs.iter().filter_map(|(_, d)| d.parent()).collect();
+        parents.sort();
+        parents.dedup();
+        parents.into_iter().map(sweep_orphans).sum()
     }
 
     fn has(&self, c: Controller) -> bool {
@@ -829,7 +836,8 @@ fn take_leaf(dir: &Path) -> io::Result<()> {
 }
 
 /// Remove every launch cgroup whose supervisor is gone, in `hierarchy` (a daemon's start-up
-/// recovery; launches sweep their own parent as they go). Returns how many were removed.
+/// recovery; launches sweep their own parent as they go, [`LaunchCgroup::sweep_beside`]).
+/// Returns how many were removed.
 pub fn sweep(hierarchy: &Hierarchy) -> usize {
     match hierarchy {
         Hierarchy::V2(root) => sweep_orphans(root),

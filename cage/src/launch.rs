@@ -796,8 +796,12 @@ fn start_cage(
         held.janitor = Some(janitor::spawn(cg).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?);
     }
     let pidfd = sys::pidfd_open(init).map_err(|e| FailCode::SetupFailed.at(Stage::Namespaces, e))?;
-    // The cage is still setting itself up; meanwhile hash the file it will most likely send
-    // and read what the observation compares with.
+    // The cage is still setting itself up; meanwhile sweep away the launch cgroups of dead
+    // supervisors beside ours, hash the file it will most likely send and read what the
+    // observation compares with.
+    if cg.name().starts_with("chio-") {
+        cg.sweep_beside();
+    }
     let early = prehash::guess(plan, known);
     let host_ns = observe::own_namespaces();
     let filters = observe::own_seccomp_filters();

@@ -910,3 +910,35 @@ fn a_v1_launch_cgroup_never_nests_below_a_cgroup_another_user_owns() {
     let pids = after.lines().find(|l| l.contains(":pids:")).unwrap_or_default().to_string();
     assert!(pids.ends_with(&format!("owned-{}-control", std::process::id())), "{after}");
 }
+
+/// A launch sweeps away the launch cgroups beside its own whose supervisor is gone (killed
+/// with its janitor): an orphan planted in each of its parents is gone once it has run, and one
+/// a live launch holds would stay (the sweep's own unit test). The sweep runs while the cage
+/// sets itself up, not while its init waits for the cgroup.
+#[test]
+fn a_launch_sweeps_away_the_cgroups_of_dead_supervisors_beside_its_own() {
+    let Some(e) = env("sweep_beside") else { return };
+    let first = e.caged(&[], &["euid"]);
+    let parents: Vec<std::path::PathBuf> = first.record["cgroup"]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| std::path::Path::new(p.as_str().unwrap()).parent().unwrap().to_path_buf())
+        .collect();
+    assert!(!parents.is_empty(), "the launch made no cgroup: {}", first.stderr);
+    let mut dead = std::process::Command::new("/bin/true").spawn().unwrap();
+    let pid = dead.id();
+    dead.wait().unwrap();
+    let orphans: Vec<_> = parents.iter().map(|p| p.join(format!("chio-{pid}-0123456789abcdef"))).collect();
+    for o in &orphans {
+        let _ = std::fs::create_dir(o);
+        assert!(o.is_dir(), "could not plant {}", o.display());
+    }
+    let run = e.caged(&[], &["euid"]);
+    let left: Vec<_> = orphans.iter().filter(|o| o.exists()).collect();
+    for o in &left {
+        let _ = std::fs::remove_dir(o);
+    }
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(left.is_empty(), "orphaned cgroups left beside the launch's own: {left:?}");
+}
