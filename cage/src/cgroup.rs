@@ -721,8 +721,8 @@ impl LaunchCgroup {
             };
             u.cpu_us = keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0);
             u.peak_memory = read_u64(&d.join("memory.peak")).unwrap_or(0);
-            u.memory_hit = keyed(&d.join("memory.events"), "oom_kill").unwrap_or(0) > 0
-                || keyed(&d.join("memory.events"), "max").unwrap_or(0) > 0;
+            let events = fs::read_to_string(d.join("memory.events")).unwrap_or_default();
+            u.memory_hit = ["oom_kill", "max"].iter().any(|k| key_in(&events, k).unwrap_or(0) > 0);
             u.pids_hit = keyed(&d.join("pids.events"), "max").unwrap_or(0) > 0;
             return u;
         }
@@ -942,7 +942,11 @@ fn read_u64(p: &Path) -> Option<u64> {
 }
 
 fn keyed(p: &Path, key: &str) -> Option<u64> {
-    let text = fs::read_to_string(p).ok()?;
+    key_in(&fs::read_to_string(p).ok()?, key)
+}
+
+/// The value of `key` in a flat-keyed cgroup file's text (`key value` lines).
+fn key_in(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
