@@ -5,7 +5,6 @@
 //! no_new_privs through nix; raw calls remain only where neither has one, each marked.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use caps::CapSet;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -92,20 +91,12 @@ pub fn last_cap() -> u32 {
     })
 }
 
-/// Set once this process has dropped its bounding set and locked its securebits, or was forked
-/// from one that had: both are credentials, inherited across fork, so the cage's init does it
-/// once before it forks the target and neither repeats it.
-static SHED: AtomicBool = AtomicBool::new(false);
-
 /// Drop every capability from the bounding set, clear ambient, set and lock securebits.
 ///
 /// Each `PR_CAPBSET_DROP` commits a new set of credentials (~2 µs here), so each capability is
 /// dropped once, by number, without reading it first (the `caps` crate's `clear` reads every
 /// capability before dropping it, and knows none past its own last): raw prctl.
 pub fn drop_bounding_and_lock(last: u32) -> io::Result<()> {
-    if SHED.load(Ordering::Relaxed) {
-        return Ok(());
-    }
     for cap in 0..=last {
         // SAFETY: plain prctl with integer arguments.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
@@ -118,7 +109,6 @@ pub fn drop_bounding_and_lock(last: u32) -> io::Result<()> {
     if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS as libc::c_ulong, 0, 0, 0) } != 0 {
         return Err(os_err("locking securebits"));
     }
-    SHED.store(true, Ordering::Relaxed);
     Ok(())
 }
 

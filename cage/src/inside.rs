@@ -93,11 +93,14 @@ struct Granted<'a> {
     access: &'a Access,
     described: &'a [String],
     sources: &'a [crate::record::SourceFact],
+    /// The init dropped the bounding set and locked securebits before it forked the target,
+    /// which inherits both and does not repeat it ([`shed_bounding`]).
+    shed: bool,
 }
 
 impl<'a> From<&'a Prepared> for Granted<'a> {
     fn from(p: &'a Prepared) -> Self {
-        Granted { access: &p.access, described: &p.described, sources: &p.sources }
+        Granted { access: &p.access, described: &p.described, sources: &p.sources, shed: false }
     }
 }
 
@@ -127,7 +130,7 @@ pub fn init_main(ctx: &Ctx<'_>) -> ! {
         None => init_setup(ctx),
     };
     match setup {
-        Ok(target) => reap(ctx, target),
+        Ok((target, shed)) => reap(ctx, target, shed),
         Err(f) => {
             ctx.report(&f);
             exit_now(1)
@@ -167,7 +170,9 @@ fn init_start(sock: RawFd, supervisor_ends: [RawFd; 5], detached: bool) {
     }
 }
 
-fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
+/// The cage built and the target forked: its pid, and whether the bounding set was dropped before
+/// the fork (for both).
+fn init_setup(ctx: &Ctx<'_>) -> Result<(libc::pid_t, bool), Failure> {
     hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
     // The pid namespace came with clone; the rest are made here, so that their cost (a new
     // network namespace is the dearest) overlaps the supervisor's cgroup and janitor work.
@@ -204,7 +209,7 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     if plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;
     }
-    shed_bounding(plan)?;
+    let shed = shed_bounding(plan)?;
     if ctx.await_cgroup {
         join_cgroup(ctx.sock, !fault::on(plan, &TestHook::Cgroup))?;
     }
@@ -216,7 +221,9 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     // The init leads a new session so the target has no controlling tty.
     let _ = nix::unistd::setsid();
     block_forwarded_signals();
-    spawn_target(ctx, &Granted::from(&prepared)).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+    let granted = Granted { shed, ..Granted::from(&prepared) };
+    let target = spawn_target(ctx, &granted).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))?;
+    Ok((target, shed))
 }
 
 /// Drop the bounding set and lock securebits once, in the init, for itself and the target it
@@ -225,19 +232,21 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
 /// being made for the init. (Not under the test hooks that need them in the target: one
 /// leaves them to the exec stop, one raises an inheritable capability, which the bounding set
 /// caps.)
-fn shed_bounding(plan: &CagePlan) -> Result<(), Failure> {
+/// True when it was done.
+fn shed_bounding(plan: &CagePlan) -> Result<bool, Failure> {
     if fault::on(plan, &TestHook::Bounding) || fault::on(plan, &TestHook::Caps) {
-        return Ok(());
+        return Ok(false);
     }
     identity::drop_bounding_and_lock(identity::last_cap())
-        .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))
+        .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
+    Ok(true)
 }
 
 /// Enter a running cage instead of building one: its cgroup, then its namespaces (its root
 /// with the mount namespace, last), then the target is spawned as in a new cage — in the
 /// cage's pid namespace, a child of this process, which stays outside it (in the supervisor's
 /// pid namespace) to reap it and report its end.
-fn enter_setup(ctx: &Ctx<'_>, e: &crate::plan::Enter) -> Result<libc::pid_t, Failure> {
+fn enter_setup(ctx: &Ctx<'_>, e: &crate::plan::Enter) -> Result<(libc::pid_t, bool), Failure> {
     hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
     if ctx.await_cgroup {
         join_cgroup(ctx.sock, true)?;
@@ -262,8 +271,11 @@ fn enter_setup(ctx: &Ctx<'_>, e: &crate::plan::Enter) -> Result<libc::pid_t, Fai
     let access = Access { read_exec: cstrings(&e.read_exec)?, read_write_exec: cstrings(&e.read_write_exec)? };
     let _ = nix::unistd::setsid();
     block_forwarded_signals();
-    let granted = Granted { access: &access, described: &e.mounts, sources: &e.sources };
-    spawn_target(ctx, &granted).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+    // (The entering process keeps its bounding set until the target has execed: the target
+    // drops its own, and this process sheds after.)
+    let granted = Granted { access: &access, described: &e.mounts, sources: &e.sources, shed: false };
+    let target = spawn_target(ctx, &granted).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))?;
+    Ok((target, false))
 }
 
 /// Unshare the namespaces in `flags`, entering the network namespace made ahead (`netns`, or
@@ -364,7 +376,7 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         enter: [-1; 6],
     };
     match planned_setup(&ctx) {
-        Ok(target) => reap(&ctx, target),
+        Ok((target, shed)) => reap(&ctx, target, shed),
         Err(f) => {
             ctx.report(&f);
             exit_now(1)
@@ -409,7 +421,8 @@ fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
 
 /// An init ahead, once it has its plan: its mount namespace (the host's mounts as they are
 /// now), the root, the network, the ceilings, the target.
-fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
+/// (Its bounding set was dropped before the plan came, [`ahead_setup`].)
+fn planned_setup(ctx: &Ctx<'_>) -> Result<(libc::pid_t, bool), Failure> {
     let supervisors = mount_namespace()?;
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     let prepared = build_root(ctx, supervisors)?;
@@ -420,7 +433,9 @@ fn planned_setup(ctx: &Ctx<'_>) -> Result<libc::pid_t, Failure> {
     await_ceilings(ctx.sock)?;
     fault::fail_at(ctx.plan, Stage::Namespaces)?;
     block_forwarded_signals();
-    spawn_target(ctx, &Granted::from(&prepared)).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))
+    let granted = Granted { shed: true, ..Granted::from(&prepared) };
+    let target = spawn_target(ctx, &granted).map_err(|e| FailCode::ForkFailed.at(Stage::Namespaces, e))?;
+    Ok((target, true))
 }
 
 /// An init ahead is in the launch cgroup already; the target may exist only once the request's
@@ -599,7 +614,8 @@ fn block_forwarded_signals() {
 /// target's end — once everything else the command started is dead and reaped too, so that
 /// the report means the command is over (the supervisor answers on it without waiting for
 /// the init's own exit, which tears the namespaces down).
-fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
+/// `shed`: the bounding set was dropped (and securebits locked) before the target was forked.
+fn reap(ctx: &Ctx<'_>, target: libc::pid_t, shed: bool) -> ! {
     let outlives = ctx.plan.detached;
     // Only a pid namespace's init may end the rest with kill(-1): a process that entered a
     // cage stays in the supervisor's pid namespace, where kill(-1) would reach every process
@@ -616,7 +632,7 @@ fn reap(ctx: &Ctx<'_>, target: libc::pid_t) -> ! {
     let shed = match fault::on(ctx.plan, &TestHook::InitPrivileged) {
         true => Ok(()),
         false => identity::set_rlimits(&ctx.plan.limits)
-            .and_then(|_| identity::drop_bounding_and_lock(last))
+            .and_then(|_| if shed { Ok(()) } else { identity::drop_bounding_and_lock(last) })
             .and_then(|_| identity::set_ids(ctx.plan.uid, ctx.plan.gid))
             .and_then(|_| identity::clear_caps())
             .and_then(|_| identity::no_new_privs())
@@ -923,7 +939,7 @@ fn target_setup(ctx: &Ctx<'_>, granted: &Granted<'_>) -> Result<(), Failure> {
     if fault::on(plan, &TestHook::Caps) {
         identity::raise_inheritable().map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
-    if !fault::on(plan, &TestHook::Bounding) {
+    if !granted.shed && !fault::on(plan, &TestHook::Bounding) {
         identity::drop_bounding_and_lock(last)
             .map_err(|e| FailCode::CapabilityDropFailed.at(Stage::Capabilities, e))?;
     }
