@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-command latency of the mini-swe-agent environments (not part of the test run).
 
-  sudo target/msa-venv/bin/python tests/bench/agents.py [--runs N]
+  sudo target/msa-venv/bin/python tests/bench/agents.py [--runs N] [--compare OLD_CHIO | --compare-rev REV]
 
 The same scripted commands (`true`, `ls -la`, `python3 -c 'print(1)'`), interleaved in one run so
 machine noise hits all alike, through:
@@ -15,7 +15,9 @@ machine noise hits all alike, through:
   - chio-repo-d: the same with `supervisor` set: each command one `repository` request on the
                 daemon's socket
 Prints median and p95 in ms (overall and per command), and chio's ratio to bubblewrap. Uses the installable static release
-`chio` (packaging/build-release, built here).
+`chio` (packaging/build-release, built here). `--compare` adds `chio-old` and `chio-daemon-old`: the
+same two forms from an earlier build (and a daemon of its own), interleaved with the rest;
+`--compare-rev REV` builds that commit first (tests/bench/revision.py).
 """
 import argparse
 import os
@@ -41,21 +43,35 @@ COMMANDS = ["true", "ls -la", "python3 -c 'print(1)'"]
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--compare", help="an earlier chio build, timed as chio-old and chio-daemon-old")
+    ap.add_argument("--compare-rev", help="a commit or tag: its static release build is --compare")
     a = ap.parse_args()
+    if a.compare_rev:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import revision
+        a.compare = revision.build(a.compare_rev)
     chio = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True,
                           stdout=subprocess.PIPE).stdout.decode().strip()
     tmp = tempfile.mkdtemp(prefix="chio-bench-agents-")
-    daemon = None
+    daemons = []
     try:
-        sock = os.path.join(tmp, "s.sock")
         with open(os.path.join(tmp, "supervisor.json"), "w") as f:
             f.write('{"schema": "chio.supervisor-config.v1"}')
-        log = open(os.path.join(tmp, "daemon.log"), "w+")
-        daemon = subprocess.Popen([chio, "supervisor", "serve", "--socket", sock, "--config",
-                                   os.path.join(tmp, "supervisor.json"), "--state-dir", os.path.join(tmp, "dstate")],
-                                  stdin=subprocess.DEVNULL, stderr=log)
-        while "listening on" not in open(log.name).read():
-            time.sleep(0.01)
+
+        def serve(binary, name):
+            sock = os.path.join(tmp, f"{name}.sock")
+            log = open(os.path.join(tmp, f"{name}.log"), "w+")
+            daemons.append(subprocess.Popen([binary, "supervisor", "serve", "--socket", sock, "--config",
+                                             os.path.join(tmp, "supervisor.json"), "--state-dir",
+                                             os.path.join(tmp, f"{name}-state")],
+                                            stdin=subprocess.DEVNULL, stderr=log))
+            while "listening on" not in open(log.name).read():
+                if daemons[-1].poll() is not None:
+                    raise SystemExit(f"{binary} supervisor serve: {open(log.name).read()}")
+                time.sleep(0.01)
+            return sock
+
+        sock = serve(chio, "d")
         work = os.path.join(tmp, "work")
         os.makedirs(work)
         for i in range(20):
@@ -80,6 +96,10 @@ def main():
             "chio-repo": ChioRepositoryEnvironment(chio=chio, state_dir=state, run_id="bench"),
             "chio-repo-d": ChioRepositoryEnvironment(supervisor=sock, state_dir=state_d, run_id="bench-d"),
         }
+        if a.compare:
+            old = shutil.copy2(a.compare, os.path.join(tmp, "chio-old"))
+            envs["chio-old"] = ChioEnvironment(chio=old, cwd=work)
+            envs["chio-daemon-old"] = ChioEnvironment(supervisor=serve(old, "d-old"), cwd=work)
         times = {k: [] for k in envs}
         per_cmd = {(k, c): [] for k in envs for c in COMMANDS}
         for _ in range(a.runs):
@@ -102,10 +122,17 @@ def main():
             print(f"{name:12s} median {med[name]:6.1f} ms   p95 {xs[int(len(xs) * 0.95) - 1]:6.1f} ms")
         print(f"chio / bubblewrap: {med['chio'] / med['bubblewrap']:.2f}   "
               f"chio-daemon / bubblewrap: {med['chio-daemon'] / med['bubblewrap']:.2f}")
+        for c in COMMANDS:
+            b = statistics.median(per_cmd[("bubblewrap", c)])
+            print(f"  {c!r}: chio / bubblewrap {statistics.median(per_cmd[('chio', c)]) / b:.2f}   "
+                  f"chio-daemon / bubblewrap {statistics.median(per_cmd[('chio-daemon', c)]) / b:.2f}")
+        if a.compare:
+            print(f"chio / chio-old: {med['chio'] / med['chio-old']:.3f}   "
+                  f"chio-daemon / chio-daemon-old: {med['chio-daemon'] / med['chio-daemon-old']:.3f}")
     finally:
-        if daemon:
-            daemon.terminate()
-            daemon.wait()
+        for d in daemons:
+            d.terminate()
+            d.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
