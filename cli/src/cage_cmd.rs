@@ -290,7 +290,9 @@ fn finish(a: &RunArgs, answer: &Value, record_file: Option<std::fs::File>) -> Re
     }
     let status =
         answer.get("exit_status").and_then(Value::as_i64).context("the supervisor's answer has no exit_status")?;
-    if let Some(r) = answer.get("record").filter(|r| !r.is_null()) {
+    // The record is read only to be printed or saved.
+    let wanted = record_file.is_some() || a.json;
+    if let Some(r) = answer.get("record").filter(|r| wanted && !r.is_null()) {
         let rec: LaunchRecord = serde_json::from_value(r.clone()).context("the supervisor's launch record")?;
         if let (Some(mut f), Some(path)) = (record_file, &a.record) {
             f.write_all(format!("{}\n", serde_json::to_string(&rec)?).as_bytes())

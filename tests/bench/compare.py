@@ -107,14 +107,14 @@ def main():
             ratio(f"agent one-shot env, this / {a.rev}", float(m.group(1)))
             ratio(f"agent daemon env, this / {a.rev}", float(m.group(2)))
 
-    print(f"\n{'figure':48s} {'this':>8s} {a.rev[:10]:>10s} {'ratio':>7s}   goal")
+    print(f"\n{'figure':60s} {'this':>8s} {a.rev[:10]:>10s} {'ratio':>7s}   goal")
     for figure, this, earlier, goal in rows:
         fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'n/a':>8s}"  # noqa: E731
         if earlier is not None:
             r = f"{this / earlier:7.3f}" if this and earlier else f"{'n/a':>7s}"
-            print(f"{figure:48s} {fmt(this)} {fmt(earlier):>10s} {r}")
+            print(f"{figure:60s} {fmt(this)} {fmt(earlier):>10s} {r}")
         else:
-            print(f"{figure:48s} {fmt(this)} {'':>10s} {'':>7s}   {goal}")
+            print(f"{figure:60s} {fmt(this)} {'':>10s} {'':>7s}   {goal}")
 
 
 if __name__ == "__main__":
