@@ -229,10 +229,9 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<(libc::pid_t, bool), Failure> {
 /// Drop the bounding set and lock securebits once, in the init, for itself and the target it
 /// forks (both inherit them; the init never execs, and keeps its effective capabilities for
 /// the rest of its setup): off the target's way to its exec, and while a v1 cgroup is still
-/// being made for the init. (Not under the test hooks that need them in the target: one
-/// leaves them to the exec stop, one raises an inheritable capability, which the bounding set
-/// caps.)
-/// True when it was done.
+/// being made for the init. True when it was done: not under the test hooks that need them in
+/// the target (one leaves them to the exec stop, one raises an inheritable capability, which
+/// the bounding set caps).
 fn shed_bounding(plan: &CagePlan) -> Result<bool, Failure> {
     if fault::on(plan, &TestHook::Bounding) || fault::on(plan, &TestHook::Caps) {
         return Ok(false);

@@ -140,10 +140,7 @@ pub fn launch_request(
 /// the record with `json` (the last line on stderr).
 pub fn say_record(rec: &LaunchRecord, report: Report) -> std::io::Result<()> {
     // Serialised only when asked for: most launches print no record.
-    let json = match report.record.is_some() || report.json {
-        true => serde_json::to_string(rec)?,
-        false => String::new(),
-    };
+    let json = if report.record.is_some() || report.json { serde_json::to_string(rec)? } else { String::new() };
     if let Some((mut f, path)) = report.record {
         f.write_all(format!("{json}\n").as_bytes())
             .and_then(|_| f.sync_all())
