@@ -3,21 +3,37 @@
 repository's root on a clean tree; `git checkout -- . && rm cage/src/trace.rs` removes them."""
 import re
 TRACE = '''//! TEMPORARY timing marks (tests/bench/trace/instrument.py): never committed.
-use std::io::Write;
+#![allow(missing_docs)]
 use std::sync::OnceLock;
-static F: OnceLock<Option<std::fs::File>> = OnceLock::new();
+static F: OnceLock<bool> = OnceLock::new();
+/// Marks go to fd 1000, which `sys::close_from` keeps in a traced build: a target's marks after
+/// it closed its descriptors land too.
 pub fn t(label: &str) {
-    let f = F.get_or_init(|| std::fs::OpenOptions::new().append(true).open("/tmp/chio-trace").ok());
-    if let Some(mut f) = f.as_ref() {
+    // SAFETY: plain syscalls on a path, a fixed descriptor number and a local buffer.
+    let ok = F.get_or_init(|| unsafe {
+        let fd = libc::open(c"/tmp/chio-trace".as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let r = libc::dup3(fd, 1000, libc::O_CLOEXEC);
+        libc::close(fd);
+        r == 1000
+    });
+    if *ok {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         let ns = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
         let line = format!("{} {} {}\\n", std::process::id(), label, ns);
-        let _ = f.write_all(line.as_bytes());
+        unsafe { libc::write(1000, line.as_ptr().cast(), line.len()) };
     }
 }
 '''
 open('cage/src/trace.rs','w').write(TRACE)
+# close_from spares fd 1000 (the marks' file) in a traced build.
+s=open('cage/src/sys.rs').read()
+s=s.replace("check(unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) }).map(drop)",
+ "if first < 1000 {\n        check(unsafe { libc::syscall(libc::SYS_close_range, first, 999u32, 0u32) })?;\n    }\n    check(unsafe { libc::syscall(libc::SYS_close_range, first.max(1001), u32::MAX, 0u32) }).map(drop)")
+open('cage/src/sys.rs','w').write(s)
 s=open('cage/src/lib.rs').read(); s=s.replace("pub mod sys;","pub mod sys;\npub mod trace;",1); open('cage/src/lib.rs','w').write(s)
 def before(p, anchor, label, crate="chio_cage", last=False):
     s=open(p).read()
@@ -33,10 +49,10 @@ before('cage/src/launch.rs', "let (mut rec, teardown) = launch_to_end", "K0", C)
 before('cage/src/launch.rs', "let mut rec = new_record(plan);", "K_start", C)
 before('cage/src/supervise.rs', "read_result(&r.result, &mut outcome);\n            result_read = true;", "R_result", C)
 before('cage/src/supervise.rs', "if !result_read {\n                outcome.wall_ms", "R_reaped", C)
-for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","fault::fail_at(ctx.plan, Stage::Mounts)?;"),("I_attached","fault::fail_at(ctx.plan, Stage::Pivot)?;"),("I_pivoted","    Ok(prepared)\n}"),("I_net","if ctx.await_cgroup {"),("I_joined","fault::fail_at(ctx.plan, Stage::Namespaces)?;\n    // We are in the launch cgroup"),("I_spawn","spawn_target(ctx, &Granted::from(&prepared)).map_err"),("T_start","let sock = match arrange_fds(ctx)")]:
+for lab, anc in [("I_start","hide_argv().map_err"),("I_unshared","let prepared = Prepared::build"),("I_built","fault::fail_at(ctx.plan, Stage::Mounts)?;"),("I_attached","fault::fail_at(ctx.plan, Stage::Pivot)?;"),("I_pivoted","    Ok(prepared)\n}"),("I_net","if ctx.await_cgroup {"),("I_joined","fault::fail_at(ctx.plan, Stage::Namespaces)?;\n    // We are in the launch cgroup"),("I_spawn","let target = spawn_target(ctx, &granted)"),("T_start","let sock = match arrange_fds(ctx)")]:
     before('cage/src/inside.rs', anc, lab, C)
 # An init cloned ahead (the daemon's spare): its plan-dependent steps come last in inside.rs.
-for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;"),("A_built","fault::fail_at(ctx.plan, Stage::Network)?;\n    if ctx.plan.net == NetMode::Loopback {\n        loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;\n    }\n    await_ceilings"),("A_ceilings","    fault::fail_at(ctx.plan, Stage::Namespaces)?;\n    block_forwarded_signals"),("A_spawn","spawn_target(ctx, &Granted::from(&prepared)).map_err")]:
+for lab, anc in [("A_plan","let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;"),("A_built","fault::fail_at(ctx.plan, Stage::Network)?;\n    if ctx.plan.net == NetMode::Loopback {\n        loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;\n    }\n    await_ceilings"),("A_ceilings","    fault::fail_at(ctx.plan, Stage::Namespaces)?;\n    block_forwarded_signals"),("A_spawn","let target = spawn_target(ctx, &granted)")]:
     before('cage/src/inside.rs', anc, lab, C, last=True)
 before('supervisor/src/daemon/server.rs', "line.extend_from_slice(&buf[..n]);", "S_read")
 before('supervisor/src/daemon/server.rs', "if let Some(Err(why)) = settle(settling).await", "S_replied")
@@ -57,3 +73,24 @@ before('supervisor/src/launch/mod.rs', "let status = if unrecorded", "C_reported
 before('cli/src/main.rs', "if let Some(name) = chio_supervisor::test_switch_refused()", "M_main")
 before('cli/src/main.rs', "let (code, on_error) = match &cli.command", "M_parsed")
 before('cli/src/main.rs', "match code {\n        Ok(c) => std::process::exit(c),", "M_exit")
+# The target's setup, step by step (inside.rs, target_setup).
+for lab, anc in [("T_hello", "    reset_signals();\n    // A fixed"),
+                 ("T_rlimits", "    let last = identity::last_cap();\n    fault::fail_at(ctx.plan, Stage::Capabilities)?;"),
+                 ("T_ids", "    if plan.enter.is_some() {\n        // Entering"),
+                 ("T_cleared", "    reported.capabilities_cleared = identity::caps_all_clear(last);"),
+                 ("T_landlock", "    let target = find_target(plan)?;"),
+                 ("T_readysent", "    if let Some(script) = target.script {\n        // The sealed"),
+                 ("T_seccomp", "    if late_caps {\n        identity::clear_caps()"),
+                 ("T_go", "    fault::fail_at(ctx.plan, Stage::Exec)?;\n    if fault::on(plan, &TestHook::Touch)")]:
+    before('cage/src/inside.rs', anc, lab, C)
+# The supervisor while the cage sets up, and at the exec stop (launch.rs).
+for lab, anc in [("C_janitor", "    let pidfd = sys::pidfd_open(init).map_err("),
+                 ("C_ownfacts", "    let exec_at =\n        verify_and_exec("),
+                 ("C_hello", "    let (tpid, sender) = match (cage_msg(hello.msg, hello.pid)?, hello.pidfd) {"),
+                 ("C_seized", "    if hooks.gate.is_some_and(|open| !open()) {\n        let _ = channel::send_byte(sock.as_raw_fd(), ABORT);\n        release_tracee"),
+                 ("C_gosent", "    let r = go.and_then(|()| {"),
+                 ("C_warmed", "        verify_traced(plan, rec, host, sock, (tpid, hashes), (parked_ready, hooks.enforced))"),
+                 ("C_verified", "    let traced = Traced { plan, host, tpid, exe: exe_id, script, settled, pending, sock };"),
+                 ("C_obsread", "        observed.status_channel_eof = eof_within(self.sock, 2000);"),
+                 ("C_checked", "        if ptrace::detach(Pid::from_raw(self.tpid), None).is_err() {")]:
+    before('cage/src/launch.rs', anc, lab, C)

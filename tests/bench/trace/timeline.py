@@ -6,6 +6,7 @@
   sudo python3 tests/bench/trace/timeline.py [RUNS]          # a rootfs with a static /true
   sudo HOSTROOT=1 python3 tests/bench/trace/timeline.py      # the agents' shape: host root, bash
   sudo ONESHOT=1 python3 tests/bench/trace/timeline.py       # `chio cage run` itself, no daemon
+  sudo OFFSETS=1 python3 tests/bench/trace/timeline.py       # also each mark's median time from K_start
   git checkout -- . && rm cage/src/trace.rs
 
 instrument.py adds `chio_cage::trace::t("LABEL")` calls that append `pid LABEL monotonic_ns` to
@@ -14,7 +15,9 @@ removes it after). The marks of the launch record (`timings_us`, relative to K_s
 in. Prints the median of each step of the chain below, over RUNS requests (default 100); a
 negative step means its two marks overlap (the journal entry lands while the job is parsed).
 Each step goes from one mark to the next mark of the chain that the run has (an init cloned
-ahead has no I_ marks, a launch that cloned its own has no A_ marks).
+ahead has no I_ marks, a launch that cloned its own has no A_ marks). Marks of two processes
+overlap (the target sets itself up while the supervisor seizes it), so a step between them can be
+negative: OFFSETS=1's median time of each mark from K_start is the consistent view.
 """
 import json
 import os
@@ -34,7 +37,9 @@ CHIO = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/chio")
 TRACE = "/tmp/chio-trace"
 CHAIN = ["client_start", "M_main", "M_parsed", "S_read", "S_submit", "L_recv", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
          "C_planned", "K_start", "m_resolve", "I_start", "A_plan", "m_cgroup", "I_unshared", "I_built",
-         "I_attached", "I_pivoted", "A_built", "I_net", "I_joined", "A_ceilings", "I_spawn", "A_spawn", "T_start", "m_cage_ready", "m_exec_stop", "m_exec_observed",
+         "I_attached", "I_pivoted", "A_built", "I_net", "I_joined", "A_ceilings", "I_spawn", "A_spawn", "C_janitor", "C_ownfacts", "C_hello", "C_seized", "C_gosent", "T_start", "T_hello", "T_rlimits", "T_ids",
+         "T_cleared", "T_landlock", "T_readysent", "C_warmed", "m_cage_ready", "C_verified", "T_seccomp", "T_go", "m_exec_stop",
+         "C_obsread", "C_checked", "m_exec_observed",
          "R_result", "m_target_ended", "C_launched", "C_reported", "M_exit", "P_answered", "S_answer", "S_replied",
          "client_end"]
 
@@ -68,6 +73,7 @@ def main():
             report(runs, events, n)
             return
         d, sock = db.start_daemon(CHIO, tmp, "new", conf)
+        db.CHIO_OF[sock] = CHIO
         try:
             for i in range(10):
                 db.request(sock, args, f"warm-{i}-{time.time_ns()}")
@@ -102,6 +108,21 @@ def report(runs, events, n):
     for a, b in sorted(steps, key=lambda ab: (CHAIN.index(ab[0]), CHAIN.index(ab[1]))):
         if len(steps[(a, b)]) * 10 >= n:  # a pair seen in fewer than 1 run in 10 is noise
             print(f"{statistics.median(steps[(a, b)]):8.0f} us  {a} -> {b}  ({len(steps[(a, b)])})")
+    if os.environ.get("OFFSETS"):
+        offs = {}
+        for t0, t1, marks in runs:
+            seen = {"client_start": t0, "client_end": t1}
+            for label, ns in events:
+                if t0 <= ns <= t1:
+                    seen.setdefault(label, ns)
+            if "K_start" in seen:
+                for k, us in marks.items():
+                    seen["m_" + k] = seen["K_start"] + us * 1000
+                for k, v in seen.items():
+                    offs.setdefault(k, []).append((v - seen["K_start"]) / 1000)
+        for k in sorted(offs, key=lambda k: statistics.median(offs[k])):
+            if len(offs[k]) * 10 >= n:
+                print(f"  {statistics.median(offs[k]):8.0f} us  {k}")
     print(f"round trip median {statistics.median([(t1 - t0) / 1000 for t0, t1, _ in runs]):.0f} us")
 
 
