@@ -91,35 +91,34 @@ def main():
     report(runs, events, n)
 
 
+def marks_of(run, events):
+    """One run's marks: the trace's within its round trip, and its record's (relative to K_start)."""
+    t0, t1, marks = run
+    seen = {"client_start": t0, "client_end": t1}
+    for label, ns in events:
+        if t0 <= ns <= t1:
+            seen.setdefault(label, ns)
+    if "K_start" in seen:
+        for k, us in marks.items():
+            seen["m_" + k] = seen["K_start"] + us * 1000
+    return seen
+
+
 def report(runs, events, n):
-    """The median of each step of CHAIN over the runs."""
-    steps = {}
-    for t0, t1, marks in runs:
-        seen = {"client_start": t0, "client_end": t1}
-        for label, ns in events:
-            if t0 <= ns <= t1:
-                seen.setdefault(label, ns)
-        if "K_start" in seen:
-            for k, us in marks.items():
-                seen["m_" + k] = seen["K_start"] + us * 1000
+    """The median of each step of CHAIN over the runs (and with OFFSETS, of each mark's time)."""
+    steps, offs = {}, {}
+    for run in runs:
+        seen = marks_of(run, events)
         present = [c for c in CHAIN if c in seen]
         for a, b in zip(present, present[1:]):
             steps.setdefault((a, b), []).append((seen[b] - seen[a]) / 1000)
+        if "K_start" in seen:
+            for k, v in seen.items():
+                offs.setdefault(k, []).append((v - seen["K_start"]) / 1000)
     for a, b in sorted(steps, key=lambda ab: (CHAIN.index(ab[0]), CHAIN.index(ab[1]))):
         if len(steps[(a, b)]) * 10 >= n:  # a pair seen in fewer than 1 run in 10 is noise
             print(f"{statistics.median(steps[(a, b)]):8.0f} us  {a} -> {b}  ({len(steps[(a, b)])})")
     if os.environ.get("OFFSETS"):
-        offs = {}
-        for t0, t1, marks in runs:
-            seen = {"client_start": t0, "client_end": t1}
-            for label, ns in events:
-                if t0 <= ns <= t1:
-                    seen.setdefault(label, ns)
-            if "K_start" in seen:
-                for k, us in marks.items():
-                    seen["m_" + k] = seen["K_start"] + us * 1000
-                for k, v in seen.items():
-                    offs.setdefault(k, []).append((v - seen["K_start"]) / 1000)
         for k in sorted(offs, key=lambda k: statistics.median(offs[k])):
             if len(offs[k]) * 10 >= n:
                 print(f"  {statistics.median(offs[k]):8.0f} us  {k}")
