@@ -8,15 +8,17 @@
 //!
 //! Before anything goes to the client, the launch child says [`SENDING`] on its gate (which the
 //! daemon reads only once the pipe has ended: the word wakes no one); then it writes the client
-//! its line, and then, in one write on the pipe, the number of bytes the client's socket took,
-//! a newline and the answer (a JSON object). An empty pipe without that word means nothing
-//! reached the client; one with it, and a pipe that ends before the answer, leave the
-//! connection in an unknown state, and the daemon closes it.
+//! its line, and then, in one write on the pipe, what it tells the daemon ([`Told`]: the number
+//! of bytes the client's socket took, and figures for the daemon's metrics) as one JSON line,
+//! and the answer (a JSON object). An empty pipe without that word means nothing reached the
+//! client; one with it, and a pipe that ends before the answer, leave the connection in an
+//! unknown state, and the daemon closes it.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::sys::socket::MsgFlags;
+use serde::{Deserialize, Serialize};
 
 /// The launch child's word on its gate before it writes to the client.
 pub const SENDING: u8 = b'S';
@@ -45,6 +47,35 @@ pub fn send_now(conn: &OwnedFd, line: &[u8]) -> usize {
     sent
 }
 
+/// What a launch child tells the daemon on its answer pipe, before the answer.
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Told {
+    /// Bytes of the answer line, newline included, the client's socket took.
+    pub sent: usize,
+    /// When its target's exec was observed (`CLOCK_MONOTONIC`, ns), if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_observed_ns: Option<u64>,
+    /// How long each of its writes to the receipt store took (µs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receipt_writes_us: Vec<u64>,
+}
+
+impl Told {
+    /// The pipe's contents: this as one JSON line, then `answer`.
+    pub fn with(&self, answer: &str) -> String {
+        let head = serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"sent\":{}}}", self.sent));
+        format!("{head}\n{answer}")
+    }
+}
+
+/// Now on `CLOCK_MONOTONIC`, in ns (the clock `std::time::Instant` reads on Linux, and one every
+/// process of the daemon shares).
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0))
+        .unwrap_or(0)
+}
+
 /// What the daemon read on a launch's answer pipe.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -52,11 +83,11 @@ pub enum Delivery {
     NotSent,
     /// The launch child began writing to the client and ended before saying what it sent.
     Unknown,
-    /// The client's socket took the first `sent` bytes of the line (newline included) for
+    /// The client's socket took the first `told.sent` bytes of the line (newline included) for
     /// `answer`.
     Sent {
-        /// Bytes of the answer line, newline included, the client's socket took.
-        sent: usize,
+        /// What the launch child told, the bytes the client took among it.
+        told: Told,
         /// The answer.
         answer: String,
     },
@@ -65,15 +96,15 @@ pub enum Delivery {
 /// Read the pipe's contents, `sending` whether the launch child said [`SENDING`].
 pub fn parse(bytes: &[u8], sending: bool) -> Delivery {
     let written = bytes.iter().position(|&b| b == b'\n').and_then(|end| {
-        let sent: usize = std::str::from_utf8(&bytes[..end]).ok()?.parse().ok()?;
+        let told: Told = serde_json::from_slice(&bytes[..end]).ok()?;
         let answer = String::from_utf8(bytes[end + 1..].to_vec()).ok().filter(|a| !a.is_empty())?;
-        Some((sent, answer))
+        Some((told, answer))
     });
     match (written, sending) {
-        (Some((sent, answer)), true) => Delivery::Sent { sent, answer },
+        (Some((told, answer)), true) => Delivery::Sent { told, answer },
         (None, true) => Delivery::Unknown,
         // Nothing went to the client: the daemon writes all of an answer there is.
-        (Some((0, answer)), false) => Delivery::Sent { sent: 0, answer },
+        (Some((told, answer)), false) if told.sent == 0 => Delivery::Sent { told, answer },
         (_, false) => Delivery::NotSent,
     }
 }
@@ -95,15 +126,22 @@ mod tests {
     /// Each way a pipe can end reads as what it means.
     #[test]
     fn a_pipe_reads_as_what_reached_the_client() {
+        let sent = |sent| Told { sent, ..Told::default() };
+        let told = |n: usize, a: &str| Told { sent: n, ..Told::default() }.with(a).into_bytes();
         assert_eq!(parse(b"", false), Delivery::NotSent);
-        assert_eq!(parse(b"12\n{}", false), Delivery::NotSent, "sent without having said so");
-        assert_eq!(parse(b"0\n{}", false), Delivery::Sent { sent: 0, answer: "{}".into() });
+        assert_eq!(parse(&told(12, "{}"), false), Delivery::NotSent, "sent without having said so");
+        assert_eq!(parse(&told(0, "{}"), false), Delivery::Sent { told: sent(0), answer: "{}".into() });
         assert_eq!(parse(b"", true), Delivery::Unknown);
-        assert_eq!(parse(b"12", true), Delivery::Unknown);
-        assert_eq!(parse(b"12\n", true), Delivery::Unknown);
-        assert_eq!(parse(b"x\n{}", true), Delivery::Unknown);
-        assert_eq!(parse(b"12\n{\"a\":1}", true), Delivery::Sent { sent: 12, answer: "{\"a\":1}".into() });
-        assert_eq!(parse(b"0\n{}", true), Delivery::Sent { sent: 0, answer: "{}".into() });
+        assert_eq!(parse(br#"{"sent":12}"#, true), Delivery::Unknown);
+        assert_eq!(parse(&told(12, ""), true), Delivery::Unknown);
+        assert_eq!(parse(b"12\n{}", true), Delivery::Unknown, "a head that is not what a launch child tells");
+        assert_eq!(
+            parse(&told(12, r#"{"a":1}"#), true),
+            Delivery::Sent { told: sent(12), answer: r#"{"a":1}"#.into() }
+        );
+        assert_eq!(parse(&told(0, "{}"), true), Delivery::Sent { told: sent(0), answer: "{}".into() });
+        let full = Told { sent: 3, exec_observed_ns: Some(5), receipt_writes_us: vec![7, 9] };
+        assert_eq!(parse(full.with("{}").as_bytes(), true), Delivery::Sent { told: full, answer: "{}".into() });
     }
 
     /// A socket that takes part of a line takes no more without waiting, and says how much.

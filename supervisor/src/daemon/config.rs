@@ -106,6 +106,66 @@ pub struct Config {
     /// the journal does not grow without bound).
     #[serde(default = "default_journal_retention_s")]
     pub journal_retention_s: u64,
+    /// Where the daemon serves its metrics (see [`MetricsAt`]); none: it serves none.
+    #[serde(default)]
+    pub metrics: Option<MetricsAt>,
+}
+
+/// Where the metrics endpoint listens: a loopback address and port (`"127.0.0.1:9464"`,
+/// `"[::1]:9464"`) or the absolute path of a Unix socket (`"/run/chio/metrics.sock"`, given to
+/// group chio, mode 0660). It answers anyone who can reach it, so it is never on an address
+/// another host can reach: an operator who exports the figures puts a proxy in front.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsAt {
+    /// A loopback address and port.
+    Tcp(std::net::SocketAddr),
+    /// A Unix socket's path.
+    Unix(PathBuf),
+}
+
+impl MetricsAt {
+    /// Read `text` as [`MetricsAt`]; an address another host could reach is refused.
+    pub fn parse(text: &str) -> std::result::Result<MetricsAt, String> {
+        if text.starts_with('/') {
+            let path = PathBuf::from(text);
+            if path.file_name().is_none() || path.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(format!("metrics: {text:?} names no socket file (give an absolute path without ..)"));
+            }
+            return Ok(MetricsAt::Unix(path));
+        }
+        let addr: std::net::SocketAddr = text.parse().map_err(|_| {
+            format!(
+                "metrics: {text:?} is neither a loopback address with its port (127.0.0.1:9464, [::1]:9464) nor the \
+                 absolute path of a Unix socket"
+            )
+        })?;
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "metrics: {addr} is not a loopback address: the endpoint answers without authentication, so it \
+                 listens only on 127.0.0.1, ::1 or a Unix socket (put a proxy in front to export it)"
+            ));
+        }
+        if addr.port() == 0 {
+            return Err(format!("metrics: {addr}: give the port to listen on"));
+        }
+        Ok(MetricsAt::Tcp(addr))
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricsAt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<MetricsAt, D::Error> {
+        let text = String::deserialize(d)?;
+        MetricsAt::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for MetricsAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetricsAt::Tcp(a) => write!(f, "http://{a}/metrics"),
+            MetricsAt::Unix(p) => write!(f, "unix:{} /metrics", p.display()),
+        }
+    }
 }
 
 fn default_max_launches() -> usize {
@@ -146,6 +206,7 @@ impl Default for Config {
             request_timeout_s: default_request_timeout_s(),
             stop_grace_s: default_stop_grace_s(),
             journal_retention_s: default_journal_retention_s(),
+            metrics: None,
         }
     }
 }
@@ -327,6 +388,19 @@ mod tests {
         }
     }
 
+    /// The endpoint answers without authentication: only loopback or a Unix socket, never an
+    /// address another host reaches (the refused ones are in [`bad_configurations_are_refused`]).
+    #[test]
+    fn metrics_listen_only_where_no_other_host_reaches() {
+        let at = |t: &str| config(&format!(r#"{{"schema":"chio.supervisor-config.v1","metrics":"{t}"}}"#)).unwrap();
+        assert_eq!(at("127.0.0.1:9464").metrics, Some(MetricsAt::Tcp("127.0.0.1:9464".parse().unwrap())));
+        assert_eq!(at("[::1]:9464").metrics, Some(MetricsAt::Tcp("[::1]:9464".parse().unwrap())));
+        assert_eq!(at("/run/chio/metrics.sock").metrics, Some(MetricsAt::Unix("/run/chio/metrics.sock".into())));
+        assert_eq!(Config::default().metrics, None, "off unless configured");
+        let why = MetricsAt::parse("0.0.0.0:9464").unwrap_err();
+        assert!(why.contains("not a loopback address") && why.contains("proxy"), "{why}");
+    }
+
     #[test]
     fn bad_configurations_are_refused() {
         for bad in [
@@ -339,6 +413,14 @@ mod tests {
             r#"{"schema":"chio.supervisor-config.v1","surprise":1}"#,
             r#"{"schema":"chio.supervisor-config.v1","clients":[{"uid":1,"role":"root"}]}"#,
             r#"{"schema":"chio.supervisor-config.v1","workspaces":[{"uid":1,"state":"ws"}]}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"0.0.0.0:9464"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"[::]:9464"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"192.168.1.4:9464"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"localhost:9464"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"127.0.0.1:0"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"run/metrics.sock"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":"/run/../metrics.sock"}"#,
+            r#"{"schema":"chio.supervisor-config.v1","metrics":9464}"#,
         ] {
             assert!(config(bad).is_err(), "{bad}");
         }

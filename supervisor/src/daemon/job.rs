@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use chio_cage::Ahead;
 
 use super::config::{Role, WorkspaceGrant};
+use super::metrics::Reason;
 use super::wire::Request;
 use crate::launch::front::{self, Done};
 use crate::launch::TeardownAt;
@@ -56,7 +57,12 @@ pub struct DaemonSide {
 
 /// An answer saying the launch could not be run, with cage run's cage-failure status.
 pub fn failure(why: &str) -> String {
-    json!({"error": why, "exit_code": 125}).to_string()
+    refused(Reason::LaunchFailed, why, 125)
+}
+
+/// An answer refusing the request for `reason`, exiting `exit_code`.
+pub fn refused(reason: Reason, why: &str, exit_code: i32) -> String {
+    json!({"error": why, "reason": reason.word(), "exit_code": exit_code}).to_string()
 }
 
 /// A job's answer (JSON), and what its launch still has to tear down once that is sent.
@@ -70,11 +76,14 @@ pub struct Answered {
     pub root: Option<chio_cage::RootKey>,
     /// The request's id (none when the job could not be read).
     pub id: Option<String>,
+    /// What the daemon is told with the answer (see [`super::answer::Told`]; the bytes sent are
+    /// filled in once they are).
+    pub told: super::answer::Told,
 }
 
 impl From<String> for Answered {
     fn from(text: String) -> Answered {
-        Answered { text, teardown: None, root: None, id: None }
+        Answered { text, teardown: None, root: None, id: None, told: Default::default() }
     }
 }
 
@@ -97,7 +106,7 @@ pub fn run(text: &[u8], client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Op
 /// [`run`], once the job is read.
 fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Option<Answered> {
     if let Err(e) = take_client_side(job, client) {
-        return go(gate).then(|| failure(&e).into());
+        return go(gate).then(|| refused(Reason::ClientDescriptors, &e, 125).into());
     }
     let launch = match &job.request {
         Request::Repository { command, .. } => return go(gate).then(|| repository(job, (**command).clone(), ahead)),
@@ -115,7 +124,7 @@ fn run_job(job: &Job, client: Vec<OwnedFd>, gate: OwnedFd, ahead: Ahead) -> Opti
     }
     Some(match admitted {
         Ok(a) => launched(&a, ahead, builds_ahead.then_some(&|| gate.open()))?,
-        Err(why) => failure(&why).into(),
+        Err(why) => refused(Reason::NotAdmitted, &why, 125).into(),
     })
 }
 
@@ -167,7 +176,7 @@ fn repository(job: &Job, command: RepositoryCommand, ahead: Ahead) -> Answered {
     let mut root = None;
     let mut cmd = command;
     if let Err(why) = super::admit::repository(job.role, job.uid, &job.daemon, &mut cmd) {
-        return json!({"error": why, "exit_code": 77}).to_string().into();
+        return refused(Reason::NotAdmitted, &why, 77).into();
     }
     // The MCP server's answers are the client's stream, written as they come.
     if matches!(cmd, RepositoryCommand::Serve { .. }) {
@@ -181,7 +190,7 @@ fn repository(job: &Job, command: RepositoryCommand, ahead: Ahead) -> Answered {
         _ => operation::run(&cmd, ahead, &mut root, Some(ReadAs { uid: job.uid, gid: job.gid })),
     };
     let text = json!({"exit_status": status, "record": null, "receipts": []}).to_string();
-    Answered { text, teardown: None, root, id: None }
+    Answered { root, ..text.into() }
 }
 
 /// A repository-role client's export, written with its own file system rights.
@@ -336,13 +345,26 @@ fn launched(a: &super::admit::Admitted, ahead: Ahead, gate: Option<chio_cage::Ga
         Ok(mut d) => {
             let teardown = d.launched.as_mut().and_then(|l| l.teardown.take());
             let root = d.launched.as_ref().and_then(|l| l.root.clone());
-            Answered { text: launch_answer(&d), teardown, root, id: None }
+            let told = super::answer::Told {
+                sent: 0,
+                exec_observed_ns: d.launched.as_ref().and_then(|l| exec_observed_at(&l.record)),
+                receipt_writes_us: d.receipt_writes.iter().map(|w| w.as_micros() as u64).collect(),
+            };
+            Answered { text: launch_answer(&d), teardown, root, id: None, told }
         }
         Err(e) => {
             eprintln!("chio: {e:#}");
             json!({"exit_status": 125, "record": Value::Null, "receipts": []}).to_string().into()
         }
     })
+}
+
+/// When the record's target was observed at its exec, on `CLOCK_MONOTONIC` (ns): the record
+/// keeps it as µs from its launch's start, whose clock (an `Instant`) reads that clock.
+fn exec_observed_at(rec: &chio_cage::LaunchRecord) -> Option<u64> {
+    let after_start = rec.timings_us.get("exec_observed")?.checked_mul(1000)?;
+    let since_start = u64::try_from(rec.clock?.elapsed().as_nanos()).ok()?;
+    super::answer::monotonic_ns().checked_sub(since_start)?.checked_add(after_start)
 }
 
 #[cfg(test)]

@@ -52,20 +52,63 @@ pub struct Launcher {
     sock: OwnedFd,
     /// The launcher's pid (the daemon reaps it at exit).
     pub pid: Pid,
+    /// What the launcher and its spare say of themselves, for the daemon's metrics.
+    pub gauges: Gauges,
+}
+
+/// Two figures the launcher and its spare keep for the daemon's metrics: the launch processes
+/// alive (running a launch or tearing its cage down) and whether a spare waits with its work
+/// made ahead. A memfd made before the launcher is forked: the launcher and its spare write
+/// their figure with one pwrite each when it changes, the daemon reads both at a scrape — no
+/// message and no lock, nothing on a launch's path.
+pub struct Gauges(OwnedFd);
+
+/// Where each figure is in the memfd (8 bytes each, native order).
+const LIVE_AT: i64 = 0;
+const SPARE_READY_AT: i64 = 8;
+
+impl Gauges {
+    /// A fresh pair of figures, both 0.
+    pub fn new() -> io::Result<Gauges> {
+        let fd = nix::sys::memfd::memfd_create(c"chio-gauges", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+        nix::unistd::ftruncate(&fd, 16)?;
+        Ok(Gauges(fd))
+    }
+
+    fn set(&self, at: i64, v: u64) {
+        let _ = nix::sys::uio::pwrite(&self.0, &v.to_ne_bytes(), at);
+    }
+
+    /// (launch processes alive, a spare waits ready).
+    pub fn read(&self) -> (u64, bool) {
+        let mut b = [0u8; 16];
+        if nix::sys::uio::pread(&self.0, &mut b, 0) != Ok(16) {
+            return (0, false);
+        }
+        let word = |at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        (word(LIVE_AT as usize), word(SPARE_READY_AT as usize) == 1)
+    }
+
+    fn try_clone(&self) -> io::Result<Gauges> {
+        Ok(Gauges(self.0.try_clone()?))
+    }
 }
 
 /// Fork the launcher. Must be called while the process is single-threaded.
 pub fn spawn() -> io::Result<Launcher> {
     let (ours, theirs) =
         socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).map_err(io::Error::from)?;
+    let gauges = Gauges::new()?;
+    let its_gauges = gauges.try_clone()?;
     // SAFETY: the caller is single-threaded (checked by the daemon before it starts tokio);
     // the child runs only `serve`, which never returns.
     match unsafe { fork() }.map_err(io::Error::from)? {
         ForkResult::Child => {
             drop(ours);
-            serve(theirs)
+            drop(gauges);
+            serve(theirs, its_gauges)
         }
-        ForkResult::Parent { child } => Ok(Launcher { sock: ours, pid: child }),
+        ForkResult::Parent { child } => Ok(Launcher { sock: ours, pid: child, gauges }),
     }
 }
 
@@ -101,7 +144,7 @@ impl Launcher {
 }
 
 /// The launcher's loop. Never returns.
-fn serve(sock: OwnedFd) -> ! {
+fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
     set_name(c"chio-launcher");
     // The launcher dies with the daemon.
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
@@ -136,9 +179,16 @@ fn serve(sock: OwnedFd) -> ! {
         tmp_bytes: limits.tmp_bytes,
         shm_bytes: limits.shm_bytes,
     });
+    let mut live = 0;
     loop {
         if spare.is_none() {
-            spare = fork_spare(digests, &sock, &sfd, &chld);
+            // A new spare has made nothing ahead yet (it says when it has).
+            gauges.set(SPARE_READY_AT, 0);
+            spare = fork_spare(digests, &sock, &sfd, &chld, &gauges);
+        }
+        if running.len() != live {
+            live = running.len();
+            gauges.set(LIVE_AT, live as u64);
         }
         prepare_when_idle(&mut spare, &running, wants.as_ref());
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
@@ -181,7 +231,10 @@ fn serve(sock: OwnedFd) -> ! {
             // the launch did not start.
             Ok(Message::Launch(fds)) => {
                 for _ in 0..2 {
-                    let Some(s) = spare.take().or_else(|| fork_spare(digests, &sock, &sfd, &chld)) else { break };
+                    gauges.set(SPARE_READY_AT, 0);
+                    let Some(s) = spare.take().or_else(|| fork_spare(digests, &sock, &sfd, &chld, &gauges)) else {
+                        break;
+                    };
                     match hand(&s, &fds) {
                         Ok(()) => {
                             running.insert(s.pid, Some(s.sock));
@@ -260,7 +313,13 @@ struct Spare {
 /// Fork the next launch child; it makes what it can ahead of its job (its cage's network
 /// namespace and launch cgroup: in its own time, not the launcher's, which must stay free to
 /// hand the next job on), waits for the job, then runs it.
-fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked: &SigSet) -> Option<Spare> {
+fn fork_spare(
+    digests: Option<Digests>,
+    sock: &OwnedFd,
+    sfd: &SignalFd,
+    blocked: &SigSet,
+    gauges: &Gauges,
+) -> Option<Spare> {
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).ok()?;
     // SAFETY: the launcher is single-threaded; the child runs `launch_child`, which never returns.
     match unsafe { fork() } {
@@ -291,6 +350,8 @@ fn fork_spare(digests: Option<Digests>, sock: &OwnedFd, sfd: &SignalFd, blocked:
                         ahead = Ahead::make(digests, &waiting, root.as_ref(), &super::hierarchy());
                         if !waiting() {
                             job::warm();
+                            // (The launcher says 0 again once it hands this spare a job.)
+                            gauges.set(SPARE_READY_AT, 1);
                         }
                     }
                     // EOF: the launcher is gone (or has given up on us) before a job came.
@@ -426,7 +487,8 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     });
     drop(conn);
     let mut out = std::fs::File::from(result_fd);
-    let _ = out.write_all(format!("{sent}\n{}", answered.text).as_bytes());
+    let told = answer::Told { sent, ..answered.told };
+    let _ = out.write_all(told.with(&answered.text).as_bytes());
     drop(out);
     let _ = nix::unistd::write(&launcher, &root_word(ANSWERED, answered.root.as_ref()));
     drop(launcher);

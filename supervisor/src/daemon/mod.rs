@@ -13,7 +13,9 @@ pub mod config;
 mod export_as;
 pub mod job;
 pub mod launcher;
+pub mod metrics;
 pub mod said;
+mod scrape;
 mod server;
 pub mod wire;
 

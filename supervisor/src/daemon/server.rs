@@ -26,6 +26,7 @@ use super::answer::{self, Delivery};
 use super::config::{Config, Role};
 use super::job::{DaemonSide, Job};
 use super::launcher::Launcher;
+use super::metrics::{Metrics, Outcome, Reason};
 use super::wire::{self, Request, MAX_FDS, MAX_REQUEST_BYTES};
 
 /// How long a repeat of a request still in flight waits for its outcome to land (a client that
@@ -59,6 +60,7 @@ struct Shared {
     settled: Arc<Notify>,
     /// Told whenever a client gives back a share (see [`Shared::share_within`]).
     freed: Notify,
+    metrics: Arc<Metrics>,
 }
 
 /// Serve until SIGTERM or SIGINT; then stop accepting, give running launches the stop grace,
@@ -86,9 +88,24 @@ pub async fn run(
         running: Arc::new(AtomicUsize::new(0)),
         settled: Arc::new(Notify::new()),
         freed: Notify::new(),
+        metrics: Arc::new(Metrics::default()),
         config,
         daemon,
         launcher,
+    });
+    // Bound before READY: a metrics address in use stops the daemon at its start.
+    let endpoint = match &shared.config.metrics {
+        Some(at) => {
+            let endpoint = super::scrape::bind(at).await?;
+            eprintln!("chio supervisor: metrics at {at}");
+            Some(endpoint)
+        }
+        None => None,
+    };
+    let metrics_socket = endpoint.as_ref().and_then(|e| e.path().map(Path::to_path_buf));
+    let scrapes = endpoint.map(|e| {
+        let s = shared.clone();
+        tokio::spawn(super::scrape::serve(e, Arc::new(move || s.metrics.encode(&s.launcher.gauges).ok())))
     });
     eprintln!("chio supervisor: listening on {}", path.display());
     crate::service::notify(&format!("READY=1\nSTATUS=listening on {}", path.display()));
@@ -106,6 +123,12 @@ pub async fn run(
     }
     drop(listener);
     let _ = std::fs::remove_file(path);
+    if let Some(task) = scrapes {
+        task.abort();
+    }
+    if let Some(p) = metrics_socket {
+        let _ = std::fs::remove_file(p);
+    }
     let grace = Duration::from_secs(shared.config.stop_grace_s);
     let running = shared.running.load(Ordering::SeqCst);
     crate::service::notify(&format!("STOPPING=1\nSTATUS=stopping: {running} launch(es) running"));
@@ -122,7 +145,7 @@ pub async fn run(
 async fn prune_journal(s: &Shared) {
     let keep = i64::try_from(s.config.journal_retention_s.saturating_mul(1000)).unwrap_or(i64::MAX);
     let before = chio_kernel::time::now_ms().saturating_sub(keep);
-    match journal(s, move |st| st.op_prune(JOURNAL_PREFIX, before)).await {
+    match journal(s, "journal_prune", move |st| st.op_prune(JOURNAL_PREFIX, before)).await {
         Ok(0) => {}
         Ok(n) => eprintln!("chio supervisor: forgot {n} settled request(s) older than the journal's retention"),
         Err(e) => eprintln!("chio supervisor: pruning the journal: {e}"),
@@ -205,8 +228,12 @@ impl Drop for Share<'_> {
     }
 }
 
-fn refusal(id: Option<&str>, why: String, exit_code: i32) -> Value {
-    json!({"id": id, "error": why, "exit_code": exit_code})
+impl Shared {
+    /// A refusal for `reason` (counted), exiting `exit_code`; its id is set as it is sent.
+    fn refuse(&self, reason: Reason, why: String, exit_code: i32) -> Value {
+        self.metrics.refused(reason);
+        json!({"id": null, "error": why, "reason": reason.word(), "exit_code": exit_code})
+    }
 }
 
 /// An answer: built here, a launch's own JSON object passed through as it came (a launch
@@ -252,6 +279,10 @@ struct Summary {
     #[serde(default)]
     exit_code: Option<Value>,
     #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
     record: Option<RecordSummary>,
 }
 
@@ -259,12 +290,38 @@ struct Summary {
 struct RecordSummary {
     #[serde(default)]
     state: Option<String>,
+    #[serde(default)]
+    outcome: Option<OutcomeSummary>,
+}
+
+#[derive(serde::Deserialize)]
+struct OutcomeSummary {
+    #[serde(default)]
+    limit_hit: Vec<String>,
+}
+
+impl Summary {
+    /// How the request ended, for the metrics: refused (an `error`), not run (a launch without
+    /// a record or without an outcome in it), or ran.
+    fn outcome(&self, launch: bool) -> Outcome<'_> {
+        if self.error.is_some() {
+            return Outcome::Refused(self.reason.as_deref().map_or(Reason::LaunchFailed, Reason::of));
+        }
+        if !launch {
+            return Outcome::Ran { state: None, limits: &[] };
+        }
+        let state = self.record.as_ref().and_then(|r| r.state.as_deref());
+        match self.record.as_ref().and_then(|r| r.outcome.as_ref()) {
+            Some(o) => Outcome::Ran { state, limits: &o.limit_hit },
+            None => Outcome::NotRun { state },
+        }
+    }
 }
 
 async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
     let Ok(_slot) = s.connections.clone().try_acquire_owned() else {
         let why = format!("the supervisor is serving its limit of {} connections; try again", s.config.max_connections);
-        let _ = reply(&mut stream, &refusal(None, why, 75)).await;
+        let _ = reply(&mut stream, &s.refuse(Reason::Connections, why, 75)).await;
         return;
     };
     let (uid, gid, pid) = match stream.peer_cred() {
@@ -277,7 +334,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
              ({}; without one only root may connect)",
             super::DEFAULT_CONFIG
         );
-        let _ = reply(&mut stream, &refusal(None, why, 77)).await;
+        let _ = reply(&mut stream, &s.refuse(Reason::NotAClient, why, 77)).await;
         return;
     };
     let Some(_share) = s.share(uid, Kind::Connection) else {
@@ -285,7 +342,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             "uid {uid} has its limit of {} connections open (max_connections_per_client); try again",
             s.config.max_connections_per_client
         );
-        let _ = reply(&mut stream, &refusal(None, why, 75)).await;
+        let _ = reply(&mut stream, &s.refuse(Reason::ClientConnections, why, 75)).await;
         return;
     };
     let timeout = Duration::from_secs(s.config.request_timeout_s);
@@ -293,21 +350,27 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
         let (line, fds) = match tokio::time::timeout(timeout, read_request(&stream)).await {
             Ok(Ok(Some(got))) => got,
             Ok(Ok(None)) => return,
-            Ok(Err(why)) => return drop(reply(&mut stream, &refusal(None, why, 2)).await),
+            Ok(Err(why)) => return drop(reply(&mut stream, &s.refuse(Reason::BadRequest, why, 2)).await),
             Err(_) => {
                 let why = format!("no complete request within {} s", timeout.as_secs());
-                return drop(reply(&mut stream, &refusal(None, why, 2)).await);
+                return drop(reply(&mut stream, &s.refuse(Reason::RequestTimeout, why, 2)).await);
             }
         };
+        let arrived = super::answer::monotonic_ns();
         let req = match Request::parse(&line) {
             Ok(r) => r,
-            Err(why) => return drop(reply(&mut stream, &refusal(None, why, 2)).await),
+            Err(why) => return drop(reply(&mut stream, &s.refuse(Reason::BadRequest, why, 2)).await),
         };
-        let (reply, settling) = answer(&s, req, fds, Peer { uid, gid, pid, role }, &stream).await;
+        let job = matches!(req, Request::Launch { .. } | Request::Repository { .. });
+        let peer = Peer { uid, gid, pid, role, arrived };
+        let (reply, settling) = answer(&s, req, fds, peer, &stream).await;
         let replied = match reply {
             Reply::Line { text, from } => reply_text(&mut stream, text, from).await,
             Reply::Hangup => Err(std::io::Error::other("the launch child ended while answering")),
         };
+        if job && replied.is_ok() {
+            s.metrics.answered(seconds_since(arrived));
+        }
         // The answer is journaled while it travels; the next request on this connection (and
         // a stop) waits for that.
         if let Some(Err(why)) = settle(settling).await {
@@ -334,6 +397,13 @@ struct Peer {
     /// 0 when SO_PEERCRED names no pid of this pid namespace.
     pid: i32,
     role: Role,
+    /// When its request arrived (`CLOCK_MONOTONIC`, ns).
+    arrived: u64,
+}
+
+/// Seconds from `since` (`CLOCK_MONOTONIC`, ns) to now.
+fn seconds_since(since: u64) -> f64 {
+    super::answer::monotonic_ns().saturating_sub(since) as f64 / 1e9
 }
 
 /// The reply to one request on `conn`.
@@ -342,18 +412,20 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
     let id = req.id().to_string();
     if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
         let why = "a request id is 1–128 characters of [A-Za-z0-9._-]".into();
-        return (Reply::Line { text: refusal(None, why, 2).to_string(), from: 0 }, None);
+        return (Reply::Line { text: s.refuse(Reason::BadRequest, why, 2).to_string(), from: 0 }, None);
     }
     let mut settling = None;
     let a = match &req {
-        _ if fds.len() != req.fd_count() => {
-            Answer::Built(refusal(None, format!("{} descriptors do not match the request's fds", fds.len()), 2))
-        }
+        _ if fds.len() != req.fd_count() => Answer::Built(s.refuse(
+            Reason::BadRequest,
+            format!("{} descriptors do not match the request's fds", fds.len()),
+            2,
+        )),
         Request::Ping { .. } => Answer::Built(
             json!({"version": env!("CARGO_PKG_VERSION"), "protocol": wire::PROTOCOL, "role": role.name(), "uid": uid}),
         ),
-        Request::Repository { .. } if role == Role::Launch => Answer::Built(refusal(
-            None,
+        Request::Repository { .. } if role == Role::Launch => Answer::Built(s.refuse(
+            Reason::Role,
             format!("uid {uid}: the repository operations need the admin or repository role"),
             77,
         )),
@@ -363,7 +435,7 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
                 settling = journaling;
                 a
             }
-            Err(e) => Answer::Built(refusal(None, format!("the connection's descriptor: {e}"), 125)),
+            Err(e) => Answer::Built(s.refuse(Reason::LaunchFailed, format!("the connection's descriptor: {e}"), 125)),
         },
     };
     (a.reply(&id), settling)
@@ -371,23 +443,34 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
 
 async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: OwnedFd) -> (Answer, Settling) {
     let uid = peer.uid;
+    let queued = s.metrics.queued();
     let Some(_share) = s.share_within(uid, Kind::Launch, SHARE_WAIT).await else {
         let why = format!(
             "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
             s.config.max_launches_per_client
         );
-        return (Answer::Built(refusal(None, why, 75)), None);
+        return (Answer::Built(s.refuse(Reason::ClientLaunches, why, 75)), None);
     };
     let Ok(_slot) = s.launches.acquire().await else {
-        return (Answer::Built(refusal(None, "the supervisor is stopping".into(), 75)), None);
+        return (Answer::Built(s.refuse(Reason::Stopping, "the supervisor is stopping".into(), 75)), None);
     };
+    drop(queued);
     s.running.fetch_add(1, Ordering::SeqCst);
     let answer = dispatch(s, req, fds, peer, conn).await;
     s.running.fetch_sub(1, Ordering::SeqCst);
     match answer {
         Ok((a, settling)) => (a, settling),
-        Err(why) => (Answer::Built(refusal(None, why, 125)), None),
+        Err(Turned { reason, why }) => {
+            let refusal = json!({"id": null, "error": why, "reason": reason.word(), "exit_code": 125});
+            (Answer::Built(refusal), None)
+        }
     }
+}
+
+/// Why [`dispatch`] did not pass a launch's answer on (counted where it was decided).
+struct Turned {
+    reason: Reason,
+    why: String,
 }
 
 /// Journal the request, hand it to the launcher (whose launch process answers the client itself:
@@ -407,17 +490,21 @@ async fn dispatch(
     fds: Vec<OwnedFd>,
     peer: Peer,
     conn: OwnedFd,
-) -> Result<(Answer, Settling), String> {
-    let Peer { uid, gid, pid, role } = peer;
-    let value = serde_json::to_value(&req).map_err(|e| e.to_string())?;
+) -> Result<(Answer, Settling), Turned> {
+    let Peer { uid, gid, pid, role, arrived } = peer;
+    let failed = |why: String| Turned { reason: Reason::LaunchFailed, why };
+    let value = serde_json::to_value(&req).map_err(|e| failed(e.to_string()))?;
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(e.to_string()))?;
     let key = format!("{JOURNAL_PREFIX}{uid}:{}", req.id());
     let id = req.id().to_string();
+    let is_launch = matches!(req, Request::Launch { .. });
     let begin = {
         let (key, digest) = (key.clone(), digest.clone());
-        journal_started(s.journal.clone(), move |st| st.op_begin_dispatched(&key, &digest))
+        journal_started(s.journal.clone(), s.metrics.clone(), "journal_begin", move |st| {
+            st.op_begin_dispatched(&key, &digest)
+        })
     };
     let mut daemon = s.daemon.clone();
     daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
@@ -431,51 +518,79 @@ async fn dispatch(
     let refused = match begun {
         Ok(Begin::Proceed) => None,
         Ok(Begin::Retained(answer)) => Some(Ok((Answer::Passed(answer), None))),
-        Ok(Begin::Conflict { .. }) => Some(Err(format!("request id {id:?} was already used for another request"))),
-        Ok(Begin::InProgress) => Some(Err(format!("request id {id:?} is running"))),
-        Ok(Begin::OutcomeUnknown) => Some(Err(format!(
-            "request id {id:?} was dispatched before the supervisor stopped and its outcome is unknown; it is not run again"
+        Ok(Begin::Conflict { .. }) => {
+            Some(Err((Reason::IdReused, format!("request id {id:?} was already used for another request"))))
+        }
+        Ok(Begin::InProgress) => Some(Err((Reason::IdRunning, format!("request id {id:?} is running")))),
+        Ok(Begin::OutcomeUnknown) => Some(Err((
+            Reason::OutcomeUnknown,
+            format!(
+                "request id {id:?} was dispatched before the supervisor stopped and its outcome is unknown; it is \
+                 not run again"
+            ),
         ))),
-        Err(e) => Some(Err(e)),
+        Err(e) => Some(Err((Reason::Journal, e))),
     };
     if let Some(refused) = refused {
         withdraw(submitted).await;
-        return refused;
+        return refused.map_err(|(reason, why)| {
+            s.metrics.refused(reason);
+            Turned { reason, why }
+        });
     }
     let delivered = match submitted {
         Ok(gated) => gated.open().await,
         Err(why) => Err(why),
     };
-    let (text, sent) = match delivered {
-        Ok(Delivery::Sent { sent, answer }) => (answer, sent),
+    // From here the request was dispatched: however it ends, it is counted once, as it ended.
+    let (text, told) = match delivered {
+        Ok(Delivery::Sent { told, answer }) => (answer, told),
         Ok(Delivery::NotSent) => {
-            unknown(s, key).await?;
-            return Err(format!(
+            s.metrics.ended(is_launch, Outcome::Unknown);
+            unknown(s, key).await.map_err(failed)?;
+            return Err(failed(format!(
                 "the launch of request {id} ended without an answer: its cage was killed (the supervisor is stopping) \
                  or its launch process failed; its outcome is unknown"
-            ));
+            )));
         }
         Ok(Delivery::Unknown) => {
-            unknown(s, key).await?;
+            s.metrics.ended(is_launch, Outcome::Unknown);
+            unknown(s, key).await.map_err(failed)?;
             eprintln!("chio supervisor: uid {uid} request {id}: its launch process ended while answering; closing");
             return Ok((Answer::Hangup, None));
         }
         Err(why) => {
-            unknown(s, key).await?;
-            return Err(why);
+            s.metrics.ended(is_launch, Outcome::Unknown);
+            unknown(s, key).await.map_err(failed)?;
+            return Err(failed(why));
         }
     };
+    let sent = told.sent;
     let summary: Summary = match serde_json::from_str(&text) {
         Ok(s) => s,
-        Err(e) if sent == 0 => return Err(format!("the launch's answer is not a JSON object: {e}")),
+        Err(e) if sent == 0 => {
+            s.metrics.ended(is_launch, Outcome::Unknown);
+            return Err(failed(format!("the launch's answer is not a JSON object: {e}")));
+        }
         // Part of it is with the client already: nothing else can follow on that connection.
-        Err(_) => return Ok((Answer::Hangup, None)),
+        Err(_) => {
+            s.metrics.ended(is_launch, Outcome::Unknown);
+            return Ok((Answer::Hangup, None));
+        }
     };
+    s.metrics.ended(is_launch, summary.outcome(is_launch));
+    if let Some(at) = told.exec_observed_ns.filter(|&at| at >= arrived) {
+        s.metrics.exec_observed((at - arrived) as f64 / 1e9);
+    }
+    for us in &told.receipt_writes_us {
+        s.metrics.store_write("receipt", *us as f64 / 1e6);
+    }
     let answer = text.clone();
-    let (store, running, settled) = (s.journal.clone(), s.running.clone(), s.settled.clone());
+    let (store, running, settled, metrics) =
+        (s.journal.clone(), s.running.clone(), s.settled.clone(), s.metrics.clone());
     running.fetch_add(1, Ordering::SeqCst);
     let settling = tokio::spawn(async move {
-        let done = journal_owned(store, move |st| st.op_complete(&key, &answer)).await;
+        let done = journal_owned(store, metrics, "journal_complete", move |st| st.op_complete(&key, &answer)).await;
         settled.notify_waiters();
         running.fetch_sub(1, Ordering::SeqCst);
         done
@@ -488,7 +603,7 @@ async fn dispatch(
 
 /// The request `key` was dispatched and its outcome is unknown.
 async fn unknown(s: &Shared, key: String) -> Result<(), String> {
-    let r = journal(s, move |st| st.op_unknown(&key)).await;
+    let r = journal(s, "journal_unknown", move |st| st.op_unknown(&key)).await;
     s.settled.notify_waiters();
     r
 }
@@ -503,36 +618,46 @@ async fn settled_meanwhile(s: &Shared, key: &str, digest: &str) -> Result<Begin,
         tokio::pin!(landed);
         landed.as_mut().enable();
         let (k, d) = (key.to_string(), digest.to_string());
-        let begun = journal(s, move |st| st.op_begin_dispatched(&k, &d)).await?;
+        let begun = journal(s, "journal_begin", move |st| st.op_begin_dispatched(&k, &d)).await?;
         if !matches!(begun, Begin::InProgress) || tokio::time::timeout_at(deadline, landed).await.is_err() {
             return Ok(begun);
         }
     }
 }
 
-/// A journal operation on the daemon's store, off the I/O thread.
+/// A journal operation (`name`, as the metrics call it) on the daemon's store, off the I/O
+/// thread.
 async fn journal<T: Send + 'static>(
     s: &Shared,
+    name: &'static str,
     op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
 ) -> Result<T, String> {
-    journal_owned(s.journal.clone(), op).await
+    journal_owned(s.journal.clone(), s.metrics.clone(), name, op).await
 }
 
 async fn journal_owned<T: Send + 'static>(
     store: Arc<Mutex<Store>>,
+    metrics: Arc<Metrics>,
+    name: &'static str,
     op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
 ) -> Result<T, String> {
-    journal_started(store, op).await.map_err(|e| e.to_string())?
+    journal_started(store, metrics, name, op).await.map_err(|e| e.to_string())?
 }
 
-/// A journal operation started now on a blocking thread (awaiting the handle gets its result).
+/// A journal operation started now on a blocking thread (awaiting the handle gets its result),
+/// its time (the lock's wait included: a request waits that too) counted under `name`.
 fn journal_started<T: Send + 'static>(
     store: Arc<Mutex<Store>>,
+    metrics: Arc<Metrics>,
+    name: &'static str,
     op: impl FnOnce(&mut Store) -> Result<T, chio_kernel::store::StoreError> + Send + 'static,
 ) -> tokio::task::JoinHandle<Result<T, String>> {
     tokio::task::spawn_blocking(move || {
+        let began = std::time::Instant::now();
         let mut st = store.lock().map_err(|_| "the journal's lock is poisoned".to_string())?;
-        op(&mut st).map_err(|e| format!("the request journal: {e}"))
+        let done = op(&mut st).map_err(|e| format!("the request journal: {e}"));
+        metrics.store_write(name, began.elapsed().as_secs_f64());
+        done
     })
 }
 

@@ -41,12 +41,19 @@ pub struct Done {
     /// The launch, when one ran (not when its policy refused it, or its gate withdrew it
     /// before it began).
     pub launched: Option<Launched>,
+    /// How long each of its writes to the receipt store took.
+    pub receipt_writes: Vec<std::time::Duration>,
 }
 
 impl Done {
-    fn without_launch(status: i32) -> Done {
-        Done { status, launched: None }
+    fn without_launch(status: i32, receipts: Option<LaunchReceipts>) -> Done {
+        Done { status, launched: None, receipt_writes: writes(receipts) }
     }
+}
+
+/// The times of the writes `receipts` made.
+fn writes(receipts: Option<LaunchReceipts>) -> Vec<std::time::Duration> {
+    receipts.map(LaunchReceipts::into_writes).unwrap_or_default()
 }
 
 /// Launch `request`: `receipts` the store and seed to record in, `report` how to report the
@@ -94,12 +101,12 @@ pub fn launch_request(
                 refusal.policy_id,
                 refusal.violations.len()
             );
-            return Ok(Done::without_launch(125));
+            return Ok(Done::without_launch(125, receipts));
         }
     };
     if let Some(note) = prepared.workspace_note() {
         if gate.is_some_and(|open| !open()) {
-            return Ok(Done::without_launch(125));
+            return Ok(Done::without_launch(125, receipts));
         }
         eprintln!("{note}");
     }
@@ -120,7 +127,7 @@ pub fn launch_request(
     };
     let launched = super::run(&prepared, io, to, How { ahead, teardown, gate });
     if launched.withdrawn {
-        return Ok(Done { status: 125, launched: Some(launched) });
+        return Ok(Done { status: 125, launched: Some(launched), receipt_writes: writes(receipts) });
     }
     if launched.stderr_mid_line {
         // chio's own lines (and the --json record) always start a line of their own.
@@ -133,7 +140,7 @@ pub fn launch_request(
         None => {}
     }
     say_record(&launched.record, report).map_err(|e| LaunchError::Failed(e.to_string()))?;
-    Ok(Done { status: launched.status, launched: Some(launched) })
+    Ok(Done { status: launched.status, launched: Some(launched), receipt_writes: writes(receipts) })
 }
 
 /// Write the record to the record file, say how the launch failed or ran unconfined, and print

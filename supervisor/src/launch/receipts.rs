@@ -3,6 +3,7 @@
 //! front instead of losing its evidence after it.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use chio_cage::LaunchRecord;
 use chio_kernel::keys::{self, SigningKey};
@@ -15,6 +16,8 @@ use super::LaunchError;
 pub struct LaunchReceipts {
     store: Store,
     key: SigningKey,
+    /// How long each write took (for the daemon's metrics).
+    writes: Vec<Duration>,
 }
 
 impl LaunchReceipts {
@@ -27,18 +30,32 @@ impl LaunchReceipts {
         let key = keys::read_seed(seed).map_err(|e| LaunchError::Receipts(e.to_string()))?;
         let mut store = Store::open(db, true).map_err(|e| receipts(&e))?;
         store.bind_key(&key).map_err(|e| receipts(&e))?;
-        Ok(LaunchReceipts { store, key })
+        Ok(LaunchReceipts { store, key, writes: Vec::new() })
+    }
+
+    /// How long each of the writes made through this took.
+    pub fn into_writes(self) -> Vec<Duration> {
+        self.writes
+    }
+
+    /// `write`, timed.
+    fn timed<T>(&mut self, write: impl FnOnce(&mut Store, &SigningKey) -> T) -> T {
+        let began = Instant::now();
+        let done = write(&mut self.store, &self.key);
+        self.writes.push(began.elapsed());
+        done
     }
 
     /// Append the enforcement receipt for `rec`. Durable when this returns.
     pub fn enforcement(&mut self, rec: &LaunchRecord) -> Result<Appended, String> {
-        crate::receipts::enforcement(&mut self.store, &self.key, rec).map_err(|e| e.to_string())
+        self.timed(|store, key| crate::receipts::enforcement(store, key, rec)).map_err(|e| e.to_string())
     }
 
     /// After the launch: the enforcement receipt if the exec stop never came, and the terminal
     /// receipt when the target ran. Returns their ids.
     pub fn finish(&mut self, rec: &LaunchRecord, enforced: Option<Appended>) -> Result<Vec<String>, String> {
-        let (e, t) = crate::receipts::finish(&mut self.store, &self.key, rec, enforced).map_err(|e| e.to_string())?;
+        let (e, t) =
+            self.timed(|store, key| crate::receipts::finish(store, key, rec, enforced)).map_err(|e| e.to_string())?;
         Ok(std::iter::once(e.receipt.id).chain(t.map(|t| t.receipt.id)).collect())
     }
 
@@ -60,7 +77,7 @@ impl LaunchReceipts {
             })),
             ..Default::default()
         };
-        Ok(self.store.append(&self.key, draft).map_err(|e| e.to_string())?.receipt.id)
+        Ok(self.timed(|store, key| store.append(key, draft)).map_err(|e| e.to_string())?.receipt.id)
     }
 
     /// A session gateway's refusal of model call `call` under `rule` (a budget or the grant's
@@ -73,6 +90,6 @@ impl LaunchReceipts {
             detail: Some(serde_json::json!({"rule": rule, "reason": why, "model_call": call})),
             ..Default::default()
         };
-        Ok(self.store.append(&self.key, draft).map_err(|e| e.to_string())?.receipt.id)
+        Ok(self.timed(|store, key| store.append(key, draft)).map_err(|e| e.to_string())?.receipt.id)
     }
 }
