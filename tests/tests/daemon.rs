@@ -22,6 +22,9 @@ use serde_json::{json, Value};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
+#[path = "daemon/metrics.rs"]
+mod metrics;
+
 fn chio() -> PathBuf {
     chio_bin(&PathBuf::from(PROBE))
 }
