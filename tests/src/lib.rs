@@ -1133,6 +1133,55 @@ pub fn file_identity(p: &Path) -> [i64; 7] {
     [m.dev() as i64, m.ino() as i64, m.size() as i64, m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()]
 }
 
+/// Read an OpenMetrics exposition with a real parser (the Python Prometheus client's, Debian's
+/// python3-prometheus-client): `at` is `unix:PATH` (scraped over HTTP on that socket), an
+/// `http://` address, or `file:PATH` (an exposition fetched already). Fails the test unless the
+/// answer is 200 with OpenMetrics text that parses; returns every sample.
+pub fn scrape_openmetrics(at: &str) -> Samples {
+    const SCRAPER: &str = r#"
+import json, socket, sys, urllib.request
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+at = sys.argv[1]
+if at.startswith("unix:"):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(at[5:])
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: chio\r\n\r\n")
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 200 OK", lines[0]
+    assert any(l.lower().startswith(b"content-type: application/openmetrics-text") for l in lines), head
+    text = body.decode()
+elif at.startswith("file:"):
+    text = open(at[5:]).read()
+else:
+    r = urllib.request.urlopen(at, timeout=10)
+    assert r.headers["Content-Type"].startswith("application/openmetrics-text"), r.headers
+    text = r.read().decode()
+print(json.dumps([[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples]))
+"#;
+    let out = Command::new("/usr/bin/python3").args(["-c", SCRAPER, at]).output().unwrap();
+    assert!(out.status.success(), "the metrics at {at} do not parse: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Samples of an exposition: name, labels, value.
+pub type Samples = Vec<(String, std::collections::BTreeMap<String, String>, f64)>;
+
+/// The sum of the samples named `name` whose labels include `labels`.
+pub fn metric(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

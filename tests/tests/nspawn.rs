@@ -25,6 +25,10 @@ const RUNNER: &str = "[Unit]\nDescription=chio test script\nConditionPathExists=
 [Service]\nType=oneshot\nExecStart=/bin/sh /results/run.sh\nStandardOutput=file:/results/out.txt\n\
 StandardError=inherit\n[Install]\nWantedBy=multi-user.target\n";
 
+/// What the image holds beside minbase: systemd, and curl to fetch the daemon's metrics as the
+/// guide does.
+const PACKAGES: &str = "systemd,systemd-sysv,dbus,util-linux,passwd,curl";
+
 /// A Debian root (`suite`) with systemd, built once into `target/test-images` (a minute or
 /// two; needs debootstrap and the Debian mirror) and reused; each boot runs on a volatile
 /// overlay of it.
@@ -37,16 +41,18 @@ fn systemd_image(suite: &str) -> Option<PathBuf> {
     // SAFETY: flock on our own open file, released when `lock` is dropped at the return (raw
     // libc: std's File::lock is newer than the workspace's MSRV).
     assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
-    if dir.join(".complete").exists() {
+    // An image built with other packages is built again.
+    if std::fs::read_to_string(dir.join(".complete")).is_ok_and(|c| c == PACKAGES) {
         return Some(dir);
     }
+    let _ = std::fs::remove_dir_all(&dir);
     let tmp = dir.with_extension("tmp");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
     // The root's own mode is the container's `/`: others must be able to enter it.
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new("debootstrap")
-        .args(["--variant=minbase", "--include=systemd,systemd-sysv,dbus,util-linux,passwd", suite])
+        .args(["--variant=minbase", &format!("--include={PACKAGES}"), suite])
         .arg(&tmp)
         .arg("http://deb.debian.org/debian")
         .output()
@@ -60,7 +66,7 @@ fn systemd_image(suite: &str) -> Option<PathBuf> {
     std::fs::create_dir_all(&wants).unwrap();
     std::os::unix::fs::symlink("/etc/systemd/system/chio-test-runner.service", wants.join("chio-test-runner.service"))
         .unwrap();
-    std::fs::write(tmp.join(".complete"), "").unwrap();
+    std::fs::write(tmp.join(".complete"), PACKAGES).unwrap();
     std::fs::rename(&tmp, &dir).unwrap();
     Some(dir)
 }
@@ -132,7 +138,7 @@ useradd -m -G chio runner
 useradd -m -G chio other
 cat > /etc/chio/supervisor.json <<C
 {"schema":"chio.supervisor-config.v1","clients":[{"uid":$(id -u runner),"role":"admin"}],
- "kernel_key":"/etc/chio/kernel-key/signing.seed","stop_grace_s":2}
+ "kernel_key":"/etc/chio/kernel-key/signing.seed","stop_grace_s":2,"metrics":"127.0.0.1:9464"}
 C
 systemctl start chio-supervisor.service
 echo "supervisor=$(systemctl is-active chio-supervisor.service)"
@@ -141,6 +147,8 @@ R="setpriv --reuid runner --regid runner --init-groups"
 echo "launch=$($R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/sh -c 'echo as-$(id -u)' 2>/dev/null)"
 # Another member of group chio reaches the socket but not a role; nobody not even the socket.
 echo "stranger=$(setpriv --reuid other --regid other --init-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true >/dev/null 2>&1; echo $?)"
+# The metrics, fetched as docs/installed-host.md shows (the host parses them).
+curl -s http://127.0.0.1:9464/metrics > /results/metrics.txt; echo "metrics=$?"
 echo "nobody=$(setpriv --reuid nobody --regid nogroup --clear-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true 2>&1 | grep -c 'Permission denied')"
 $R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/sh -c 'sleep 60; : long-launch' >/dev/null 2>&1 &
 # The cage's shell (comm dash: executed from its fd), not the client (comm chio), which may be
@@ -283,6 +291,12 @@ fn the_package_under_a_booted_systemd() {
     assert_eq!(get("launch"), "as-65534", "{out}");
     assert_eq!(get("stranger"), "77", "a peer outside the configuration is refused by the daemon: {out}");
     assert_eq!(get("nobody"), "1", "outside group chio the socket itself is closed: {out}");
+    // The metrics as the guide fetches them: they parse, and count that launch and that refusal.
+    assert_eq!(get("metrics"), "0", "{out}");
+    let m = chio_tests::scrape_openmetrics(&format!("file:{}", results.join("metrics.txt").display()));
+    let ran = [("op", "launch"), ("outcome", "ran"), ("state", "FullyEnforced")];
+    assert_eq!(chio_tests::metric(&m, "chio_launches_total", &ran), 1.0, "{m:?}");
+    assert_eq!(chio_tests::metric(&m, "chio_refusals_total", &[("reason", "not_a_client")]), 1.0, "{m:?}");
     assert_eq!(get("running"), "1", "{out}");
     let stop_ms: u64 = get("stop_ms").parse().unwrap();
     assert!((2000..7000).contains(&stop_ms), "the stop took {stop_ms} ms with a 2 s grace: {out}");

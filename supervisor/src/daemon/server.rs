@@ -232,8 +232,13 @@ impl Shared {
     /// A refusal for `reason` (counted), exiting `exit_code`; its id is set as it is sent.
     fn refuse(&self, reason: Reason, why: String, exit_code: i32) -> Value {
         self.metrics.refused(reason);
-        json!({"id": null, "error": why, "reason": reason.word(), "exit_code": exit_code})
+        refusal(reason, why, exit_code)
     }
+}
+
+/// A refusal's answer (its id set as it is sent).
+fn refusal(reason: Reason, why: String, exit_code: i32) -> Value {
+    json!({"id": null, "error": why, "reason": reason.word(), "exit_code": exit_code})
 }
 
 /// An answer: built here, a launch's own JSON object passed through as it came (a launch
@@ -460,10 +465,8 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: O
     s.running.fetch_sub(1, Ordering::SeqCst);
     match answer {
         Ok((a, settling)) => (a, settling),
-        Err(Turned { reason, why }) => {
-            let refusal = json!({"id": null, "error": why, "reason": reason.word(), "exit_code": 125});
-            (Answer::Built(refusal), None)
-        }
+        // (Counted where it was decided: a refusal, or a launch whose outcome is unknown.)
+        Err(Turned { reason, why }) => (Answer::Built(refusal(reason, why, 125)), None),
     }
 }
 

@@ -4,52 +4,15 @@
 //! only where no other host reaches.
 
 use super::*;
-use std::collections::BTreeMap;
+use chio_tests::Samples;
 use std::net::{TcpListener, TcpStream};
 
-/// Scrape `at` (`unix:PATH` or an `http://` address) with the Python client's OpenMetrics
-/// parser; fails the test if the answer is not 200 with OpenMetrics text that parses.
-const SCRAPER: &str = r#"
-import json, socket, sys, urllib.request
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
-at = sys.argv[1]
-if at.startswith("unix:"):
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(at[5:])
-    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: chio\r\n\r\n")
-    data = b""
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        data += b
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    assert lines[0] == b"HTTP/1.1 200 OK", lines[0]
-    assert any(l.lower().startswith(b"content-type: application/openmetrics-text") for l in lines), head
-    text = body.decode()
-else:
-    r = urllib.request.urlopen(at, timeout=10)
-    assert r.headers["Content-Type"].startswith("application/openmetrics-text"), r.headers
-    text = r.read().decode()
-print(json.dumps([[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples]))
-"#;
-
-type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
-
 fn scrape(at: &str) -> Samples {
-    let out = Command::new("/usr/bin/python3").args(["-c", SCRAPER, at]).output().unwrap();
-    assert!(out.status.success(), "the scrape of {at} did not parse: {}", text(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    chio_tests::scrape_openmetrics(at)
 }
 
-/// The sum of the samples named `name` whose labels include `labels`.
 fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
-    samples
-        .iter()
-        .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
-        .map(|(_, _, v)| v)
-        .sum()
+    chio_tests::metric(samples, name, labels)
 }
 
 const ENFORCED_RAN: [(&str, &str); 3] = [("op", "launch"), ("outcome", "ran"), ("state", "FullyEnforced")];
