@@ -22,6 +22,8 @@ use serde_json::{json, Value};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
+#[path = "daemon/log.rs"]
+mod log;
 #[path = "daemon/metrics.rs"]
 mod metrics;
 
@@ -66,7 +68,12 @@ shift 2; exec "$@""#;
     }
 
     /// `cmd` (chio, or what runs it) with `supervisor serve` on `dir` and `config`, started.
-    fn spawn(dir: &Scratch, config: Value, mut cmd: Command) -> Daemon {
+    fn spawn(dir: &Scratch, config: Value, cmd: Command) -> Daemon {
+        Daemon::spawn_with(dir, config, cmd, &[])
+    }
+
+    /// [`Daemon::spawn`], `flags` added to `supervisor serve`'s.
+    fn spawn_with(dir: &Scratch, config: Value, mut cmd: Command, flags: &[&str]) -> Daemon {
         let conf = dir.join("supervisor.json");
         std::fs::write(&conf, config.to_string()).unwrap();
         let (socket, log) = (dir.join("s.sock"), dir.join("daemon.log"));
@@ -82,6 +89,7 @@ shift 2; exec "$@""#;
                 "--config",
                 s(&conf),
             ])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())

@@ -149,6 +149,10 @@ echo "launch=$($R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/s
 echo "stranger=$(setpriv --reuid other --regid other --init-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true >/dev/null 2>&1; echo $?)"
 # The metrics, fetched as docs/installed-host.md shows (the host parses them).
 curl -s http://127.0.0.1:9464/metrics > /results/metrics.txt; echo "metrics=$?"
+# The refusal in the journal, found by its fields as docs/installed-host.md shows.
+journalctl --sync 2>/dev/null
+echo "journal_refused=$(journalctl -u chio-supervisor CHIO_OUTCOME=refused CHIO_REASON=not_a_client CHIO_PEER_UID=$(id -u other) -o cat --no-pager | grep -c 'may not use this supervisor')"
+echo "journal_ran=$(journalctl -u chio-supervisor CHIO_OUTCOME=ran CHIO_STATE=FullyEnforced CHIO_PEER_UID=$(id -u runner) -o json --no-pager | grep -c '"CHIO_LAUNCH_ID"')"
 echo "nobody=$(setpriv --reuid nobody --regid nogroup --clear-groups chio cage run --supervisor /run/chio/supervisor.sock -- /bin/true 2>&1 | grep -c 'Permission denied')"
 $R chio cage run --supervisor /run/chio/supervisor.sock -- /bin/sh -c 'sleep 60; : long-launch' >/dev/null 2>&1 &
 # The cage's shell (comm dash: executed from its fd), not the client (comm chio), which may be
@@ -297,6 +301,8 @@ fn the_package_under_a_booted_systemd() {
     let ran = [("op", "launch"), ("outcome", "ran"), ("state", "FullyEnforced")];
     assert_eq!(chio_tests::metric(&m, "chio_launches_total", &ran), 1.0, "{m:?}");
     assert_eq!(chio_tests::metric(&m, "chio_refusals_total", &[("reason", "not_a_client")]), 1.0, "{m:?}");
+    // The journal holds them with their fields: journalctl finds each by them.
+    assert_eq!((get("journal_refused"), get("journal_ran")), ("1".into(), "1".into()), "{out}");
     assert_eq!(get("running"), "1", "{out}");
     let stop_ms: u64 = get("stop_ms").parse().unwrap();
     assert!((2000..7000).contains(&stop_ms), "the stop took {stop_ms} ms with a 2 s grace: {out}");

@@ -7,6 +7,7 @@ mod passed;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use chio_supervisor::daemon::log::LogFormat;
 use chio_supervisor::daemon::{self, ServeOptions, DEFAULT_SOCKET};
 use clap::{Args, Subcommand};
 
@@ -33,14 +34,25 @@ pub struct ServeArgs {
     /// State directory: imported images, the receipt store (default $CHIO_STATE_DIR or /var/lib/chio).
     #[arg(long = "state-dir", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// How it logs: journal (the journal's fields: CHIO_OUTCOME, CHIO_REASON, CHIO_REQUEST_ID,
+    /// …), text or json lines on stderr; auto: journal when stderr is the journal's stream
+    /// (under systemd), text otherwise.
+    #[arg(long = "log-format", value_name = "FORMAT", default_value = "auto", value_parser = LogFormat::NAMES)]
+    pub log_format: String,
 }
 
 /// Run `chio supervisor …`.
 pub fn run(cmd: &SupervisorCommand) -> Result<i32> {
     match cmd {
         SupervisorCommand::Serve(a) => {
-            let options =
-                ServeOptions { socket: a.socket.clone(), config: a.config.clone(), state_dir: a.state_dir.clone() };
+            // (clap has checked the name against the list.)
+            let log_format = LogFormat::parse(&a.log_format).unwrap_or(LogFormat::Auto);
+            let options = ServeOptions {
+                socket: a.socket.clone(),
+                config: a.config.clone(),
+                state_dir: a.state_dir.clone(),
+                log_format,
+            };
             Ok(daemon::serve(&options)?)
         }
     }

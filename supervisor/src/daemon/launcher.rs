@@ -501,9 +501,9 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
         _ => false,
     };
     if dropped > 0 && to_log {
-        eprintln!(
-            "chio supervisor: launch process {}: its client took {} of the {said} bytes chio said to it within {} s; \
-             the rest was dropped",
+        tracing::warn!(
+            "launch process {}: its client took {} of the {said} bytes chio said to it within {} s; the rest was \
+             dropped",
             std::process::id(),
             said - dropped,
             said::FLUSH_WAIT.as_secs()
@@ -512,7 +512,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     if let Some(Err(e)) = answered.teardown.map(chio_cage::Teardown::finish) {
         // (Never on the client's stderr, which may belong to its next command by now.)
         if to_log {
-            eprintln!("chio supervisor: after a launch (pid {}): {e}", std::process::id());
+            tracing::error!("after a launch (pid {}): {e}", std::process::id());
         }
     }
     // SAFETY: leaving without running the launcher's destructors.

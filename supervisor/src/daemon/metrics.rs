@@ -150,6 +150,18 @@ pub enum Outcome<'a> {
     Unknown,
 }
 
+impl Outcome<'_> {
+    /// The outcome's word (the `outcome` label, and the log's `CHIO_OUTCOME`).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Outcome::Ran { .. } => "ran",
+            Outcome::NotRun { .. } => "not_run",
+            Outcome::Refused(_) => "refused",
+            Outcome::Unknown => "unknown",
+        }
+    }
+}
+
 /// The daemon's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -262,22 +274,22 @@ impl Metrics {
     pub fn ended(&self, launch: bool, outcome: Outcome<'_>) {
         let op = if launch { "launch" } else { "repository" };
         let state = |s: Option<&str>| s.and_then(|s| STATES.into_iter().find(|k| *k == s)).unwrap_or("none");
-        let (word, state) = match outcome {
+        let state = match outcome {
             Outcome::Ran { state: s, limits } => {
                 for hit in limits {
                     let kind = LIMITS.into_iter().find(|k| k == hit).unwrap_or("other");
                     self.limit_hits.get_or_create(&KindLabels { kind }).inc();
                 }
-                ("ran", state(s))
+                state(s)
             }
-            Outcome::NotRun { state: s } => ("not_run", state(s)),
+            Outcome::NotRun { state: s } => state(s),
             Outcome::Refused(reason) => {
                 self.refused(reason);
-                ("refused", "none")
+                "none"
             }
-            Outcome::Unknown => ("unknown", "none"),
+            Outcome::Unknown => "none",
         };
-        self.launches.get_or_create(&LaunchLabels { op, outcome: word, state }).inc();
+        self.launches.get_or_create(&LaunchLabels { op, outcome: outcome.word(), state }).inc();
     }
 
     /// A launch's target was observed at its exec `seconds` after its request arrived.

@@ -13,6 +13,7 @@ pub mod config;
 mod export_as;
 pub mod job;
 pub mod launcher;
+pub mod log;
 pub mod metrics;
 pub mod said;
 mod scrape;
@@ -40,6 +41,8 @@ pub struct ServeOptions {
     pub config: Option<PathBuf>,
     /// The state directory (None: `CHIO_STATE_DIR` or the default).
     pub state_dir: Option<PathBuf>,
+    /// How it logs.
+    pub log_format: log::LogFormat,
 }
 
 /// Run the daemon in the foreground until SIGTERM or SIGINT; returns its exit status.
@@ -49,11 +52,14 @@ pub fn serve(a: &ServeOptions) -> Result<i32> {
             "chio supervisor serve needs root: it builds every cage (run it from chio-supervisor.service or with sudo)"
         );
     }
+    log::init(a.log_format)?;
     let config = match &a.config {
         Some(path) => Config::load(path)?,
         None if Path::new(DEFAULT_CONFIG).exists() => Config::load(Path::new(DEFAULT_CONFIG))?,
         None => {
-            eprintln!("chio supervisor: no configuration ({DEFAULT_CONFIG} is absent): only root may connect, launches are not receipted");
+            tracing::warn!(
+                "no configuration ({DEFAULT_CONFIG} is absent): only root may connect, launches are not receipted"
+            );
             Config::default()
         }
     };
@@ -79,8 +85,10 @@ pub fn serve(a: &ServeOptions) -> Result<i32> {
     }
     settle_in_delegation()?;
     let (unknown, cgroups) = recover(&daemon.receipt_db)?;
-    eprintln!(
-        "chio supervisor: recovered: {unknown} launch(es) dispatched without an outcome are outcome_unknown, {cgroups} cgroup(s) removed"
+    tracing::info!(
+        outcome_unknown = unknown,
+        cgroups_removed = cgroups,
+        "recovered: {unknown} launch(es) dispatched without an outcome are outcome_unknown, {cgroups} cgroup(s) removed"
     );
     let listener = listen(&a.socket)?;
     single_threaded()?;
@@ -122,8 +130,8 @@ fn settle_in_delegation() -> Result<()> {
     }
     let Some(d) = chio_cage::cgroup::Delegation::find() else { return Ok(()) };
     d.settle().with_context(|| format!("leaving the delegated cgroup {} for its leaf", d.dir.display()))?;
-    eprintln!(
-        "chio supervisor: cgroup {} is delegated to it: the daemon runs in its supervisor, launch cgroups go under {}",
+    tracing::info!(
+        "cgroup {} is delegated to it: the daemon runs in its supervisor, launch cgroups go under {}",
         d.dir.display(),
         d.launches().display()
     );

@@ -73,7 +73,7 @@ pub async fn serve(endpoint: Endpoint, render: Arc<dyn Fn() -> Option<String> + 
             Err(e) => {
                 // Out of descriptors (or the like): say so, and give the others a moment
                 // rather than spin.
-                eprintln!("chio supervisor: metrics: accept: {e}");
+                tracing::warn!("metrics: accept: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }

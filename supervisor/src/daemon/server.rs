@@ -97,7 +97,7 @@ pub async fn run(
     let endpoint = match &shared.config.metrics {
         Some(at) => {
             let endpoint = super::scrape::bind(at).await?;
-            eprintln!("chio supervisor: metrics at {at}");
+            tracing::info!("metrics at {at}");
             Some(endpoint)
         }
         None => None,
@@ -107,7 +107,7 @@ pub async fn run(
         let s = shared.clone();
         tokio::spawn(super::scrape::serve(e, Arc::new(move || s.metrics.encode(&s.launcher.gauges).ok())))
     });
-    eprintln!("chio supervisor: listening on {}", path.display());
+    tracing::info!("listening on {}", path.display());
     crate::service::notify(&format!("READY=1\nSTATUS=listening on {}", path.display()));
     let mut prune = tokio::time::interval(Duration::from_secs(3600));
     loop {
@@ -117,7 +117,7 @@ pub async fn run(
             _ = prune.tick() => prune_journal(&shared).await,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => { tokio::spawn(connection(shared.clone(), stream)); }
-                Err(e) => eprintln!("chio supervisor: accept: {e}"),
+                Err(e) => tracing::warn!("accept: {e}"),
             },
         }
     }
@@ -132,9 +132,9 @@ pub async fn run(
     let grace = Duration::from_secs(shared.config.stop_grace_s);
     let running = shared.running.load(Ordering::SeqCst);
     crate::service::notify(&format!("STOPPING=1\nSTATUS=stopping: {running} launch(es) running"));
-    eprintln!("chio supervisor: stopping: {running} launch(es) get {} s to finish", grace.as_secs());
+    tracing::info!(running, "stopping: {running} launch(es) get {} s to finish", grace.as_secs());
     if !drained(&shared, grace).await {
-        eprintln!("chio supervisor: the stop grace is over: killing the launches still running");
+        tracing::warn!("the stop grace is over: killing the launches still running");
         shared.launcher.kill_all()?;
         drained(&shared, Duration::from_secs(5)).await;
     }
@@ -147,8 +147,8 @@ async fn prune_journal(s: &Shared) {
     let before = chio_kernel::time::now_ms().saturating_sub(keep);
     match journal(s, "journal_prune", move |st| st.op_prune(JOURNAL_PREFIX, before)).await {
         Ok(0) => {}
-        Ok(n) => eprintln!("chio supervisor: forgot {n} settled request(s) older than the journal's retention"),
-        Err(e) => eprintln!("chio supervisor: pruning the journal: {e}"),
+        Ok(n) => tracing::info!("forgot {n} settled request(s) older than the journal's retention"),
+        Err(e) => tracing::error!("pruning the journal: {e}"),
     }
 }
 
@@ -229,11 +229,18 @@ impl Drop for Share<'_> {
 }
 
 impl Shared {
-    /// A refusal for `reason` (counted), exiting `exit_code`; its id is set as it is sent.
-    fn refuse(&self, reason: Reason, why: String, exit_code: i32) -> Value {
+    /// A refusal of peer `uid`'s request `id` for `reason` (counted and logged), exiting
+    /// `exit_code`; its id is set as it is sent.
+    fn refuse(&self, uid: Option<u32>, id: Option<&str>, reason: Reason, why: String, exit_code: i32) -> Value {
         self.metrics.refused(reason);
+        logged_refusal(uid, id, reason, &why);
         refusal(reason, why, exit_code)
     }
+}
+
+/// Log a refusal with its fields (`CHIO_OUTCOME=refused`, `CHIO_REASON`, …).
+fn logged_refusal(uid: Option<u32>, id: Option<&str>, reason: Reason, why: &str) {
+    tracing::info!(peer_uid = uid, request_id = id, outcome = "refused", reason = reason.word(), "refused: {why}");
 }
 
 /// A refusal's answer (its id set as it is sent).
@@ -289,6 +296,9 @@ struct Summary {
     reason: Option<String>,
     #[serde(default)]
     record: Option<RecordSummary>,
+    /// The launch's receipts: its enforcement receipt first (the launch's id in the log).
+    #[serde(default)]
+    receipts: Vec<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -324,14 +334,14 @@ impl Summary {
 }
 
 async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
-    let Ok(_slot) = s.connections.clone().try_acquire_owned() else {
-        let why = format!("the supervisor is serving its limit of {} connections; try again", s.config.max_connections);
-        let _ = reply(&mut stream, &s.refuse(Reason::Connections, why, 75)).await;
-        return;
-    };
     let (uid, gid, pid) = match stream.peer_cred() {
         Ok(c) => (c.uid(), c.gid(), c.pid().unwrap_or(0)),
-        Err(e) => return eprintln!("chio supervisor: peer credentials: {e}"),
+        Err(e) => return tracing::warn!("peer credentials: {e}"),
+    };
+    let Ok(_slot) = s.connections.clone().try_acquire_owned() else {
+        let why = format!("the supervisor is serving its limit of {} connections; try again", s.config.max_connections);
+        let _ = reply(&mut stream, &s.refuse(Some(uid), None, Reason::Connections, why, 75)).await;
+        return;
     };
     let Some(role) = s.config.role_of(uid, gid) else {
         let why = format!(
@@ -339,7 +349,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
              ({}; without one only root may connect)",
             super::DEFAULT_CONFIG
         );
-        let _ = reply(&mut stream, &s.refuse(Reason::NotAClient, why, 77)).await;
+        let _ = reply(&mut stream, &s.refuse(Some(uid), None, Reason::NotAClient, why, 77)).await;
         return;
     };
     let Some(_share) = s.share(uid, Kind::Connection) else {
@@ -347,7 +357,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
             "uid {uid} has its limit of {} connections open (max_connections_per_client); try again",
             s.config.max_connections_per_client
         );
-        let _ = reply(&mut stream, &s.refuse(Reason::ClientConnections, why, 75)).await;
+        let _ = reply(&mut stream, &s.refuse(Some(uid), None, Reason::ClientConnections, why, 75)).await;
         return;
     };
     let timeout = Duration::from_secs(s.config.request_timeout_s);
@@ -355,16 +365,18 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
         let (line, fds) = match tokio::time::timeout(timeout, read_request(&stream)).await {
             Ok(Ok(Some(got))) => got,
             Ok(Ok(None)) => return,
-            Ok(Err(why)) => return drop(reply(&mut stream, &s.refuse(Reason::BadRequest, why, 2)).await),
+            Ok(Err(why)) => {
+                return drop(reply(&mut stream, &s.refuse(Some(uid), None, Reason::BadRequest, why, 2)).await)
+            }
             Err(_) => {
                 let why = format!("no complete request within {} s", timeout.as_secs());
-                return drop(reply(&mut stream, &s.refuse(Reason::RequestTimeout, why, 2)).await);
+                return drop(reply(&mut stream, &s.refuse(Some(uid), None, Reason::RequestTimeout, why, 2)).await);
             }
         };
         let arrived = super::answer::monotonic_ns();
         let req = match Request::parse(&line) {
             Ok(r) => r,
-            Err(why) => return drop(reply(&mut stream, &s.refuse(Reason::BadRequest, why, 2)).await),
+            Err(why) => return drop(reply(&mut stream, &s.refuse(Some(uid), None, Reason::BadRequest, why, 2)).await),
         };
         let job = matches!(req, Request::Launch { .. } | Request::Repository { .. });
         let peer = Peer { uid, gid, pid, role, arrived };
@@ -379,7 +391,7 @@ async fn connection(s: Arc<Shared>, mut stream: UnixStream) {
         // The answer is journaled while it travels; the next request on this connection (and
         // a stop) waits for that.
         if let Some(Err(why)) = settle(settling).await {
-            eprintln!("chio supervisor: {why}");
+            tracing::error!("{why}");
         }
         if replied.is_err() {
             return;
@@ -417,11 +429,16 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
     let id = req.id().to_string();
     if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
         let why = "a request id is 1–128 characters of [A-Za-z0-9._-]".into();
-        return (Reply::Line { text: s.refuse(Reason::BadRequest, why, 2).to_string(), from: 0 }, None);
+        return (
+            Reply::Line { text: s.refuse(Some(uid), None, Reason::BadRequest, why, 2).to_string(), from: 0 },
+            None,
+        );
     }
     let mut settling = None;
     let a = match &req {
         _ if fds.len() != req.fd_count() => Answer::Built(s.refuse(
+            Some(uid),
+            Some(&id),
             Reason::BadRequest,
             format!("{} descriptors do not match the request's fds", fds.len()),
             2,
@@ -430,6 +447,8 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
             json!({"version": env!("CARGO_PKG_VERSION"), "protocol": wire::PROTOCOL, "role": role.name(), "uid": uid}),
         ),
         Request::Repository { .. } if role == Role::Launch => Answer::Built(s.refuse(
+            Some(uid),
+            Some(&id),
             Reason::Role,
             format!("uid {uid}: the repository operations need the admin or repository role"),
             77,
@@ -440,7 +459,10 @@ async fn answer(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: &
                 settling = journaling;
                 a
             }
-            Err(e) => Answer::Built(s.refuse(Reason::LaunchFailed, format!("the connection's descriptor: {e}"), 125)),
+            Err(e) => {
+                let why = format!("the connection's descriptor: {e}");
+                Answer::Built(s.refuse(Some(uid), Some(&id), Reason::LaunchFailed, why, 125))
+            }
         },
     };
     (a.reply(&id), settling)
@@ -454,10 +476,19 @@ async fn launch(s: &Shared, req: Request, fds: Vec<OwnedFd>, peer: Peer, conn: O
             "uid {uid} has its limit of {} launches running (max_launches_per_client); try again when one ends",
             s.config.max_launches_per_client
         );
-        return (Answer::Built(s.refuse(Reason::ClientLaunches, why, 75)), None);
+        return (Answer::Built(s.refuse(Some(uid), Some(req.id()), Reason::ClientLaunches, why, 75)), None);
     };
     let Ok(_slot) = s.launches.acquire().await else {
-        return (Answer::Built(s.refuse(Reason::Stopping, "the supervisor is stopping".into(), 75)), None);
+        return (
+            Answer::Built(s.refuse(
+                Some(uid),
+                Some(req.id()),
+                Reason::Stopping,
+                "the supervisor is stopping".into(),
+                75,
+            )),
+            None,
+        );
     };
     drop(queued);
     s.running.fetch_add(1, Ordering::SeqCst);
@@ -538,6 +569,7 @@ async fn dispatch(
         withdraw(submitted).await;
         return refused.map_err(|(reason, why)| {
             s.metrics.refused(reason);
+            logged_refusal(Some(uid), Some(&id), reason, &why);
             Turned { reason, why }
         });
     }
@@ -545,25 +577,30 @@ async fn dispatch(
         Ok(gated) => gated.open().await,
         Err(why) => Err(why),
     };
-    // From here the request was dispatched: however it ends, it is counted once, as it ended.
+    // From here the request was dispatched: however it ends, it is counted and logged once, as
+    // it ended.
+    let lost = |why: &str| {
+        s.metrics.ended(is_launch, Outcome::Unknown);
+        tracing::warn!(peer_uid = uid, request_id = id, outcome = "unknown", "uid {uid} request {id}: {why}");
+    };
     let (text, told) = match delivered {
         Ok(Delivery::Sent { told, answer }) => (answer, told),
         Ok(Delivery::NotSent) => {
-            s.metrics.ended(is_launch, Outcome::Unknown);
-            unknown(s, key).await.map_err(failed)?;
-            return Err(failed(format!(
+            let why = format!(
                 "the launch of request {id} ended without an answer: its cage was killed (the supervisor is stopping) \
                  or its launch process failed; its outcome is unknown"
-            )));
+            );
+            lost(&why);
+            unknown(s, key).await.map_err(failed)?;
+            return Err(failed(why));
         }
         Ok(Delivery::Unknown) => {
-            s.metrics.ended(is_launch, Outcome::Unknown);
+            lost("its launch process ended while answering; closing");
             unknown(s, key).await.map_err(failed)?;
-            eprintln!("chio supervisor: uid {uid} request {id}: its launch process ended while answering; closing");
             return Ok((Answer::Hangup, None));
         }
         Err(why) => {
-            s.metrics.ended(is_launch, Outcome::Unknown);
+            lost(&why);
             unknown(s, key).await.map_err(failed)?;
             return Err(failed(why));
         }
@@ -572,16 +609,18 @@ async fn dispatch(
     let summary: Summary = match serde_json::from_str(&text) {
         Ok(s) => s,
         Err(e) if sent == 0 => {
-            s.metrics.ended(is_launch, Outcome::Unknown);
-            return Err(failed(format!("the launch's answer is not a JSON object: {e}")));
+            let why = format!("the launch's answer is not a JSON object: {e}");
+            lost(&why);
+            return Err(failed(why));
         }
         // Part of it is with the client already: nothing else can follow on that connection.
-        Err(_) => {
-            s.metrics.ended(is_launch, Outcome::Unknown);
+        Err(e) => {
+            lost(&format!("the launch's answer is not a JSON object: {e}; closing"));
             return Ok((Answer::Hangup, None));
         }
     };
-    s.metrics.ended(is_launch, summary.outcome(is_launch));
+    let outcome = summary.outcome(is_launch);
+    s.metrics.ended(is_launch, outcome);
     if let Some(at) = told.exec_observed_ns.filter(|&at| at >= arrived) {
         s.metrics.exec_observed((at - arrived) as f64 / 1e9);
     }
@@ -598,9 +637,24 @@ async fn dispatch(
         running.fetch_sub(1, Ordering::SeqCst);
         done
     });
-    let state = summary.record.and_then(|r| r.state).unwrap_or_else(|| "-".into());
-    let status = summary.exit_status.or(summary.exit_code).unwrap_or(Value::Null);
-    eprintln!("chio supervisor: uid {uid} request {id} role {} exit {status} state {state}", role.name());
+    let state = summary.record.as_ref().and_then(|r| r.state.as_deref()).unwrap_or("-");
+    let status = summary.exit_status.as_ref().or(summary.exit_code.as_ref()).unwrap_or(&Value::Null);
+    let reason = match outcome {
+        Outcome::Refused(r) => Some(r.word()),
+        _ => None,
+    };
+    tracing::info!(
+        peer_uid = uid,
+        request_id = id,
+        role = role.name(),
+        outcome = outcome.word(),
+        reason,
+        state,
+        exit = %status,
+        launch_id = summary.receipts.first().map(String::as_str),
+        "uid {uid} request {id} role {} exit {status} state {state}",
+        role.name()
+    );
     Ok((Answer::Delivered { text, sent }, Some(settling)))
 }
 
