@@ -103,19 +103,19 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, render: &(dyn 
         Ok(Some(head)) => head,
         Ok(None) => return,
         Err(_) => {
-            return respond(&mut stream, "408 Request Timeout", "text/plain", "no request head within 5 s\n").await
+            let why = "no request head within 5 s\n";
+            return respond(&mut stream, "408 Request Timeout", "text/plain; charset=utf-8", why, false).await;
         }
     };
-    let (status, body) = match route(&head) {
+    let (status, body, head_only) = match route(&head) {
         Route::Metrics { head_only } => match render() {
-            Some(text) if head_only => return respond_head(&mut stream, text.len()).await,
-            Some(text) => ("200 OK", text),
-            None => ("500 Internal Server Error", "the metrics could not be encoded\n".into()),
+            Some(text) => ("200 OK", text, head_only),
+            None => ("500 Internal Server Error", "the metrics could not be encoded\n".into(), false),
         },
-        Route::Refused(status, why) => (status, why.into()),
+        Route::Refused(status, why) => (status, why.into(), false),
     };
     let ty = if status.starts_with("200") { CONTENT_TYPE } else { "text/plain; charset=utf-8" };
-    respond(&mut stream, status, ty, &body).await
+    respond(&mut stream, status, ty, &body, head_only).await
 }
 
 enum Route {
@@ -167,17 +167,12 @@ async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Option<String> {
     }
 }
 
-async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, status: &str, ty: &str, body: &str) {
+/// Write the answer: its head, then `body` unless `head_only` (HEAD: the length it would have).
+async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, status: &str, ty: &str, body: &str, head_only: bool) {
+    let body_sent = if head_only { "" } else { body };
     let text = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ty}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: {ty}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body_sent}",
         body.len()
-    );
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(text.as_bytes())).await;
-}
-
-async fn respond_head<S: AsyncWrite + Unpin>(stream: &mut S, len: usize) {
-    let text = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
     );
     let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(text.as_bytes())).await;
 }

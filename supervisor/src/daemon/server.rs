@@ -232,15 +232,15 @@ impl Shared {
     /// A refusal of peer `uid`'s request `id` for `reason` (counted and logged), exiting
     /// `exit_code`; its id is set as it is sent.
     fn refuse(&self, uid: Option<u32>, id: Option<&str>, reason: Reason, why: String, exit_code: i32) -> Value {
-        self.metrics.refused(reason);
-        logged_refusal(uid, id, reason, &why);
+        self.refused(uid, id, reason, &why);
         refusal(reason, why, exit_code)
     }
-}
 
-/// Log a refusal with its fields (`CHIO_OUTCOME=refused`, `CHIO_REASON`, …).
-fn logged_refusal(uid: Option<u32>, id: Option<&str>, reason: Reason, why: &str) {
-    tracing::info!(peer_uid = uid, request_id = id, outcome = "refused", reason = reason.word(), "refused: {why}");
+    /// Count a refusal and log it with its fields (`CHIO_OUTCOME=refused`, `CHIO_REASON`, …).
+    fn refused(&self, uid: Option<u32>, id: Option<&str>, reason: Reason, why: &str) {
+        self.metrics.refused(reason);
+        tracing::info!(peer_uid = uid, request_id = id, outcome = "refused", reason = reason.word(), "refused: {why}");
+    }
 }
 
 /// A refusal's answer (its id set as it is sent).
@@ -526,13 +526,17 @@ async fn dispatch(
     conn: OwnedFd,
 ) -> Result<(Answer, Settling), Turned> {
     let Peer { uid, gid, pid, role, arrived } = peer;
+    let id = req.id().to_string();
     let failed = |why: String| Turned { reason: Reason::LaunchFailed, why };
-    let value = serde_json::to_value(&req).map_err(|e| failed(e.to_string()))?;
+    let turned = |reason: Reason, why: String| {
+        s.refused(Some(uid), Some(&id), reason, &why);
+        Turned { reason, why }
+    };
+    let value = serde_json::to_value(&req).map_err(|e| turned(Reason::LaunchFailed, e.to_string()))?;
     let digest = chio_kernel::canonical::to_canonical(&value)
         .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
-        .map_err(|e| failed(e.to_string()))?;
-    let key = format!("{JOURNAL_PREFIX}{uid}:{}", req.id());
-    let id = req.id().to_string();
+        .map_err(|e| turned(Reason::LaunchFailed, e.to_string()))?;
+    let key = format!("{JOURNAL_PREFIX}{uid}:{id}");
     let is_launch = matches!(req, Request::Launch { .. });
     let begin = {
         let (key, digest) = (key.clone(), digest.clone());
@@ -567,11 +571,7 @@ async fn dispatch(
     };
     if let Some(refused) = refused {
         withdraw(submitted).await;
-        return refused.map_err(|(reason, why)| {
-            s.metrics.refused(reason);
-            logged_refusal(Some(uid), Some(&id), reason, &why);
-            Turned { reason, why }
-        });
+        return refused.map_err(|(reason, why)| turned(reason, why));
     }
     let delivered = match submitted {
         Ok(gated) => gated.open().await,
