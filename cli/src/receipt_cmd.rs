@@ -1,6 +1,8 @@
-//! `chio receipt verify | list | verify-chain`, and the receipts `chio cage run` appends.
+//! `chio receipt verify | list | verify-chain | checkpoint | report`, and the receipts `chio cage
+//! run` appends.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -10,6 +12,7 @@ use chio_kernel::keys;
 use chio_kernel::receipt::{self, Verified};
 use chio_kernel::store::{Filter, Store};
 use chio_kernel::time;
+use chio_supervisor::report::{self, ReportError};
 use clap::Subcommand;
 
 /// Largest input `receipt verify` reads.
@@ -101,6 +104,35 @@ pub enum ReceiptCommand {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Render the store as one self-contained HTML page (no script, nothing loaded): the
+    /// verification result at the top, then the launches and commands with their facts, exits,
+    /// limits hit and file changes, the refusals, and charts of latency and resource use.
+    #[command(after_help = "Exit status: 0 written and verified; 1 written, but the store does not verify (the page \
+                      says so at its top), or nothing written; 2 usage.\n\nExample:\n  chio receipt report \
+                      --receipt-db /var/lib/chio/receipts.db --trusted-key /etc/chio/kernel-key/public.key --out report.html")]
+    Report {
+        /// The receipt store.
+        #[arg(long = "receipt-db", value_name = "DB")]
+        db: PathBuf,
+        /// The kernel's public key (64 hex digits, or a file): check every signature. Without it
+        /// the page says at its top that signatures were not checked.
+        #[arg(long = "trusted-key", visible_alias = "trusted-kernel-pubkey", value_name = "HEX|FILE")]
+        key: Option<String>,
+        /// A checkpoint from `chio receipt checkpoint` (needs --trusted-key): receipts deleted
+        /// from the end show as a failure.
+        #[arg(long, value_name = "FILE", requires = "key")]
+        checkpoint: Option<PathBuf>,
+        /// A repository workspace's state (`chio repository --state`) or a governed session's:
+        /// each command's file changes, from the snapshots its receipt binds.
+        #[arg(long, value_name = "STATE")]
+        session: Option<PathBuf>,
+        /// Show the newest N launches (the verification always covers the whole store).
+        #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=report::MAX_LAUNCHES))]
+        last: u64,
+        /// The page to write (replaced whole; mode 0600).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
 }
 
 /// Run a receipt subcommand.
@@ -137,6 +169,20 @@ pub fn run(cmd: &ReceiptCommand) -> Result<i32> {
                 None => print!("{text}"),
             }
             Ok(0)
+        }
+        ReceiptCommand::Report { db, key, checkpoint, session, last, out } => {
+            let checkpoint = checkpoint
+                .as_ref()
+                .map(|cp| std::fs::read(cp).with_context(|| format!("reading checkpoint {}", cp.display())))
+                .transpose()?;
+            let request = report::Request {
+                db: db.clone(),
+                key: key.as_deref().map(pinned_key).transpose()?,
+                checkpoint,
+                session: session.clone(),
+                last: *last,
+            };
+            write_report(&request, out)
         }
         ReceiptCommand::VerifyChain { db, key, from, to, checkpoint } => {
             if let (Some(f), Some(t)) = (from, to) {
@@ -250,6 +296,53 @@ fn list(db: &Path, filter: &Filter) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Build the report and write it to `out` whole (a temporary file beside it, renamed over it).
+fn write_report(request: &report::Request, out: &Path) -> Result<i32> {
+    if out.is_dir() {
+        eprintln!("chio: --out {} is a directory; name the page's file", out.display());
+        return Ok(2);
+    }
+    let built = match report::build(request) {
+        Ok(r) => r,
+        Err(ReportError::Usage(e)) => {
+            eprintln!("chio: {e}");
+            return Ok(2);
+        }
+        Err(e) => bail!("no report was written: {e}"),
+    };
+    let page = report::render(&built);
+    let name = out.file_name().with_context(|| format!("--out {} names no file", out.display()))?;
+    let tmp = out.with_file_name(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(page.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, out)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        bail!("writing {}: {e}", out.display());
+    }
+    let v = &built.verification;
+    if v.holds() {
+        let signed = if v.key.is_some() { "signatures and chain" } else { "chain (signatures not checked)" };
+        eprintln!("chio: wrote {}: {} receipt(s), {signed} verified", out.display(), v.receipts);
+        Ok(0)
+    } else {
+        let problems = v.problems.len() + v.snapshot_problems.len() + v.checkpoint.as_ref().map_or(0, Vec::len);
+        eprintln!(
+            "chio: wrote {}, but the store does NOT verify ({problems} problem(s), named at the page's top)",
+            out.display()
+        );
+        Ok(1)
+    }
 }
 
 fn verify_chain(db: &Path, key: Option<&str>, from: Option<u64>, to: Option<u64>) -> Result<i32> {

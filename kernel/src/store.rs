@@ -596,6 +596,21 @@ impl Store {
         Ok(self.conn.query_row("SELECT count(*) FROM receipts", [], |r| r.get(0))?)
     }
 
+    /// Receipts of `kind`, and the sequence number of the `n`th newest of them (counting from 1;
+    /// `None` when there are fewer): where a view of the newest `n` begins.
+    pub fn newest_of_kind(&self, kind: &str, n: u64) -> Result<(u64, Option<u64>), StoreError> {
+        let total = self.conn.query_row("SELECT count(*) FROM receipts WHERE kind = ?1", [kind], |r| r.get(0))?;
+        let nth = self
+            .conn
+            .query_row(
+                "SELECT seq FROM receipts WHERE kind = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+                params![kind, n.saturating_sub(1)],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok((total, nth))
+    }
+
     /// The raw connection (tests use it to play the attacker; the journal shares the file).
     #[doc(hidden)]
     pub fn connection(&self) -> &Connection {

@@ -38,6 +38,7 @@ pub mod launch_plan;
 pub mod oci;
 pub mod preflight;
 pub mod receipts;
+pub mod report;
 pub mod repository;
 pub mod service;
 pub mod session;

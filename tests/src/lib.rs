@@ -1182,6 +1182,24 @@ pub fn metric(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Open `page` in headless Chromium (Debian's chromium and chromium-driver, through Selenium)
+/// and return what a reader sees (`tests/src/browse.py`): the verification banner, summary
+/// figures, timeline rows, refusals, chart bars, elements that could load anything, and every
+/// request the page made. With `screenshot`, a PNG of the window is saved there.
+pub fn browse(page: &Path, screenshot: Option<&Path>) -> serde_json::Value {
+    const BROWSE: &str = include_str!("browse.py");
+    let mut cmd = Command::new("/usr/bin/python3");
+    cmd.args(["-c", BROWSE]).arg(page).args(screenshot).stdin(Stdio::null());
+    let out = run_within(&mut cmd, std::time::Duration::from_secs(180), "the headless browser");
+    assert!(
+        out.status.success(),
+        "{} did not open in Chromium: {}",
+        page.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
