@@ -167,6 +167,11 @@ sleep 0.5
 echo "left=$(grep -l '[l]ong-launch' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
 echo "cgroups=$(ls /sys/fs/cgroup/pids /sys/fs/cgroup/memory | grep -c '^chio-')"
 echo "receipts=$(chio receipt list --receipt-db /var/lib/chio/receipts.db 2>/dev/null | wc -l)"
+chio receipt list --receipt-db /var/lib/chio/receipts.db > /results/receipts.ndjson 2>/dev/null
+# The report, made as docs/installed-host.md shows (the host opens it in Chromium).
+chio receipt report --receipt-db /var/lib/chio/receipts.db --trusted-key /etc/chio/kernel-key/public.key \
+  --out /root/report.html 2> /results/report.txt; echo "report=$?"
+cp /root/report.html /results/report.html
 echo "done=1"
 systemctl start --no-block poweroff.target
 "#;
@@ -308,6 +313,21 @@ fn the_package_under_a_booted_systemd() {
     assert!((2000..7000).contains(&stop_ms), "the stop took {stop_ms} ms with a 2 s grace: {out}");
     assert_eq!((get("stopped"), get("left"), get("cgroups")), ("inactive".into(), "0".into(), "0".into()), "{out}");
     assert!(get("receipts").parse::<u32>().unwrap() >= 2, "the launch's receipts in the daemon's store: {out}");
+    // The report as the guide makes it: verified under the kernel key, and it shows every launch
+    // of the store (the tool's and the daemon's) with its state.
+    assert_eq!(get("report"), "0", "{out}\n{}", show("report.txt"));
+    let page = chio_tests::browse(&results.join("report.html"), None);
+    assert_eq!(page["verification"]["cls"], "ok", "{}", page["verification"]);
+    assert_eq!(page["network"], serde_json::json!([]));
+    let listed: Vec<serde_json::Value> =
+        show("receipts.ndjson").lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(page["figures"]["receipts"], listed.len().to_string());
+    let launches: Vec<&serde_json::Value> = listed.iter().filter(|r| r["kind"] == "launch_enforcement").collect();
+    assert_eq!(page["figures"]["launches"], launches.len().to_string());
+    for l in &launches {
+        let row = page["rows"].as_array().unwrap().iter().find(|r| r["seq"] == l["seq"]).unwrap();
+        assert_eq!(row["cells"]["state"]["text"], l["outcome"], "{row}");
+    }
 }
 
 /// What the current Debian's systemd runs: the credential as it hands one to a `User=` service,
