@@ -266,6 +266,12 @@ fn a_store_that_does_not_verify_says_so_at_the_top_of_its_report() {
     };
     let ok = page("ok.html", &["--trusted-key", s(&public), "--checkpoint", s(&checkpoint)], 0);
     assert_eq!(ok["verification"]["cls"], "ok");
+    // --last: the newest launches only; the verification still covers every receipt.
+    let newest = page("last.html", &["--trusted-key", s(&public), "--last", "2"], 0);
+    assert_eq!((&newest["figures"]["launches"], &newest["figures"]["shown"]), (&"3".into(), &"2".into()));
+    assert_eq!(newest["figures"]["receipts"], "6");
+    let seqs: Vec<&Value> = newest["rows"].as_array().unwrap().iter().map(|r| &r["seq"]).collect();
+    assert_eq!(seqs, [3, 5]);
     let unsigned = page("unsigned.html", &[], 0);
     assert_eq!(unsigned["verification"]["cls"], "unsigned");
     assert!(unsigned["verification"]["headline"].as_str().unwrap().contains("signatures NOT checked"));

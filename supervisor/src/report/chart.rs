@@ -66,7 +66,12 @@ pub fn bars(s: &Series) -> Markup {
     let median_y = TOP + plot_h - median / top * plot_h;
     html! {
         figure.chart {
-            figcaption { (s.title) " (" (s.unit) "), " (points.len()) " launch(es); median " (figure(median)) " " (s.unit) }
+            figcaption {
+                (s.title) " (" (s.unit) "), "
+                @if points.len() < s.points.len() { "the newest " (points.len()) " of " (s.points.len()) " launches" }
+                @else { (points.len()) " launch(es)" }
+                "; median " (figure(median)) " " (s.unit)
+            }
             svg id=(s.id) xmlns="http://www.w3.org/2000/svg" width=(WIDTH) height=(HEIGHT)
                 viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) role="img" aria-label=(s.title) {
                 line.axis x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(TOP + plot_h) {}
@@ -109,5 +114,6 @@ mod tests {
         let svg = bars(&Series { id: "c", title: "t", unit: "ms", points }).into_string();
         assert_eq!(svg.matches("<rect").count(), MAX_BARS);
         assert!(!svg.contains(r#"data-seq="5""#) && svg.contains(r#"data-seq="6" data-value="6""#), "{svg}");
+        assert!(svg.contains(&format!("the newest {MAX_BARS} of {} launches", MAX_BARS + 5)), "{svg}");
     }
 }

@@ -114,7 +114,7 @@ fn charts(r: &Report) -> Markup {
     };
     let ended = |l: &Launch| l.terminal.as_ref().map(|t| t.ended.clone());
     let all = [
-        series("chart-exec", "Launch start to observed exec", "ms", &|l| Some(l.exec_observed_us()? as f64 / 1000.0)),
+        series("chart-exec", "Launch start to observed exec", "ms", &|l| Some(l.exec_observed_us? as f64 / 1000.0)),
         series("chart-wall", "Wall time from exec to end", "ms", &|l| Some(ended(l)?.wall_ms as f64)),
         series("chart-cpu", "CPU time of the cage", "ms", &|l| Some(ended(l)?.cpu_ms as f64)),
         series("chart-memory", "Peak memory of the cage", "MiB", &|l| {
@@ -163,7 +163,7 @@ fn launch_row(l: &Launch, r: &Report) -> Markup {
         || l.call.as_ref().is_some_and(|c| r.verification.bad.contains(&c.seq));
     let ended = l.terminal.as_ref().map(|t| &t.ended);
     let state_class = if l.state == "FullyEnforced" { "state state-FullyEnforced" } else { "state state-other" };
-    let mut exit = match (&l.terminal, l.record.as_ref().and_then(|r| r.failure.as_ref())) {
+    let mut exit = match (&l.terminal, l.failure.as_ref()) {
         (Some(t), _) => t.outcome.clone(),
         (None, Some(f)) => f.code.to_string(),
         (None, None) => "—".into(),
@@ -182,7 +182,7 @@ fn launch_row(l: &Launch, r: &Report) -> Markup {
                     summary { code { (l.what()) } }
                     p.source { "launch_enforcement receipt " code.id { (l.id) }
                         @if let Some(t) = &l.terminal { "; launch_terminal receipt " (t.seq) } }
-                    @if let Some(f) = l.record.as_ref().and_then(|r| r.failure.as_ref()) {
+                    @if let Some(f) = l.failure.as_ref() {
                         p.fails { (f.code) " at " (format!("{:?}", f.stage)) ": " (f.detail) }
                     }
                     @if !l.facts.is_empty() {
@@ -199,7 +199,7 @@ fn launch_row(l: &Launch, r: &Report) -> Markup {
             }
             td class=(state_class) { (l.state) }
             td.exit { (exit) }
-            td.n.exec data-value=[l.exec_observed_us()] { (l.exec_observed_us().map_or_else(|| "—".into(), ms_of_us)) }
+            td.n.exec data-value=[l.exec_observed_us] { (l.exec_observed_us.map_or_else(|| "—".into(), ms_of_us)) }
             td.n.wall data-value=[ended.map(|e| e.wall_ms)] { (ended.map_or_else(|| "—".into(), |e| format!("{} ms", e.wall_ms))) }
             td.n.cpu data-value=[ended.map(|e| e.cpu_ms)] { (ended.map_or_else(|| "—".into(), |e| format!("{} ms", e.cpu_ms))) }
             td.n.memory data-value=[ended.map(|e| e.peak_memory_bytes)] { (ended.map_or_else(|| "—".into(), |e| mib(e.peak_memory_bytes))) }

@@ -15,7 +15,7 @@ mod html;
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use chio_cage::record::Outcome;
+use chio_cage::record::{Failure, Outcome};
 use chio_cage::LaunchRecord;
 use chio_kernel::receipt::{self, Kind};
 use chio_kernel::store::{Filter, Store, StoreError};
@@ -26,7 +26,7 @@ pub use facts::Fact;
 pub use html::render;
 
 /// Most launches a report shows (the newest; the verification always covers the whole store).
-pub const MAX_LAUNCHES: u64 = 100_000;
+pub const MAX_LAUNCHES: u64 = 10_000;
 
 /// What to report on.
 #[derive(Debug, Clone)]
@@ -116,9 +116,14 @@ pub struct Launch {
     pub issued_at: String,
     /// The launch state (the receipt's outcome).
     pub state: String,
-    /// The record, when its body holds a readable one.
-    pub record: Option<LaunchRecord>,
-    /// The facts an auditor checks, read from the record.
+    /// argv as given (empty when the body holds no readable record).
+    pub argv: Vec<String>,
+    /// Why the launch failed, when it did.
+    pub failure: Option<Failure>,
+    /// Microseconds from the launch's start to its observed exec.
+    pub exec_observed_us: Option<u64>,
+    /// The facts an auditor checks, read from the record (which is not kept: a timeline of
+    /// thousands of launches holds only what it shows).
     pub facts: Vec<Fact>,
     /// How it ended.
     pub terminal: Option<Terminal>,
@@ -127,17 +132,11 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// Microseconds from the launch's start to its observed exec.
-    pub fn exec_observed_us(&self) -> Option<u64> {
-        self.record.as_ref().and_then(|r| r.timings_us.get("exec_stop").copied())
-    }
-
     /// The command line shown: the tool call's command, else the argv.
     pub fn what(&self) -> String {
-        match (&self.call, &self.record) {
-            (Some(c), _) => c.what.clone(),
-            (None, Some(r)) => r.argv.join(" "),
-            (None, None) => String::new(),
+        match &self.call {
+            Some(c) => c.what.clone(),
+            None => self.argv.join(" "),
         }
     }
 }
@@ -275,12 +274,18 @@ pub fn build(r: &Request) -> Result<Report, ReportError> {
                     }
                     let facts = record.as_ref().map(facts::of).unwrap_or_default();
                     launch_at.insert(row.id.clone(), entries.len());
+                    let (argv, failure, exec_observed_us) = match record {
+                        Some(r) => (r.argv, r.failure, r.timings_us.get("exec_stop").copied()),
+                        None => (Vec::new(), None, None),
+                    };
                     entries.push(Entry::Launch(Box::new(Launch {
                         seq,
                         id: row.id,
                         issued_at: body.issued_at,
                         state: body.outcome,
-                        record,
+                        argv,
+                        failure,
+                        exec_observed_us,
                         facts,
                         terminal: None,
                         call: None,
