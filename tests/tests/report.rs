@@ -467,3 +467,31 @@ fn a_report_refuses_bad_input_and_writes_nothing() {
     }
     assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 0, "nothing was written");
 }
+
+/// A launch receipt whose record this chio cannot read (another version's schema) is shown by
+/// its argv, and its row says why no fact is shown — rather than a blank row.
+#[test]
+fn a_record_this_chio_cannot_read_is_shown_with_why() {
+    let dir = Scratch::new("report-foreign-record");
+    let key = dir.join("key");
+    assert!(chio(&["keys", "generate", "--out", s(&key)]).status.success());
+    let db = dir.join("r.db");
+    let seed = chio_kernel::keys::read_seed(&key.join("signing.seed")).unwrap();
+    let mut store = chio_kernel::store::Store::open(&db, true).unwrap();
+    let draft = chio_kernel::receipt::Draft {
+        kind: Some(chio_kernel::receipt::Kind::LaunchEnforcement),
+        outcome: "FullyEnforced".into(),
+        launch_record: Some(
+            serde_json::json!({"schema": "chio.cage.launch-record.v0", "argv": ["/old/tool", "<i>x</i>"]}),
+        ),
+        ..Default::default()
+    };
+    store.append(&seed, draft).unwrap();
+    drop(store);
+    let at = dir.join("p.html");
+    let made = report(&at, &["--receipt-db", s(&db), "--trusted-key", s(&key.join("public.key"))]);
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    let page = std::fs::read_to_string(&at).unwrap();
+    assert!(page.contains("<code>/old/tool &lt;i&gt;x&lt;/i&gt;</code>"), "{page}");
+    assert!(page.contains("No facts: its launch record cannot be read: missing field"), "{page}");
+}

@@ -182,6 +182,7 @@ fn launch_row(l: &Launch, r: &Report) -> Markup {
                     summary { code { (l.what()) } }
                     p.source { "launch_enforcement receipt " code.id { (l.id) }
                         @if let Some(t) = &l.terminal { "; launch_terminal receipt " (t.seq) } }
+                    @if let Some(e) = &l.record_error { p.fails { "No facts: " (e) } }
                     @if let Some(f) = l.failure.as_ref() {
                         p.fails { (f.code) " at " (format!("{:?}", f.stage)) ": " (f.detail) }
                     }

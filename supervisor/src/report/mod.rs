@@ -122,6 +122,8 @@ pub struct Launch {
     pub failure: Option<Failure>,
     /// Microseconds from the launch's start to its observed exec.
     pub exec_observed_us: Option<u64>,
+    /// Why the receipt's launch record could not be read, when it could not.
+    pub record_error: Option<String>,
     /// The facts an auditor checks, read from the record (which is not kept: a timeline of
     /// thousands of launches holds only what it shows).
     pub facts: Vec<Fact>,
@@ -261,8 +263,18 @@ pub fn build(r: &Request) -> Result<Report, ReportError> {
             let seq = row.seq;
             match body.kind {
                 Kind::LaunchEnforcement => {
-                    let record: Option<LaunchRecord> =
-                        body.launch_record.clone().and_then(|v| serde_json::from_value(v).ok());
+                    // A record this chio cannot read (another version's) still shows its argv,
+                    // and the row says why its facts are missing.
+                    let raw_argv = body.launch_record.as_ref().and_then(|v| v.get("argv")).and_then(Value::as_array);
+                    let raw_argv: Vec<String> = raw_argv
+                        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                        .unwrap_or_default();
+                    let (record, record_error) =
+                        match body.launch_record.clone().map(serde_json::from_value::<LaunchRecord>) {
+                            Some(Ok(r)) => (Some(r), None),
+                            Some(Err(e)) => (None, Some(format!("its launch record cannot be read: {e}"))),
+                            None => (None, Some("it embeds no launch record".to_string())),
+                        };
                     if let Some(f) = record.as_ref().and_then(|rec| rec.failure.as_ref()) {
                         refusals.push(Refusal {
                             seq,
@@ -276,7 +288,7 @@ pub fn build(r: &Request) -> Result<Report, ReportError> {
                     launch_at.insert(row.id.clone(), entries.len());
                     let (argv, failure, exec_observed_us) = match record {
                         Some(r) => (r.argv, r.failure, r.timings_us.get("exec_stop").copied()),
-                        None => (Vec::new(), None, None),
+                        None => (raw_argv, None, None),
                     };
                     entries.push(Entry::Launch(Box::new(Launch {
                         seq,
@@ -286,6 +298,7 @@ pub fn build(r: &Request) -> Result<Report, ReportError> {
                         argv,
                         failure,
                         exec_observed_us,
+                        record_error,
                         facts,
                         terminal: None,
                         call: None,
