@@ -236,112 +236,21 @@ pub fn build(r: &Request) -> Result<Report, ReportError> {
     if !(1..=MAX_LAUNCHES).contains(&r.last) {
         return Err(ReportError::Usage(format!("--last {} is outside 1 to {MAX_LAUNCHES}", r.last)));
     }
-    let workspace = r.session.as_deref().map(changes::Snapshots::open).transpose()?;
+    let snapshots = r.session.as_deref().map(changes::Snapshots::open).transpose()?;
     let store = Store::open_read_only(&r.db)?;
-    let mut verification = verify(&store, r)?;
+    let verification = verify(&store, r)?;
     let (launches_total, nth) = store.newest_of_kind(Kind::LaunchEnforcement.name(), r.last)?;
     let from_seq = nth.unwrap_or(1);
-
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut refusals = Vec::new();
-    // A launch's later receipts name it by id.
-    let mut launch_at: HashMap<String, usize> = HashMap::new();
-    let mut snapshots = workspace;
+    let mut t = Timeline { snapshots, verification, ..Timeline::default() };
     let mut after = from_seq - 1;
     loop {
         let rows = store.list(&Filter { after_seq: Some(after), limit: PAGE, ..Filter::default() })?;
         let Some(last) = rows.last() else { break };
         after = last.seq;
         for row in rows {
-            let body = match receipt::parse_unsigned(row.envelope.as_bytes()) {
-                Ok(v) => v.body,
-                Err(e) => {
-                    entries.push(Entry::Unreadable(row.seq, e.to_string()));
-                    continue;
-                }
-            };
-            let seq = row.seq;
-            match body.kind {
-                Kind::LaunchEnforcement => {
-                    // A record this chio cannot read (another version's) still shows its argv,
-                    // and the row says why its facts are missing.
-                    let raw_argv = body.launch_record.as_ref().and_then(|v| v.get("argv")).and_then(Value::as_array);
-                    let raw_argv: Vec<String> = raw_argv
-                        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-                        .unwrap_or_default();
-                    let (record, record_error) =
-                        match body.launch_record.clone().map(serde_json::from_value::<LaunchRecord>) {
-                            Some(Ok(r)) => (Some(r), None),
-                            Some(Err(e)) => (None, Some(format!("its launch record cannot be read: {e}"))),
-                            None => (None, Some("it embeds no launch record".to_string())),
-                        };
-                    if let Some(f) = record.as_ref().and_then(|rec| rec.failure.as_ref()) {
-                        refusals.push(Refusal {
-                            seq,
-                            issued_at: body.issued_at.clone(),
-                            by: "launch".into(),
-                            rule: f.code.to_string(),
-                            reasons: vec![f.detail.clone()],
-                        });
-                    }
-                    let facts = record.as_ref().map(facts::of).unwrap_or_default();
-                    launch_at.insert(row.id.clone(), entries.len());
-                    let (argv, failure, exec_observed_us) = match record {
-                        Some(r) => (r.argv, r.failure, r.timings_us.get("exec_stop").copied()),
-                        None => (raw_argv, None, None),
-                    };
-                    entries.push(Entry::Launch(Box::new(Launch {
-                        seq,
-                        id: row.id,
-                        issued_at: body.issued_at,
-                        state: body.outcome,
-                        argv,
-                        failure,
-                        exec_observed_us,
-                        record_error,
-                        facts,
-                        terminal: None,
-                        call: None,
-                    })));
-                }
-                Kind::LaunchTerminal => {
-                    let ended: Option<Outcome> = body.detail.clone().and_then(|v| serde_json::from_value(v).ok());
-                    let launch = body.launch.as_ref().and_then(|l| launch_at.get(&l.receipt_id));
-                    match (launch.and_then(|i| entries.get_mut(*i)), ended) {
-                        (Some(Entry::Launch(l)), Some(ended)) => {
-                            l.terminal = Some(Terminal { seq, outcome: body.outcome, ended })
-                        }
-                        (_, None) => {
-                            entries.push(Entry::Unreadable(seq, "a terminal receipt without its detail".into()))
-                        }
-                        // Its launch is older than the timeline's start.
-                        (_, Some(_)) => {}
-                    }
-                }
-                Kind::ToolCall => {
-                    let mut call = tool_call(seq, row.id, &body.outcome, body.detail.as_ref());
-                    if let (Some(w), Some(d)) = (snapshots.as_mut(), body.detail.as_ref()) {
-                        call.changes = w.changes_of(d, &mut verification.snapshot_problems);
-                    }
-                    if call.transition == "refused" {
-                        refusals.push(Refusal {
-                            seq,
-                            issued_at: body.issued_at.clone(),
-                            by: "repository".into(),
-                            rule: "transition".into(),
-                            reasons: call.reason.iter().cloned().collect(),
-                        });
-                    }
-                    let launch = body.launch.as_ref().and_then(|l| launch_at.get(&l.receipt_id));
-                    match launch.and_then(|i| entries.get_mut(*i)) {
-                        Some(Entry::Launch(l)) if l.call.is_none() => l.call = Some(call),
-                        _ => entries.push(Entry::Call(call)),
-                    }
-                }
-                Kind::Denial => {
-                    refusals.push(denial(seq, &body.issued_at, body.tool_server.as_deref(), body.detail.as_ref()));
-                    entries.push(Entry::Denial(seq));
-                }
+            match receipt::parse_unsigned(row.envelope.as_bytes()) {
+                Ok(v) => t.add(row.seq, row.id, v.body),
+                Err(e) => t.entries.push(Entry::Unreadable(row.seq, e.to_string())),
             }
         }
     }
@@ -349,12 +258,123 @@ pub fn build(r: &Request) -> Result<Report, ReportError> {
         db: r.db.display().to_string(),
         session: r.session.as_ref().map(|s| s.display().to_string()),
         generated_at: chio_kernel::time::rfc3339(chio_kernel::time::now_ms()),
-        verification,
+        verification: t.verification,
         launches_total,
         from_seq,
-        entries,
-        refusals,
+        entries: t.entries,
+        refusals: t.refusals,
     })
+}
+
+/// The timeline as it is read, oldest receipt first.
+#[derive(Default)]
+struct Timeline {
+    entries: Vec<Entry>,
+    refusals: Vec<Refusal>,
+    /// Where each launch is in `entries`, by its enforcement receipt's id: its later receipts
+    /// name it so.
+    launch_at: HashMap<String, usize>,
+    snapshots: Option<changes::Snapshots>,
+    verification: Verification,
+}
+
+impl Timeline {
+    fn add(&mut self, seq: u64, id: String, body: receipt::Body) {
+        match body.kind {
+            Kind::LaunchEnforcement => self.launch(seq, id, body),
+            Kind::LaunchTerminal => self.terminal(seq, body),
+            Kind::ToolCall => self.tool_call(seq, id, body),
+            Kind::Denial => {
+                self.refusals.push(denial(seq, &body.issued_at, body.tool_server.as_deref(), body.detail.as_ref()));
+                self.entries.push(Entry::Denial(seq));
+            }
+        }
+    }
+
+    /// The launch a later receipt references, if it is in the timeline.
+    fn launch_of(&mut self, reference: Option<&receipt::Reference>) -> Option<&mut Launch> {
+        let at = *self.launch_at.get(&reference?.receipt_id)?;
+        match self.entries.get_mut(at) {
+            Some(Entry::Launch(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn launch(&mut self, seq: u64, id: String, body: receipt::Body) {
+        // A record this chio cannot read (another version's) still shows its argv, and the row
+        // says why its facts are missing.
+        let raw_argv: Vec<String> = body
+            .launch_record
+            .as_ref()
+            .and_then(|v| v.get("argv"))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default();
+        let (record, record_error) = match body.launch_record.map(serde_json::from_value::<LaunchRecord>) {
+            Some(Ok(r)) => (Some(r), None),
+            Some(Err(e)) => (None, Some(format!("its launch record cannot be read: {e}"))),
+            None => (None, Some("it embeds no launch record".to_string())),
+        };
+        let facts = record.as_ref().map(facts::of).unwrap_or_default();
+        let (argv, failure, exec_observed_us) = match record {
+            Some(r) => (r.argv, r.failure, r.timings_us.get("exec_stop").copied()),
+            None => (raw_argv, None, None),
+        };
+        if let Some(f) = &failure {
+            self.refusals.push(Refusal {
+                seq,
+                issued_at: body.issued_at.clone(),
+                by: "launch".into(),
+                rule: f.code.to_string(),
+                reasons: vec![f.detail.clone()],
+            });
+        }
+        self.launch_at.insert(id.clone(), self.entries.len());
+        self.entries.push(Entry::Launch(Box::new(Launch {
+            seq,
+            id,
+            issued_at: body.issued_at,
+            state: body.outcome,
+            argv,
+            failure,
+            exec_observed_us,
+            record_error,
+            facts,
+            terminal: None,
+            call: None,
+        })));
+    }
+
+    fn terminal(&mut self, seq: u64, body: receipt::Body) {
+        let Some(ended) = body.detail.and_then(|v| serde_json::from_value::<Outcome>(v).ok()) else {
+            self.entries.push(Entry::Unreadable(seq, "a terminal receipt without its detail".into()));
+            return;
+        };
+        // A launch older than the timeline's start is not shown, nor its end.
+        if let Some(l) = self.launch_of(body.launch.as_ref()) {
+            l.terminal = Some(Terminal { seq, outcome: body.outcome, ended });
+        }
+    }
+
+    fn tool_call(&mut self, seq: u64, id: String, body: receipt::Body) {
+        let mut call = tool_call(seq, id, &body.outcome, body.detail.as_ref());
+        if let (Some(w), Some(d)) = (self.snapshots.as_mut(), body.detail.as_ref()) {
+            call.changes = w.changes_of(d, &mut self.verification.snapshot_problems);
+        }
+        if call.transition == "refused" {
+            self.refusals.push(Refusal {
+                seq,
+                issued_at: body.issued_at.clone(),
+                by: "repository".into(),
+                rule: "transition".into(),
+                reasons: call.reason.iter().cloned().collect(),
+            });
+        }
+        match self.launch_of(body.launch.as_ref()) {
+            Some(l) if l.call.is_none() => l.call = Some(call),
+            _ => self.entries.push(Entry::Call(call)),
+        }
+    }
 }
 
 /// The chain (and signatures, with a key), the checkpoint and SQLite's own check.
