@@ -182,6 +182,71 @@ mod tests {
     }
 
     #[test]
+    fn counts_and_emptiness_cover_every_kind_of_change() {
+        let one = |p: &str| vec![(p.to_string(), String::new())];
+        let each = [
+            Changes { added: one("a"), ..Changes::default() },
+            Changes { removed: one("r"), ..Changes::default() },
+            Changes { modified: one("m"), ..Changes::default() },
+            Changes { unlisted: 1, ..Changes::default() },
+        ];
+        for c in &each {
+            assert!(!c.is_empty() && c.count() == 1, "{c:?}");
+        }
+        let all = Changes { added: one("a"), removed: one("r"), modified: one("m"), unlisted: 4 };
+        assert_eq!(all.count(), 7);
+        assert!(Changes::default().is_empty());
+    }
+
+    /// A workspace's snapshots as a report reads them: `dir/snapshots/HEX.json`.
+    fn snapshots(tag: &str, indexes: &[&Index]) -> (Snapshots, Vec<String>) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/unit-tmp").join(tag);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("snapshots")).unwrap();
+        let digests = indexes
+            .iter()
+            .map(|ix| {
+                let d = snapshot::digest(ix);
+                let file = dir.join("snapshots").join(format!("{}.json", d.trim_start_matches("sha256:")));
+                std::fs::write(file, snapshot::canonical_bytes(ix)).unwrap();
+                d
+            })
+            .collect();
+        (Snapshots { dir, config_digest: "sha256:ws".into(), last: None }, digests)
+    }
+
+    #[test]
+    fn a_commands_changes_come_from_the_snapshots_its_receipt_names_and_only_if_they_match() {
+        let before: Index = [("f".to_string(), file('1', 1, false))].into();
+        let after: Index = [("f".to_string(), file('2', 2, false)), ("g".to_string(), Node::Dir)].into();
+        let (mut w, d) = snapshots("report-changes", &[&before, &after]);
+        let detail = |ws: &str, b: &str, a: &str| serde_json::json!({"workspace": ws, "before": b, "after": a});
+        let mut problems = Vec::new();
+        assert_eq!(w.changes_of(&detail("sha256:other", &d[0], &d[1]), &mut problems), None, "another workspace's");
+        let c = w.changes_of(&detail("sha256:ws", &d[0], &d[1]), &mut problems).unwrap().unwrap();
+        assert_eq!((c.added.len(), c.modified.len(), c.removed.len()), (1, 1, 0), "{c:?}");
+        // A refused command names no `after`: nothing changed.
+        let unchanged = serde_json::json!({"workspace": "sha256:ws", "before": d[1]});
+        assert!(w.changes_of(&unchanged, &mut problems).unwrap().unwrap().is_empty());
+        assert!(problems.is_empty(), "{problems:?}");
+        // An index edited on disk is a problem, not a change (read again: not the one cached).
+        let on_disk = w.dir.join("snapshots").join(format!("{}.json", d[0].trim_start_matches("sha256:")));
+        std::fs::write(&on_disk, snapshot::canonical_bytes(&after)).unwrap();
+        w.last = None;
+        let e = w.changes_of(&detail("sha256:ws", &d[0], &d[1]), &mut problems).unwrap().unwrap_err();
+        assert!(e.contains("does not match its digest"), "{e}");
+        assert_eq!(problems, vec![e]);
+        for name in ["sha256:../../etc/passwd", "md5:00", &format!("sha256:{}", "g".repeat(64))] {
+            let e = w.changes_of(&detail("sha256:ws", name, name), &mut problems).unwrap().unwrap_err();
+            assert!(e.contains("which is not a snapshot digest"), "{name}: {e}");
+        }
+        let absent = format!("sha256:{}", "a".repeat(64));
+        let e = w.changes_of(&detail("sha256:ws", &absent, &absent), &mut problems).unwrap().unwrap_err();
+        assert!(e.contains("cannot be read"), "{e}");
+        let _ = std::fs::remove_dir_all(&w.dir);
+    }
+
+    #[test]
     fn a_long_diff_is_listed_to_its_cap_and_the_rest_counted() {
         let after: Index = (0..MAX_LISTED + 7).map(|i| (format!("f{i:05}"), Node::Dir)).collect();
         let c = diff(&Index::new(), &after);

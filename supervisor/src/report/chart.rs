@@ -31,7 +31,7 @@ fn ceiling(v: f64) -> f64 {
         return 1.0;
     }
     let scale = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * scale).find(|c| *c >= v).unwrap_or(10.0 * scale)
+    [1.0, 2.0, 5.0].iter().map(|m| m * scale).find(|c| *c >= v).unwrap_or(10.0 * scale)
 }
 
 fn figure(v: f64) -> String {
@@ -105,6 +105,12 @@ mod tests {
             assert!((ceiling(v) - top).abs() < 1e-9, "{v} → {} not {top}", ceiling(v));
         }
         assert_eq!(median(&[(1, 3.0), (2, 1.0), (3, 2.0)]), 2.0);
+        assert_eq!(median(&[(1, 5.0), (2, 1.0), (3, 4.0), (4, 2.0), (5, 3.0)]), 3.0);
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(
+            (figure(0.5), figure(3.0), figure(99.5), figure(250.7)),
+            ("0.50".into(), "3".into(), "99.50".into(), "251".into())
+        );
         assert_eq!(median(&[(1, 4.0), (2, 1.0)]), 2.5);
     }
 
@@ -115,5 +121,33 @@ mod tests {
         assert_eq!(svg.matches("<rect").count(), MAX_BARS);
         assert!(!svg.contains(r#"data-seq="5""#) && svg.contains(r#"data-seq="6" data-value="6""#), "{svg}");
         assert!(svg.contains(&format!("the newest {MAX_BARS} of {} launches", MAX_BARS + 5)), "{svg}");
+    }
+
+    /// The value of `name="…"` in the first element of `svg` from `at`.
+    fn attr(svg: &str, at: usize, name: &str) -> f64 {
+        let from = &svg[at..];
+        let start = from.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        from[start..start + from[start..].find('"').unwrap()].parse().unwrap()
+    }
+
+    #[test]
+    fn each_bar_stands_on_the_axis_in_proportion_to_its_value() {
+        let points = vec![(1, 1.0), (2, 2.0), (3, 4.0)];
+        let svg = bars(&Series { id: "c", title: "t", unit: "ms", points }).into_string();
+        // The axis' top is 5; the plot is 114 high from y=8, 500 wide from x=56.
+        let (plot_h, step) = (HEIGHT - TOP - BOTTOM, (WIDTH - LEFT - 4.0) / 3.0);
+        let rects: Vec<usize> = svg.match_indices("<rect").map(|(i, _)| i).collect();
+        assert_eq!(rects.len(), 3);
+        for (i, (at, v)) in rects.iter().zip([1.0, 2.0, 4.0]).enumerate() {
+            let h = v / 5.0 * plot_h;
+            let near = |a: f64, b: f64| (a - b).abs() < 0.01;
+            assert!(near(attr(&svg, *at, "height"), h), "bar {i}: {svg}");
+            assert!(near(attr(&svg, *at, "y") + h, TOP + plot_h), "bar {i} stands on the axis: {svg}");
+            assert!(near(attr(&svg, *at, "x"), LEFT + 1.0 + i as f64 * step), "bar {i}: {svg}");
+            assert!(near(attr(&svg, *at, "width"), 18.0), "a few bars are narrow: {svg}");
+        }
+        let median = svg.find("<line class=\"median\"").unwrap();
+        assert!((attr(&svg, median, "y1") - (TOP + plot_h - 2.0 / 5.0 * plot_h)).abs() < 0.01, "{svg}");
+        assert!(svg.contains(">5</text>") && svg.contains("median 2 ms"), "{svg}");
     }
 }

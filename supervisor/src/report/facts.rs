@@ -137,7 +137,12 @@ mod tests {
                 "init": {"pid": 8, "state": "S", "uids": [65534], "gids": [65534], "capabilities": {},
                          "no_new_privs": 1, "seccomp": 2, "seccomp_filters": 1}
             },
-            "reported": null, "namespaces": ["net", "pid"], "net": "none", "cgroup": null,
+            "reported": {
+                "landlock_abi": 7, "landlock_fs": "FullyEnforced", "landlock_net": "FullyEnforced",
+                "landlock_scope": "FullyEnforced", "seccomp_filter_sha256": "cd", "capabilities_cleared": true,
+                "securebits": 239, "proc_verified": true, "loopback_up": false, "mounts": []
+            },
+            "namespaces": ["net", "pid"], "net": "none", "cgroup": {"version": "v1", "paths": ["/sys/fs/cgroup/pids/chio-1"]},
             "limits": {"memory_bytes": 1024, "swap_bytes": 0, "pids": 64, "cpu_millis": null, "wall_ms": 1000,
                        "output_bytes": 1, "tmp_bytes": 1, "shm_bytes": 1, "nofile": 1, "fsize_bytes": 1,
                        "core_bytes": 0, "cpu_seconds": null, "address_space_bytes": null, "sigpending": 1,
@@ -168,6 +173,15 @@ mod tests {
         assert!(!holds(&of(&record(|v| v["observed"]["seccomp_filters_inherited"] = 1.into())), "seccomp"));
         assert!(!holds(&of(&record(|v| v["observed"]["uids"][1] = 0.into())), "identity"));
         assert!(!holds(&of(&record(|v| v["observed"]["init"]["seccomp"] = 0.into())), "init"));
+        assert!(!holds(&of(&record(|v| v["cgroup"]["paths"] = serde_json::json!([]))), "cgroup"));
+        for class in ["landlock_fs", "landlock_net", "landlock_scope"] {
+            assert!(!holds(&of(&record(|v| v["reported"][class] = "PartiallyEnforced".into())), "landlock"), "{class}");
+        }
+        assert!(!holds(&of(&record(|v| v["reported"]["seccomp_filter_sha256"] = "".into())), "seccomp_filter"));
+        let value = |facts: &[Fact], name: &str| facts.iter().find(|f| f.name == name).unwrap().value.clone();
+        assert_eq!(value(&good, "no_new_privs"), "set");
+        assert_eq!(value(&of(&record(|v| v["observed"]["no_new_privs"] = 0.into())), "no_new_privs"), "not set");
+        assert_eq!(good.len(), 11, "{good:?}");
         assert!(of(&record(|v| v["observed"] = serde_json::Value::Null)).iter().all(|f| f.name != "namespaces"));
     }
 }
