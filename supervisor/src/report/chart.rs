@@ -100,8 +100,16 @@ mod tests {
 
     #[test]
     fn the_axis_top_is_a_round_figure_at_or_above_the_largest_bar() {
-        for (v, top) in [(0.0, 1.0), (0.3, 0.5), (1.0, 1.0), (1.2, 2.0), (7.0, 10.0), (430.0, 500.0), (2001.0, 5000.0)]
-        {
+        for (v, top) in [
+            (0.0, 1.0),
+            (0.3, 0.5),
+            (1.0, 1.0),
+            (1.2, 2.0),
+            (7.0, 10.0),
+            (70.0, 100.0),
+            (430.0, 500.0),
+            (2001.0, 5000.0),
+        ] {
             assert!((ceiling(v) - top).abs() < 1e-9, "{v} → {} not {top}", ceiling(v));
         }
         assert_eq!(median(&[(1, 3.0), (2, 1.0), (3, 2.0)]), 2.0);
@@ -149,5 +157,10 @@ mod tests {
         let median = svg.find("<line class=\"median\"").unwrap();
         assert!((attr(&svg, median, "y1") - (TOP + plot_h - 2.0 / 5.0 * plot_h)).abs() < 0.01, "{svg}");
         assert!(svg.contains(">5</text>") && svg.contains("median 2 ms"), "{svg}");
+        // Many bars share the width: 100 bars of a 500-wide plot are 4 wide (80% of their step).
+        let many: Vec<(u64, f64)> = (1..=100).map(|s| (s, 1.0)).collect();
+        let svg = bars(&Series { id: "c", title: "t", unit: "ms", points: many }).into_string();
+        let w = attr(&svg, svg.find("<rect").unwrap(), "width");
+        assert!((w - (WIDTH - LEFT - 4.0) / 100.0 * 0.8).abs() < 0.01, "{w}");
     }
 }
