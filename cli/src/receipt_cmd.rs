@@ -336,7 +336,7 @@ fn write_report(request: &report::Request, out: &Path) -> Result<i32> {
         eprintln!("chio: wrote {}: {} receipt(s), {signed} verified", out.display(), v.receipts);
         Ok(0)
     } else {
-        let problems = v.problems.len() + v.snapshot_problems.len() + v.checkpoint.as_ref().map_or(0, Vec::len);
+        let problems = v.all_problems().count();
         eprintln!(
             "chio: wrote {}, but the store does NOT verify ({problems} problem(s), named at the page's top)",
             out.display()

@@ -66,11 +66,9 @@ fn verification(v: &Verification, db: &str) -> Markup {
                     Some(_) => { "The checkpoint does NOT hold." }
                 }
             }
-            @if !(v.problems.is_empty() && v.snapshot_problems.is_empty() && v.checkpoint.as_ref().map_or(true, Vec::is_empty)) {
+            @if v.all_problems().next().is_some() {
                 ul.problems {
-                    @for p in v.problems.iter().chain(&v.snapshot_problems).chain(v.checkpoint.iter().flatten()) {
-                        li { (p) }
-                    }
+                    @for p in v.all_problems() { li { (p) } }
                 }
             }
         }

@@ -64,12 +64,14 @@ pub struct Verification {
 }
 
 impl Verification {
+    /// Every problem found: the chain's, the session's snapshots', the checkpoint's.
+    pub fn all_problems(&self) -> impl Iterator<Item = &String> {
+        self.problems.iter().chain(&self.snapshot_problems).chain(self.checkpoint.iter().flatten())
+    }
+
     /// Everything checked holds.
     pub fn holds(&self) -> bool {
-        self.problems.is_empty()
-            && self.snapshot_problems.is_empty()
-            && self.quick_check == "ok"
-            && self.checkpoint.as_ref().map_or(true, Vec::is_empty)
+        self.quick_check == "ok" && self.all_problems().next().is_none()
     }
 }
 
@@ -116,7 +118,7 @@ pub struct Launch {
     pub issued_at: String,
     /// The launch state (the receipt's outcome).
     pub state: String,
-    /// argv as given (empty when the body holds no readable record).
+    /// argv as given (empty when the body embeds no record).
     pub argv: Vec<String>,
     /// Why the launch failed, when it did.
     pub failure: Option<Failure>,
@@ -182,7 +184,7 @@ pub struct Report {
     pub generated_at: String,
     /// The verification result.
     pub verification: Verification,
-    /// Launches in the store, and the sequence number the timeline starts at.
+    /// Launches in the whole store (the timeline shows the newest `--last` of them).
     pub launches_total: u64,
     /// First sequence number shown.
     pub from_seq: u64,
