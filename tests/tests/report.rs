@@ -75,6 +75,13 @@ fn report(out: &Path, args: &[&str]) -> Output {
     chio(&all)
 }
 
+/// A fresh kernel key in `dir/name` (its `signing.seed` and `public.key`).
+fn new_key(dir: &Scratch, name: &str) -> PathBuf {
+    let key = dir.join(name);
+    assert!(chio(&["keys", "generate", "--out", s(&key)]).status.success());
+    key
+}
+
 fn row(page: &Value, seq: u64) -> &Value {
     page["rows"].as_array().unwrap().iter().find(|r| r["seq"] == seq).unwrap_or_else(|| panic!("no row {seq}: {page}"))
 }
@@ -240,10 +247,7 @@ fn a_store_that_does_not_verify_says_so_at_the_top_of_its_report() {
         return;
     }
     let dir = Scratch::new("report-tamper");
-    let key = dir.join("key");
-    assert!(chio(&["keys", "generate", "--out", s(&key)]).status.success());
-    let other = dir.join("other");
-    assert!(chio(&["keys", "generate", "--out", s(&other)]).status.success());
+    let (key, other) = (new_key(&dir, "key"), new_key(&dir, "other"));
     let (db, seed, public) = (dir.join("r.db"), key.join("signing.seed"), key.join("public.key"));
     for _ in 0..3 {
         let run = chio(&["cage", "run", "--receipt-db", s(&db), "--kernel-key", s(&seed), "--", "/bin/true"]);
@@ -326,8 +330,7 @@ fn a_session_report_shows_each_commands_file_changes() {
     }
     let dir = Scratch::new("report-session");
     let repo = calculator_repo(&dir.0);
-    let key = dir.join("key");
-    assert!(chio(&["keys", "generate", "--out", s(&key)]).status.success());
+    let key = new_key(&dir, "key");
     let state = dir.join("ws");
     let init = chio(&[
         "repository",
@@ -473,8 +476,7 @@ fn a_report_refuses_bad_input_and_writes_nothing() {
 #[test]
 fn a_record_this_chio_cannot_read_is_shown_with_why() {
     let dir = Scratch::new("report-foreign-record");
-    let key = dir.join("key");
-    assert!(chio(&["keys", "generate", "--out", s(&key)]).status.success());
+    let key = new_key(&dir, "key");
     let db = dir.join("r.db");
     let seed = chio_kernel::keys::read_seed(&key.join("signing.seed")).unwrap();
     let mut store = chio_kernel::store::Store::open(&db, true).unwrap();
