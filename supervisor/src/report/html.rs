@@ -110,7 +110,9 @@ fn charts(r: &Report) -> Markup {
         unit,
         points: r.launches().filter_map(|l| Some((l.seq, f(l)?))).collect(),
     };
-    let ended = |l: &Launch| l.terminal.as_ref().map(|t| t.ended.clone());
+    fn ended(l: &Launch) -> Option<&chio_cage::record::Outcome> {
+        l.terminal.as_ref().map(|t| &t.ended)
+    }
     let all = [
         series("chart-exec", "Launch start to observed exec", "ms", &|l| Some(l.exec_observed_us? as f64 / 1000.0)),
         series("chart-wall", "Wall time from exec to end", "ms", &|l| Some(ended(l)?.wall_ms as f64)),
