@@ -1,12 +1,14 @@
 #!/bin/sh
-# Build the Debian package: the static chio binary, its systemd units, sysusers.d and tmpfiles.d
+# Build the Debian package: the static chio binaries (`chio`, the launch path, and `chio-full`,
+# every other command, which `chio` hands them to), its systemd units, sysusers.d and tmpfiles.d
 # files, man pages and shell completions (both generated from the binary's own clap
 # definitions). One command, from the repository root:
 #
 #   packaging/deb/build-deb.sh [--binary PATH] [--out DIR]
 #
-# Without --binary it builds a release binary statically linked (glibc static-pie:
-# `-C target-feature=+crt-static`), so it runs on any x86_64 Linux host. Writes
+# Without --binary it builds the release binaries statically linked (glibc static-pie:
+# `-C target-feature=+crt-static`), so they run on any x86_64 Linux host; --binary names a built
+# `chio`, with its `chio-full` beside it. Writes
 # OUT/chio_VERSION_amd64.deb (OUT defaults to target/deb). Needs dpkg-deb.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -28,7 +30,10 @@ mkdir -p "$out"
 root=$(mktemp -d "$out/.root.XXXXXX")
 trap 'rm -rf "$root"' EXIT
 
+full="$(dirname "$binary")/chio-full"
+[ -x "$full" ] || { echo "$full is missing: chio-full is built beside chio (cargo build -p chio-cli)" >&2; exit 1; }
 install -D -m 0755 "$binary" "$root/usr/bin/chio"
+install -D -m 0755 "$full" "$root/usr/bin/chio-full"
 for unit in packaging/systemd/*.service packaging/systemd/*.timer; do
     install -D -m 0644 "$unit" "$root/usr/lib/systemd/system/$(basename "$unit")"
 done

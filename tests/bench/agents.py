@@ -46,13 +46,16 @@ def main():
     ap.add_argument("--compare", help="an earlier chio build, timed as chio-old and chio-daemon-old")
     ap.add_argument("--compare-rev", help="a commit or tag: its static release build is --compare")
     a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import launch  # installed: a build's binaries copied into the run's directory
     if a.compare_rev:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import revision
         a.compare = revision.build(a.compare_rev)
     chio = subprocess.run([os.path.join(REPO, "packaging", "build-release")], check=True,
                           stdout=subprocess.PIPE).stdout.decode().strip()
     tmp = tempfile.mkdtemp(prefix="chio-bench-agents-")
+    # Both builds timed from fresh copies, as launch.py times them.
+    chio = launch.installed(chio, os.path.join(tmp, "new"))
     daemons = []
     try:
         with open(os.path.join(tmp, "supervisor.json"), "w") as f:
@@ -97,7 +100,7 @@ def main():
             "chio-repo-d": ChioRepositoryEnvironment(supervisor=sock, state_dir=state_d, run_id="bench-d"),
         }
         if a.compare:
-            old = shutil.copy2(a.compare, os.path.join(tmp, "chio-old"))
+            old = launch.installed(a.compare, os.path.join(tmp, "old"))
             envs["chio-old"] = ChioEnvironment(chio=old, cwd=work)
             envs["chio-daemon-old"] = ChioEnvironment(supervisor=serve(old, "d-old"), cwd=work)
         times = {k: [] for k in envs}

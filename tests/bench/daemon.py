@@ -184,9 +184,9 @@ def main():
         root = lb.build_rootfs(tmp)
         # Fresh copies side by side, as launch.py times them (a binary run from the build tree
         # measured slower than its own copy).
-        chio = lb.copied(chio, os.path.join(tmp, "chio"))
+        chio = lb.installed(chio, os.path.join(tmp, "new"))
         if a.compare:
-            a.compare = lb.copied(a.compare, os.path.join(tmp, "chio-old"))
+            a.compare = lb.installed(a.compare, os.path.join(tmp, "old"))
         if a.image_shape:
             for d in IMAGE_TOP:
                 os.makedirs(os.path.join(root, d), exist_ok=True)

@@ -114,8 +114,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="chio-bench-oci-")
     ctd = None
     try:
+        # The runtime is chio-full's (`chio` would hand the command line to it: one exec more).
         runc_link = os.path.join(tmp, "chio-runc")
-        os.symlink(chio, runc_link)
+        os.symlink(os.path.join(os.path.dirname(chio), "chio-full"), runc_link)
         binaries = {"chio": runc_link, "runc": shutil.which("runc"), "crun": shutil.which("crun")}
         root = launch.build_rootfs(tmp)
         for d in ("etc", "var/tmp", "run"):

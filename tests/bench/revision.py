@@ -23,9 +23,10 @@ def commit_of(rev):
 
 
 def build(rev):
-    """The path of REV's static release `chio`, built once per commit."""
+    """The path of REV's static release `chio`, built once per commit (with its `chio-full`
+    beside it, for a commit that has one)."""
     sha = commit_of(rev)
-    binary = os.path.join(REVS, f"chio-{sha[:12]}")
+    binary = os.path.join(REVS, sha[:12], "chio")
     if os.path.exists(binary):
         return binary
     os.makedirs(REVS, exist_ok=True)
@@ -43,7 +44,12 @@ def build(rev):
         print(f"building {rev} ({sha[:12]}) as a static release build ...", flush=True)
         subprocess.run(["cargo", "build", "--release", "--quiet", "--locked", "-p", "chio-cli", "--target", triple],
                        cwd=tree, env=env, check=True)
-        shutil.copy2(os.path.join(target, triple, "release", "chio"), binary)
+        built = os.path.join(target, triple, "release")
+        os.makedirs(os.path.dirname(binary), exist_ok=True)
+        if subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{sha}:cli/src/full.rs"],
+                          stderr=subprocess.DEVNULL).returncode == 0:
+            shutil.copy2(os.path.join(built, "chio-full"), os.path.join(os.path.dirname(binary), "chio-full"))
+        shutil.copy2(os.path.join(built, "chio"), binary)
     finally:
         subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", tree], check=False)
     return binary

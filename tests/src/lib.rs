@@ -10,13 +10,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-/// The built `chio` binary (a sibling of the probe in the target directory). `cargo test -p
-/// chio-tests` alone does not rebuild it: a binary older than the sources it is built from is
-/// refused, so no suite passes or fails on yesterday's code.
+/// The built `chio` binary (a sibling of the probe in the target directory), with `chio-full`
+/// beside it (the one `chio` hands every command but `cage run` to). `cargo test -p chio-tests`
+/// alone does not rebuild them: a binary older than the sources it is built from is refused, so
+/// no suite passes or fails on yesterday's code.
 pub fn chio_bin(probe: &Path) -> PathBuf {
     let p = probe.with_file_name("chio");
-    assert!(p.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", p.display());
-    let built = std::fs::metadata(&p).and_then(|m| m.modified()).unwrap();
+    for bin in [&p, &probe.with_file_name("chio-full")] {
+        fresh(bin);
+    }
+    p
+}
+
+/// Panic unless `bin` exists and is newer than every source of the `chio` crates.
+fn fresh(bin: &Path) {
+    assert!(bin.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", bin.display());
+    let built = std::fs::metadata(bin).and_then(|m| m.modified()).unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     if let Some(newer) = ["cage/src", "cli/src", "kernel/src", "supervisor/src"]
         .iter()
@@ -25,11 +34,10 @@ pub fn chio_bin(probe: &Path) -> PathBuf {
     {
         panic!(
             "{} is older than {}: rebuild it (cargo test --workspace, or cargo build -p chio-cli -p chio-tests)",
-            p.display(),
+            bin.display(),
             newer.display()
         );
     }
-    p
 }
 
 /// Every file below `dir`.

@@ -691,8 +691,9 @@ fn a_container_start_is_signed_into_the_nodes_store() {
 fn ctr_runs_containers_through_chio() {
     let Some(o) = Oci::with_engine("ctr", "containerd", "containerd") else { return };
     let ctd = Containerd::start(&o);
+    // The link docs/oci.md makes: to chio-full, which holds the runtime.
     let runc = o.dir.join("chio-runc");
-    std::os::unix::fs::symlink(&o.chio, &runc).unwrap();
+    std::os::unix::fs::symlink(o.chio.with_file_name("chio-full"), &runc).unwrap();
     let run = |id: &str, args: &[&str]| {
         let cg = format!("/{}/{id}", o.cgroup_parent);
         let mut c = ctd.ctr(&["run", "--rm", "--read-only", "--cgroup", &cg, "--runc-binary", runc.to_str().unwrap()]);
@@ -927,7 +928,7 @@ impl Podman {
         std::fs::create_dir_all(rootfs.join("var/tmp")).unwrap();
         let runc = o.dir.join("chio-runc");
         if !runc.exists() {
-            std::os::unix::fs::symlink(&o.chio, &runc).unwrap();
+            std::os::unix::fs::symlink(o.chio.with_file_name("chio-full"), &runc).unwrap();
         }
         // Podman's defaults set a sysctl chio does not (ping_group_range): none here.
         std::fs::write(dir.join("containers.conf"), "[containers]\ndefault_sysctls = []\n").unwrap();

@@ -1,7 +1,8 @@
 //! `packaging/`: every unit's command lines parse with the real binary; unprivileged units meet
 //! the hardening baseline and privileged ones say why each capability; `systemd-analyze verify`
-//! passes on every unit; the Debian package holds the binary, units, sysusers/tmpfiles files,
-//! man pages and completions, and its binary runs.
+//! passes on every unit; the Debian package holds the binaries, units, sysusers/tmpfiles files,
+//! man pages and completions, and its binary runs; `chio` is the launch path alone and hands the
+//! rest to `chio-full`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -199,7 +200,8 @@ fn the_debian_package_holds_everything_and_its_binary_runs() {
     let listing = String::from_utf8(Command::new("dpkg-deb").arg("-c").arg(&deb).output().unwrap().stdout).unwrap();
     for want in [
         "-rwxr-xr-x root/root",
-        "./usr/bin/chio",
+        "./usr/bin/chio\n",
+        "./usr/bin/chio-full\n",
         "./usr/lib/systemd/system/chio-preflight.service",
         "./usr/lib/systemd/system/chio-supervisor.service",
         "./usr/lib/systemd/system/chio-tool@.service",
@@ -221,6 +223,7 @@ fn the_debian_package_holds_everything_and_its_binary_runs() {
     }
     let x = out_dir.join("x");
     assert!(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x).status().unwrap().success());
+    // `--version` is chio-full's: `chio` finds it beside itself.
     let v = Command::new(x.join("usr/bin/chio")).arg("--version").output().unwrap();
     assert!(v.status.success() && String::from_utf8_lossy(&v.stdout).starts_with("chio "), "{v:?}");
     let completion = std::fs::read_to_string(x.join("usr/share/bash-completion/completions/chio")).unwrap();
@@ -295,8 +298,53 @@ fn a_build_at_the_workspace_root_has_no_test_hooks() {
     assert!(tree(&["--workspace"]).contains("test-hooks"), "control: the test suites' build has the hooks");
 }
 
-/// The installable artifact (`packaging/build-release`, the .deb's binary) refuses to start with
-/// any `CHIO_TEST_*` variable set, naming it, whatever the command. Controls: the same artifact
+/// `chio` is the launch path alone: it links none of the daemon (tokio), the gateway (rustls),
+/// the OCI runtime (oci-spec, regex) or the report (maud) — `chio-full` does, the control — and a
+/// copy of it with no `chio-full` beside it still launches. Every other command line is handed
+/// to the `chio-full` beside it, with its arguments and `argv[0]` (a `chio-runc` link keeps its
+/// name); without one, the refusal names what is missing.
+#[test]
+fn chio_is_the_launch_path_and_hands_the_rest_to_chio_full() {
+    let chio = chio_bin(Path::new(PROBE));
+    let full = chio.with_file_name("chio-full");
+    let symbols = |bin: &Path| {
+        let out = Command::new("nm").arg("-C").arg(bin).output().expect("nm (binutils)");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (small, all) = (symbols(&chio), symbols(&full));
+    for crate_path in ["tokio::runtime::", "rustls::", "oci_spec::", "regex_automata::", "maud::"] {
+        assert!(!small.contains(crate_path), "chio links {crate_path}");
+        assert!(all.contains(crate_path), "control: chio-full links {crate_path}");
+    }
+    let dir = Scratch::new("launch-binary");
+    let alone = dir.join("chio");
+    std::fs::copy(&chio, &alone).unwrap();
+    let help = |bin: &Path| Command::new(bin).args(["cage", "run", "--help"]).output().unwrap();
+    let (own, full_help) = (help(&alone), help(&full));
+    assert!(own.status.success() && own.stdout == full_help.stdout, "{own:?}");
+    let out = Command::new(&alone).args(["receipt", "list", "--help"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("cannot run {}", dir.join("chio-full").display())), "{err}");
+    assert!(err.contains("installed beside chio") && out.stdout.is_empty(), "{err}");
+    if privileged("launch_binary_alone") {
+        let out = Command::new(&alone).args(["cage", "run", "--json", "--", "/bin/true"]).output().unwrap();
+        let record = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && record.contains("\"state\":\"FullyEnforced\""), "{record}");
+    }
+    std::fs::copy(&full, dir.join("chio-full")).unwrap();
+    let out = Command::new(&alone).args(["receipt", "list", "--help"]).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--receipt-db"), "{out:?}");
+    // Through a link named chio-runc (as engines are pointed at it): runc's command line.
+    let runc = dir.join("chio-runc");
+    std::os::unix::fs::symlink(&alone, &runc).unwrap();
+    let out = Command::new(&runc).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("chio-runc version"), "{out:?}");
+}
+
+/// The installable artifact (`packaging/build-release`, the .deb's binaries) refuses to start
+/// with any `CHIO_TEST_*` variable set, naming it, whatever the command and whichever binary. Controls: the same artifact
 /// without them launches; the test suites' build acts on the same switch (the launch fails at the
 /// stage it names).
 #[test]
@@ -309,8 +357,12 @@ fn the_release_artifact_refuses_every_test_switch() {
     let artifact = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
     let true_bin = "/bin/true";
     for (name, value) in TEST_SWITCHES {
-        for args in [&["cage", "run", "--json", "--", true_bin][..], &["--version"][..]] {
-            let out = Command::new(&artifact).args(args).env(name, value).output().unwrap();
+        for (bin, args) in [
+            (&artifact, &["cage", "run", "--json", "--", true_bin][..]),
+            (&artifact, &["--version"][..]),
+            (&artifact.with_file_name("chio-full"), &["cage", "run", "--json", "--", true_bin][..]),
+        ] {
+            let out = Command::new(bin).args(args).env(name, value).output().unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{name} with {args:?}: {err}");
             assert!(err.contains(name) && err.contains("production build"), "{name}: {err}");

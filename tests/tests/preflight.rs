@@ -479,7 +479,9 @@ fn unprivileged_preflight_says_what_needs_root() {
     let dir = Scratch::new("preflight-nobody");
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let copy = dir.join("chio");
-    std::fs::copy(chio_bin(&PathBuf::from(PROBE)), &copy).unwrap();
+    let chio = chio_bin(&PathBuf::from(PROBE));
+    std::fs::copy(&chio, &copy).unwrap();
+    std::fs::copy(chio.with_file_name("chio-full"), dir.join("chio-full")).unwrap();
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(&copy)
