@@ -59,7 +59,7 @@ before('supervisor/src/daemon/server.rs', "if let Some(Err(why)) = settle(settli
 before('supervisor/src/daemon/server.rs', "let submitted = submit(s, &job, fds, &conn);", "S_submit")
 before('supervisor/src/daemon/server.rs', "let delivered = match submitted {", "S_begun")
 before('supervisor/src/daemon/server.rs', "let summary: Summary =", "S_answer")
-before('supervisor/src/daemon/launcher.rs', "for _ in 0..2 {\n                    let Some(s) = spare.take()", "L_recv")
+before('supervisor/src/daemon/launcher.rs', "for _ in 0..2 {\n                    gauges.set(SPARE_READY_AT, 0);", "L_recv")
 before('supervisor/src/daemon/launcher.rs', "running.insert(s.pid, Some(s.sock));", "L_handed")
 before('supervisor/src/daemon/launcher.rs', "let _ = nix::unistd::write(&theirs, TAKEN);", "P_recv")
 before('supervisor/src/daemon/launcher.rs', "let sending = word.is_some_and(", "P_answered")
@@ -70,9 +70,9 @@ before('supervisor/src/launch/mod.rs', "let (rec, left) = chio_cage::launch_to_e
 before('supervisor/src/launch/mod.rs', "let teardown = match how.teardown {", "C_launched")
 before('supervisor/src/launch/mod.rs', "let status = if unrecorded", "C_reported")
 # The one-shot CLI (timeline.py with ONESHOT=1): its main, its parsed command line, its exit.
-before('cli/src/main.rs', "if let Some(name) = chio_supervisor::test_switch_refused()", "M_main")
-before('cli/src/main.rs', "let (code, on_error) = match &cli.command", "M_parsed")
-before('cli/src/main.rs', "match code {\n        Ok(c) => std::process::exit(c),", "M_exit")
+before('cli/src/lib.rs', "refuse_test_switches();\n    let args: Vec<OsString> = std::env::args_os().collect();", "M_main")
+before('cli/src/lib.rs', "exit_with(cage_cmd::run(&run), 125);", "M_parsed")
+before('cli/src/lib.rs', "match code {\n        Ok(c) => std::process::exit(c),", "M_exit")
 # The target's setup, step by step (inside.rs, target_setup).
 for lab, anc in [("T_hello", "    reset_signals();\n    // A fixed"),
                  ("T_rlimits", "    let last = identity::last_cap();\n    fault::fail_at(ctx.plan, Stage::Capabilities)?;"),
