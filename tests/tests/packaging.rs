@@ -317,6 +317,18 @@ fn chio_is_the_launch_path_and_hands_the_rest_to_chio_full() {
         assert!(!small.contains(crate_path), "chio links {crate_path}");
         assert!(all.contains(crate_path), "control: chio-full links {crate_path}");
     }
+    // The README's first command, `cargo run -p chio-cli -- cage run …`, names no binary: the
+    // package's default is `chio` (without it cargo refuses: two binaries).
+    let meta = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--offline", "--format-version", "1"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let meta: serde_json::Value = serde_json::from_slice(&meta.stdout).unwrap();
+    let cli = meta["packages"].as_array().unwrap().iter().find(|p| p["name"] == "chio-cli").unwrap();
+    assert_eq!(cli["default_run"], "chio", "{cli}");
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(readme.contains("cargo run --release -p chio-cli -- cage run"), "the README's first command changed");
     let dir = Scratch::new("launch-binary");
     let alone = dir.join("chio");
     std::fs::copy(&chio, &alone).unwrap();
