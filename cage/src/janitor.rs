@@ -28,6 +28,7 @@ const NOT_REMOVED: u8 = b'N';
 static RELEASED: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
 
 /// The supervisor's side: shutting the socket down tells the janitor to remove the cgroup.
+#[derive(Debug)]
 pub struct Janitor {
     sock: OwnedFd,
     pid: Pid,
@@ -56,6 +57,13 @@ impl Janitor {
             )),
             _ => Err(io::Error::other("the janitor ended without reporting the cgroup's removal")),
         }
+    }
+
+    /// Not wanted after all (a detached cage's cgroup outlives its supervisor): killed and
+    /// reaped, leaving the cgroup as it is.
+    pub fn dismiss(self) {
+        let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
+        while let Err(Errno::EINTR) = waitpid(self.pid, None) {}
     }
 }
 

@@ -83,7 +83,12 @@ pub fn launch(plan: &CagePlan, sinks: &mut Sinks<'_>) -> LaunchRecord {
 /// the returned [`Teardown`]'s: a daemon answers its client first and finishes it afterwards.
 pub fn launch_to_end(plan: &CagePlan, sinks: &mut Sinks<'_>) -> (LaunchRecord, Teardown) {
     let mut rec = new_record(plan);
-    let mut held = Held { ahead: sinks.ahead.cgroup.take(), ahead_init: sinks.ahead.init.take(), ..Held::default() };
+    let mut held = Held {
+        ahead: sinks.ahead.cgroup.take(),
+        ahead_janitor: sinks.ahead.janitor.take(),
+        ahead_init: sinks.ahead.init.take(),
+        ..Held::default()
+    };
     if let Err(s) = run(plan, sinks, &mut rec, &mut held) {
         rec.state = s.state();
         rec.failure = Some(s);
@@ -300,6 +305,8 @@ fn run(plan: &CagePlan, sinks: &mut Sinks<'_>, rec: &mut LaunchRecord, held: &mu
 struct Held {
     /// A launch cgroup made ahead of the request, until it is taken (or removed unused).
     ahead: Option<LaunchCgroup>,
+    /// That cgroup's janitor, forked with it; taken with it.
+    ahead_janitor: Option<janitor::Janitor>,
     /// An init cloned ahead into that cgroup, until it takes the plan (or is killed unused).
     ahead_init: Option<crate::ahead::AheadInit>,
     cgroup: Option<LaunchCgroup>,
@@ -315,7 +322,10 @@ impl Held {
         // (Killed and reaped first: it is in the cgroup made ahead.)
         drop(self.ahead_init);
         if let Some(unused) = &self.ahead {
-            let _ = unused.remove();
+            let _ = match self.ahead_janitor {
+                Some(j) => j.finish(),
+                None => unused.remove(),
+            };
         }
         if let Some(init) = self.init {
             while let Err(Errno::EINTR) = waitpid(init, None) {}
@@ -356,13 +366,21 @@ fn make_cgroup<'h>(
     held: &'h mut Held,
 ) -> Result<&'h LaunchCgroup, Failure> {
     // The one made ahead of the request (by a daemon's spare), if it fits; else a new one.
+    // Its janitor comes with it, unless the cage is detached (its cgroup outlives us).
     let made = match held.ahead.take() {
         Some(pre) if plan.cgroup_path.is_none() && pre.fits(&plan.limits, hierarchy) => {
+            match held.ahead_janitor.take() {
+                Some(j) if plan.detached => j.dismiss(),
+                j => held.janitor = j,
+            }
             pre.apply(&plan.limits).map(|_| pre)
         }
         other => {
             if let Some(pre) = other {
-                let _ = pre.remove();
+                let _ = match held.ahead_janitor.take() {
+                    Some(j) => j.finish(),
+                    None => pre.remove(),
+                };
             }
             match &plan.enter {
                 // A running cage's own: joined, never made over.
@@ -791,8 +809,9 @@ fn start_cage(
     };
     rec.mark("cgroup");
     drop(restore);
-    // A detached cage's cgroup is removed by the runtime's `delete`, not when we exit.
-    if !plan.detached {
+    // A detached cage's cgroup is removed by the runtime's `delete`, not when we exit. (One
+    // made ahead came with its janitor.)
+    if !plan.detached && held.janitor.is_none() {
         held.janitor = Some(janitor::spawn(cg).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?);
     }
     let pidfd = sys::pidfd_open(init).map_err(|e| FailCode::SetupFailed.at(Stage::Namespaces, e))?;

@@ -2145,6 +2145,78 @@ fn a_killed_spare_is_replaced_and_the_next_launch_runs() {
     }
 }
 
+/// The spare forks its cgroup's janitor ahead too, off the request's path: the launch that
+/// takes the cgroup takes that janitor (and forks none of its own), and a spare killed before
+/// its job has its cgroup removed by it at once, with the launcher (whose sweep would remove it
+/// too) stopped meanwhile.
+#[test]
+fn a_spares_janitor_is_made_ahead_and_taken_by_its_launch() {
+    if !privileged("daemon_janitor_ahead") {
+        return;
+    }
+    /// Continues the launcher when dropped, whatever the test did.
+    struct Continued(u32);
+    impl Drop for Continued {
+        fn drop(&mut self) {
+            // SAFETY: continuing the daemon's launcher, which this test stopped.
+            unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+        }
+    }
+    let janitors = |pid: u32| -> Vec<u32> {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let comm = |p: &u32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        list.split_whitespace().filter_map(|p| p.parse().ok()).filter(|p| comm(p).trim() == "chio-janitor").collect()
+    };
+    let made_ahead = |spare: u32| -> Vec<u32> {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = janitors(spare);
+            if !found.is_empty() {
+                return found;
+            }
+            assert!(Instant::now() < until, "spare {spare} forked no janitor ahead of its job");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let dir = Scratch::new("daemon-janitor-ahead");
+    let d = Daemon::start(&dir, config(json!({})));
+
+    // Taken by the launch: while its command runs, the janitor made ahead is its only one.
+    d.init_ahead();
+    let spare = d.spare_prepared();
+    let ahead = made_ahead(spare);
+    assert_eq!(ahead.len(), 1, "{ahead:?}");
+    let tag = format!("janitor-tag-{}", std::process::id());
+    let mut c = Command::new(chio());
+    c.args(["cage", "run", "--supervisor", s(&d.socket), "--", "/bin/sh", "-c", &format!("sleep 0.5; : {tag}")]);
+    let child = c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    d.wait_for_shell(&tag);
+    assert_eq!(janitors(spare), ahead, "the launch must use the janitor its spare made ahead");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // Killed before its job, with the launcher stopped: its janitor removes its cgroup.
+    let spare = d.spare_prepared();
+    made_ahead(spare);
+    assert!(!launch_cgroups_of(spare).is_empty());
+    let stat = std::fs::read_to_string(format!("/proc/{spare}/stat")).unwrap();
+    let launcher: u32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let continued = Continued(launcher);
+    // SAFETY: stopping the daemon's launcher (continued when `continued` drops) and killing its spare.
+    unsafe {
+        libc::kill(launcher as i32, libc::SIGSTOP);
+        libc::kill(spare as i32, libc::SIGKILL);
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while !launch_cgroups_of(spare).is_empty() {
+        assert!(Instant::now() < until, "spare {spare}'s cgroup outlived it: {:?}", launch_cgroups_of(spare));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(continued);
+    let out = d.run(None, &["--", "/bin/sh", "-c", "echo ran"], None);
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "ran\n".into()), "{}", text(&out.stderr));
+}
+
 /// The launch cgroup a spare made before its job gets the job's ceilings: a burst of processes
 /// past --pids and an allocation past --memory are stopped there; the same commands under the
 /// default ceilings (the control) are not.
