@@ -215,8 +215,8 @@ fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
         if signals {
             while let Ok(Some(_)) = sfd.read_signal() {}
             let gone = reap(&mut running, WaitPidFlag::WNOHANG);
-            // A spare that died before its job (killed: it had no time to remove the cgroup it
-            // made) is swept, and replaced at the top of the loop.
+            // A spare that died before its job (killed) is replaced at the top of the loop. Its
+            // janitor removes the cgroup it made; the sweep is for one that could make none.
             if spare.as_ref().is_some_and(|s| gone.contains(&s.pid)) {
                 spare = None;
                 sweep();
