@@ -119,10 +119,7 @@ impl Drop for Ahead {
     fn drop(&mut self) {
         drop(self.init.take());
         if let Some(cg) = self.cgroup.take() {
-            let _ = match self.janitor.take() {
-                Some(j) => j.finish(),
-                None => cg.remove(),
-            };
+            let _ = janitor::remove(&cg, self.janitor.take());
         }
     }
 }

@@ -67,6 +67,15 @@ impl Janitor {
     }
 }
 
+/// Remove `cg` through its janitor when it has one (the janitor says whether that worked), else
+/// directly.
+pub fn remove(cg: &LaunchCgroup, janitor: Option<Janitor>) -> io::Result<()> {
+    match janitor {
+        Some(j) => j.finish(),
+        None => cg.remove(),
+    }
+}
+
 /// Reap released janitors that have exited (never blocks).
 fn reap_released() {
     let Ok(mut pids) = RELEASED.lock() else { return };

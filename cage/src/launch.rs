@@ -322,10 +322,7 @@ impl Held {
         // (Killed and reaped first: it is in the cgroup made ahead.)
         drop(self.ahead_init);
         if let Some(unused) = &self.ahead {
-            let _ = match self.ahead_janitor {
-                Some(j) => j.finish(),
-                None => unused.remove(),
-            };
+            let _ = janitor::remove(unused, self.ahead_janitor);
         }
         if let Some(init) = self.init {
             while let Err(Errno::EINTR) = waitpid(init, None) {}
@@ -333,11 +330,7 @@ impl Held {
         let Some(cg) = &self.cgroup else { return Ok(()) };
         // The init has been reaped by now, and with it (PID 1 of the cage's pid namespace) every
         // cage process, so the cgroup is normally empty; removal kills whatever it still finds.
-        let removed = match self.janitor {
-            Some(j) => j.finish(),
-            None => cg.remove(),
-        };
-        removed.map_err(|e| format!("{e} ({})", cg.paths().join(", ")))
+        janitor::remove(cg, self.janitor).map_err(|e| format!("{e} ({})", cg.paths().join(", ")))
     }
 }
 
@@ -377,10 +370,7 @@ fn make_cgroup<'h>(
         }
         other => {
             if let Some(pre) = other {
-                let _ = match held.ahead_janitor.take() {
-                    Some(j) => j.finish(),
-                    None => pre.remove(),
-                };
+                let _ = janitor::remove(&pre, held.ahead_janitor.take());
             }
             match &plan.enter {
                 // A running cage's own: joined, never made over.
