@@ -139,6 +139,31 @@ shift 2; exec "$@""#;
         chio_tests::output_within(child, within, &format!("a launch through the daemon: {args:?}"))
     }
 
+    /// `chio cage run --supervisor … ARGS` (stdin /dev/null, stderr the test's), its stdout
+    /// read from a file, failing the test if it has not ended `within`: a job stuck on its way
+    /// to a launch holds the client's descriptors, and a pipe's reader would wait past any
+    /// deadline.
+    fn run_bounded(&self, dir: &Scratch, args: &[&str], within: Duration) -> (std::process::ExitStatus, String) {
+        let out = dir.join("run-bounded.out");
+        let mut c = Command::new(chio());
+        c.args(["cage", "run", "--supervisor", s(&self.socket)]).args(args);
+        c.stdin(Stdio::null()).stdout(std::fs::File::create(&out).unwrap()).stderr(Stdio::inherit());
+        let mut child = c.spawn().unwrap();
+        let until = Instant::now() + within;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > until {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("a launch through the daemon did not answer in {within:?}: {args:?}; {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        (status, std::fs::read_to_string(&out).unwrap())
+    }
+
     /// The launcher's spare (the next launch's process), waited for (5 s at most).
     fn spare(&self) -> u32 {
         self.launcher_child("chio-spare")
@@ -2154,14 +2179,6 @@ fn a_spares_janitor_is_made_ahead_and_taken_by_its_launch() {
     if !privileged("daemon_janitor_ahead") {
         return;
     }
-    /// Continues the launcher when dropped, whatever the test did.
-    struct Continued(u32);
-    impl Drop for Continued {
-        fn drop(&mut self) {
-            // SAFETY: continuing the daemon's launcher, which this test stopped.
-            unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-        }
-    }
     let janitors = |pid: u32| -> Vec<u32> {
         let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
         let comm = |p: &u32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
@@ -2199,14 +2216,9 @@ fn a_spares_janitor_is_made_ahead_and_taken_by_its_launch() {
     let spare = d.spare_prepared();
     made_ahead(spare);
     assert!(!launch_cgroups_of(spare).is_empty());
-    let stat = std::fs::read_to_string(format!("/proc/{spare}/stat")).unwrap();
-    let launcher: u32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
-    let continued = Continued(launcher);
-    // SAFETY: stopping the daemon's launcher (continued when `continued` drops) and killing its spare.
-    unsafe {
-        libc::kill(launcher as i32, libc::SIGSTOP);
-        libc::kill(spare as i32, libc::SIGKILL);
-    }
+    let continued = Stopped::new(parent_of(spare));
+    // SAFETY: killing the daemon's spare.
+    unsafe { libc::kill(spare as i32, libc::SIGKILL) };
     let until = Instant::now() + Duration::from_secs(5);
     while !launch_cgroups_of(spare).is_empty() {
         assert!(Instant::now() < until, "spare {spare}'s cgroup outlived it: {:?}", launch_cgroups_of(spare));
@@ -2215,6 +2227,82 @@ fn a_spares_janitor_is_made_ahead_and_taken_by_its_launch() {
     drop(continued);
     let out = d.run(None, &["--", "/bin/sh", "-c", "echo ran"], None);
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "ran\n".into()), "{}", text(&out.stderr));
+}
+
+/// A process of the daemon's, stopped (SIGSTOP) until this drops, whatever the test did.
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(pid: u32) -> Stopped {
+        // SAFETY: stopping a process of the daemon under test (continued on drop).
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: continuing the process `new` stopped.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A job goes from the daemon straight to the spare, which takes it off the queue itself: with
+/// the launcher stopped, a launch still runs and answers. The launcher forks the next spare
+/// once it is continued, and the next launch runs in that one.
+#[test]
+fn a_job_reaches_the_spare_without_the_launcher() {
+    if !privileged("daemon_queue") {
+        return;
+    }
+    let dir = Scratch::new("daemon-queue");
+    let d = Daemon::start(&dir, config(json!({})));
+    let spare = d.spare_prepared();
+    let stopped = Stopped::new(parent_of(spare));
+    let (status, out) = d.run_bounded(&dir, &["--", "/bin/sh", "-c", "echo ran"], Duration::from_secs(20));
+    assert_eq!((status.code(), out.as_str()), (Some(0), "ran\n"));
+    drop(stopped);
+    let next = d.spare_prepared();
+    assert_ne!(next, spare, "the launcher must fork the next spare");
+    let out = d.run(None, &["--json", "--", "/bin/true"], None);
+    assert_eq!(record(&out)["state"], "FullyEnforced", "{}", text(&out.stderr));
+    let paths = record(&out)["cgroup"]["paths"].clone();
+    assert!(paths[0].as_str().unwrap().contains(&format!("/chio-{next}-")), "{paths}");
+}
+
+/// A spare that leaves a job queued (stopped here; one stuck in a step of its work ahead
+/// alike) is killed once the hand-off time is up, and the next spare runs the job, once: the
+/// stopped one never took it. Nothing of the killed spare is left.
+#[test]
+fn a_job_a_stuck_spare_leaves_queued_runs_in_the_next() {
+    if !privileged("daemon_queue_stuck") {
+        return;
+    }
+    let dir = Scratch::new("daemon-queue-stuck");
+    let d = Daemon::start(&dir, config(json!({})));
+    let ws = open_workspace(&dir);
+    let stuck = d.spare_prepared();
+    let stopped = Stopped::new(stuck);
+    let began = Instant::now();
+    let args = ["--workspace", s(&ws), "--", "/bin/sh", "-c", "echo ran >> /workspace/runs; echo ran"];
+    let (status, out) = d.run_bounded(&dir, &args, Duration::from_secs(30));
+    let waited = began.elapsed();
+    assert_eq!((status.code(), out.as_str()), (Some(0), "ran\n"));
+    assert!(waited >= Duration::from_secs(4), "the job went past the stopped spare in {waited:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("runs")).unwrap(), "ran\n", "the job must run once");
+    assert!(!Path::new(&format!("/proc/{stuck}")).exists(), "the stopped spare {stuck} must be killed and reaped");
+    let until = Instant::now() + Duration::from_secs(5);
+    while !launch_cgroups_of(stuck).is_empty() {
+        assert!(Instant::now() < until, "spare {stuck}'s cgroup outlived it: {:?}", launch_cgroups_of(stuck));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(stopped);
 }
 
 /// The launch cgroup a spare made before its job gets the job's ceilings: a burst of processes

@@ -3,11 +3,18 @@
 //! forked by this process — one child per launch, so launches run side by side. The next
 //! launch's child is forked before its job arrives (a spare); while no launch runs it makes its
 //! cage's network namespace, launch cgroup, the root the last launch had and the cage's init
-//! ahead (`chio_cage::ahead`), then waits. The daemon talks to it over a SOCK_SEQPACKET pair:
-//! `launch` (with the job, its answer pipe, its gate, the client's connection and descriptors)
-//! and `kill` (stop every launch still on its way to an answer); EOF means the daemon is gone:
-//! those launches are killed, and those winding their cages down finish. Each launch says
-//! `answered` (with its root) on its own pair once its client has the answer.
+//! ahead (`chio_cage::ahead`), then waits.
+//!
+//! A job does not pass through the launcher: the daemon sends it (with its answer pipe, its
+//! gate, the client's connection and descriptors) on a queue, a SOCK_SEQPACKET pair whose
+//! receiving end only the launcher and its spare hold, and the spare takes it from there itself
+//! — one wake fewer on a request's path. The kernel gives each message to one receiver, so a
+//! job is never run twice: a spare that dies before it takes the job leaves it queued for the
+//! next. The spare says `taken` on its own pair, and the launcher forks the next spare. The
+//! daemon talks to the launcher on another pair: `kill` (stop every launch still on its way to
+//! an answer); EOF means the daemon is gone: those launches are killed, and those winding their
+//! cages down finish. Each launch says `answered` (with its root) on its own pair once its
+//! client has the answer.
 //!
 //! Each launch child dies with the launcher (PDEATHSIG), and each cage with its launch child
 //! (the cage's own PDEATHSIG, PTRACE_O_EXITKILL and janitor): killing this process ends them all.
@@ -15,6 +22,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
@@ -41,8 +49,9 @@ const ANSWERED: &[u8] = b"answered";
 /// The longest word on a launcher's socket: a word and a root ([`RootKey`] as JSON). A root
 /// whose JSON is longer is not made ahead.
 const WORD_MAX: usize = 8192;
-/// How long a spare may take to say it took its job (it may be finishing its work ahead).
-const HAND_TIMEOUT_MS: u16 = 5000;
+/// How long a spare may leave a job queued (it may be finishing a step of its work ahead)
+/// before it is killed, and the job left to the next spare.
+const HAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// Descriptors on one `launch` message: the job, the result pipe, the gate, the client's
 /// connection and up to four of the client's.
 const MAX_JOB_FDS: usize = 8;
@@ -50,6 +59,8 @@ const MAX_JOB_FDS: usize = 8;
 /// The daemon's handle on its launcher.
 pub struct Launcher {
     sock: OwnedFd,
+    /// The jobs' queue, which the spare reads.
+    jobs: OwnedFd,
     /// The launcher's pid (the daemon reaps it at exit).
     pub pid: Pid,
     /// What the launcher and its spare say of themselves, for the daemon's metrics.
@@ -96,8 +107,9 @@ impl Gauges {
 
 /// Fork the launcher. Must be called while the process is single-threaded.
 pub fn spawn() -> io::Result<Launcher> {
-    let (ours, theirs) =
-        socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).map_err(io::Error::from)?;
+    let pair = || socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC);
+    let (ours, theirs) = pair().map_err(io::Error::from)?;
+    let (jobs, queue) = pair().map_err(io::Error::from)?;
     let gauges = Gauges::new()?;
     let its_gauges = gauges.try_clone()?;
     // SAFETY: the caller is single-threaded (checked by the daemon before it starts tokio);
@@ -105,15 +117,18 @@ pub fn spawn() -> io::Result<Launcher> {
     match unsafe { fork() }.map_err(io::Error::from)? {
         ForkResult::Child => {
             drop(ours);
+            drop(jobs);
             drop(gauges);
-            serve(theirs, its_gauges)
+            serve(theirs, queue, its_gauges)
         }
-        ForkResult::Parent { child } => Ok(Launcher { sock: ours, pid: child, gauges }),
+        // Only the launcher's processes hold the queue's receiving end: with them gone, a job
+        // cannot be queued.
+        ForkResult::Parent { child } => Ok(Launcher { sock: ours, jobs, pid: child, gauges }),
     }
 }
 
 impl Launcher {
-    /// Hand a job to the launcher: `job` (JSON) travels in a memfd, `result` is the
+    /// Queue a job for the launcher's spare: `job` (JSON) travels in a memfd, `result` is the
     /// write end of the pipe the launch child answers on, `gate` the read end of the pipe that
     /// lets it go (see `job::run`), `conn` the client's connection (the launch child writes the
     /// answer there: see `super::answer`), `client` the client's descriptors.
@@ -132,7 +147,7 @@ impl Launcher {
         let mut fds: Vec<RawFd> = vec![f.as_raw_fd(), result.as_raw_fd(), gate.as_raw_fd(), conn.as_raw_fd()];
         fds.extend(client.iter().map(|c| c.as_raw_fd()));
         let cmsg = [ControlMessage::ScmRights(&fds)];
-        sendmsg::<UnixAddr>(self.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
+        sendmsg::<UnixAddr>(self.jobs.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
         Ok(())
     }
 
@@ -144,7 +159,7 @@ impl Launcher {
 }
 
 /// The launcher's loop. Never returns.
-fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
+fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
     set_name(c"chio-launcher");
     // The launcher dies with the daemon.
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
@@ -170,6 +185,7 @@ fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
     // them (they could not be made) a launch hashes its target and makes its own namespace and
     // cgroup, as the one-shot form does.
     let digests = Digests::new().ok();
+    let ours = Ours { sock: &sock, jobs: &jobs, sfd: &sfd, blocked: &chld, gauges: &gauges };
     let mut spare: Option<Spare> = None;
     let mut running = Running::new();
     // The root the next launch will likely have (what the last one had): at first the default.
@@ -184,23 +200,59 @@ fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
         if spare.is_none() {
             // A new spare has made nothing ahead yet (it says when it has).
             gauges.set(SPARE_READY_AT, 0);
-            spare = fork_spare(digests, &sock, &sfd, &chld, &gauges);
+            spare = fork_spare(digests, &ours);
         }
         if running.len() != live {
             live = running.len();
             gauges.set(LIVE_AT, live as u64);
         }
         prepare_when_idle(&mut spare, &running, wants.as_ref());
+        // The queue is watched once per spare, for a job it leaves there (see `HAND_TIMEOUT`),
+        // and for every job while no spare could be forked (each is turned away).
+        let (had_spare, due) = (spare.is_some(), spare.as_ref().and_then(|s| s.due));
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
+        if let Some(s) = &spare {
+            fds.push(PollFd::new(s.sock.as_fd(), PollFlags::POLLIN));
+        }
+        if due.is_none() {
+            fds.push(PollFd::new(jobs.as_fd(), PollFlags::POLLIN));
+        }
+        let first_running = fds.len();
         let answering: Vec<Pid> = running.iter().filter_map(|(pid, s)| s.as_ref().map(|_| *pid)).collect();
         fds.extend(running.values().flatten().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
-        if poll(&mut fds, PollTimeout::NONE).is_err() {
+        // (Rounded up: a deadline less than a millisecond away is not polled for 0 ms in a loop.)
+        let timeout = due.map_or(PollTimeout::NONE, |d| {
+            let left = d.saturating_duration_since(Instant::now()) + Duration::from_millis(1);
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)
+        });
+        if poll(&mut fds, timeout).is_err() {
             continue;
         }
+        let heard = |i: usize| fds.get(i).is_some_and(|f| f.any().unwrap_or(false));
+        let (control, signals) = (heard(0), heard(1));
+        let spare_said = spare.is_some() && heard(2);
+        let queued = due.is_none() && heard(first_running - 1);
         let said: Vec<Pid> =
-            answering.iter().zip(&fds[2..]).filter(|(_, f)| f.any().unwrap_or(false)).map(|(p, _)| *p).collect();
-        let (job, signals) = (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false));
+            answering.iter().enumerate().filter(|(i, _)| heard(first_running + i)).map(|(_, p)| *p).collect();
         drop(fds);
+        if spare_said {
+            heard_from_spare(&mut spare, &mut running, &gauges);
+        }
+        if queued {
+            match spare.as_mut() {
+                Some(s) => s.due = Some(Instant::now() + HAND_TIMEOUT),
+                // No spare could be forked: the job's descriptors close here and the daemon
+                // answers the client that the launch did not start.
+                None if !had_spare => drop(receive(&jobs, MsgFlags::MSG_DONTWAIT)),
+                // Its spare took a job just now: the next spare, forked next, takes this one.
+                None => {}
+            }
+        }
+        if spare.as_ref().and_then(|s| s.due).is_some_and(|d| Instant::now() >= d) {
+            // (Its word may have come since the poll.)
+            heard_from_spare(&mut spare, &mut running, &gauges);
+            take_back_overdue(&mut spare, &jobs);
+        }
         for pid in said {
             // "answered", or EOF (it died): either way no longer on a client's critical path.
             if let Some(Some(s)) = running.insert(pid, None) {
@@ -222,41 +274,26 @@ fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
                 sweep();
             }
         }
-        if !job {
+        if !control {
             continue;
         }
-        match receive(&sock) {
-            // A spare that died before its job is replaced once; without one (none could be
-            // forked) the job's descriptors close here and the daemon answers the client that
-            // the launch did not start.
-            Ok(Message::Launch(fds)) => {
-                for _ in 0..2 {
-                    gauges.set(SPARE_READY_AT, 0);
-                    let Some(s) = spare.take().or_else(|| fork_spare(digests, &sock, &sfd, &chld, &gauges)) else {
-                        break;
-                    };
-                    match hand(&s, &fds) {
-                        Ok(()) => {
-                            running.insert(s.pid, Some(s.sock));
-                            // Let the launch start before the next spare is forked (on this
-                            // CPU the fork would otherwise go first).
-                            let _ = nix::sched::sched_yield();
-                            break;
-                        }
-                        // Killed with its work ahead undone: sweep what it made.
-                        Err(Handed::Lost) => {
-                            sweep();
-                            break;
-                        }
-                        Err(Handed::NotTaken) => sweep(),
-                    }
+        match receive(&sock, MsgFlags::empty()) {
+            Ok(Message::Kill) => {
+                // Queued jobs are turned away, the spare is killed whether or not it took its
+                // job (it is replaced), then every launch on its way to an answer.
+                while pending(&jobs) && receive(&jobs, MsgFlags::MSG_DONTWAIT).is_ok() {}
+                if let Some(s) = &spare {
+                    let _ = nix::sys::signal::kill(s.pid, Signal::SIGKILL);
                 }
+                kill(&running);
             }
-            Ok(Message::Kill) => kill(&running),
-            Ok(Message::Prepare(_) | Message::Other) => {}
+            Ok(Message::Launch(_) | Message::Prepare(_) | Message::Other) => {}
             Err(_) => {
-                // The daemon is gone: nothing may outlive it. The spare ends with our end of
-                // its pair, removing what it made ahead; wait for that before our death kills it.
+                // The daemon is gone: nothing may outlive it. Queued jobs are dropped; the
+                // spare ends with our end of its pair, removing what it made ahead — wait for
+                // that before our death kills it (one that took its job meanwhile is killed).
+                while pending(&jobs) && receive(&jobs, MsgFlags::MSG_DONTWAIT).is_ok() {}
+                heard_from_spare(&mut spare, &mut running, &gauges);
                 kill(&running);
                 if let Some(s) = spare.take() {
                     drop(s.sock);
@@ -270,6 +307,18 @@ fn serve(sock: OwnedFd, gauges: Gauges) -> ! {
     }
 }
 
+/// The launcher's own descriptors and figures, which a spare it forks closes or keeps.
+struct Ours<'a> {
+    /// Its pair with the daemon.
+    sock: &'a OwnedFd,
+    /// The jobs' queue.
+    jobs: &'a OwnedFd,
+    sfd: &'a SignalFd,
+    /// The signals it blocks.
+    blocked: &'a SigSet,
+    gauges: &'a Gauges,
+}
+
 enum Message {
     Launch(Vec<OwnedFd>),
     Kill,
@@ -278,11 +327,11 @@ enum Message {
     Other,
 }
 
-fn receive(sock: &OwnedFd) -> io::Result<Message> {
+fn receive(sock: &OwnedFd, flags: MsgFlags) -> io::Result<Message> {
     let mut buf = vec![0u8; WORD_MAX];
     let mut space = nix::cmsg_space!([RawFd; MAX_JOB_FDS]);
     let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let msg = recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC | flags)?;
     if msg.bytes == 0 {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
     }
@@ -302,24 +351,21 @@ fn receive(sock: &OwnedFd) -> io::Result<Message> {
     })
 }
 
-/// A launch child forked before its job arrives, waiting on its end of a private pair.
+/// A launch child forked before its job arrives, waiting on the queue and its end of a private
+/// pair.
 struct Spare {
     pid: Pid,
     sock: OwnedFd,
     /// Told to make its work ahead (see [`prepare_when_idle`]).
     told: bool,
+    /// When a job it has left queued is taken from it (see [`take_back_overdue`]).
+    due: Option<Instant>,
 }
 
 /// Fork the next launch child; it makes what it can ahead of its job (its cage's network
-/// namespace and launch cgroup: in its own time, not the launcher's, which must stay free to
-/// hand the next job on), waits for the job, then runs it.
-fn fork_spare(
-    digests: Option<Digests>,
-    sock: &OwnedFd,
-    sfd: &SignalFd,
-    blocked: &SigSet,
-    gauges: &Gauges,
-) -> Option<Spare> {
+/// namespace and launch cgroup: in its own time, not the launcher's), takes the next job off the
+/// queue, says so, then runs it.
+fn fork_spare(digests: Option<Digests>, launcher: &Ours) -> Option<Spare> {
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).ok()?;
     // SAFETY: the launcher is single-threaded; the child runs `launch_child`, which never returns.
     match unsafe { fork() } {
@@ -327,49 +373,118 @@ fn fork_spare(
             // SAFETY: closing the launcher's own descriptors in the child, where only the
             // launcher's borrowed handles name them (raw: no owner here to drop).
             unsafe {
-                libc::close(sock.as_raw_fd());
-                libc::close(sfd.as_raw_fd());
+                libc::close(launcher.sock.as_raw_fd());
+                libc::close(launcher.sfd.as_raw_fd());
             }
             let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
             drop(ours);
-            let _ = blocked.thread_unblock();
+            let _ = launcher.blocked.thread_unblock();
             for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
                 // SAFETY: restoring the default disposition installs no handler.
                 let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
             }
             set_name(c"chio-spare");
             job::keep_only_chio_settings();
+            let jobs = launcher.jobs;
             let mut ahead = Ahead::sharing(digests);
             let fds = loop {
-                match receive(&theirs) {
+                let mut p =
+                    [PollFd::new(jobs.as_fd(), PollFlags::POLLIN), PollFd::new(theirs.as_fd(), PollFlags::POLLIN)];
+                if poll(&mut p, PollTimeout::NONE).is_err() {
+                    continue;
+                }
+                let (job, word) = (p[0].any().unwrap_or(false), p[1].any().unwrap_or(false));
+                // A job first; it may have been taken meanwhile by a spare forked in our place
+                // (we were late), which leaves us waiting.
+                let message = if job {
+                    receive(jobs, MsgFlags::MSG_DONTWAIT)
+                } else if word {
+                    receive(&theirs, MsgFlags::empty())
+                } else {
+                    continue;
+                };
+                match message {
                     Ok(Message::Launch(fds)) => break fds,
                     Ok(Message::Prepare(root)) => {
                         // Step by step, each only while no job is waiting: a job that comes
                         // meanwhile makes the rest itself, as the one-shot form does.
-                        let waiting = || pending(&theirs);
+                        let waiting = || pending(jobs);
                         ahead = Ahead::make(digests, &waiting, root.as_ref(), &super::hierarchy());
                         if !waiting() {
                             job::warm();
-                            // (The launcher says 0 again once it hands this spare a job.)
-                            gauges.set(SPARE_READY_AT, 1);
+                            // (The launcher says 0 again once this spare has taken a job.)
+                            launcher.gauges.set(SPARE_READY_AT, 1);
                         }
                     }
-                    // EOF: the launcher is gone (or has given up on us) before a job came.
-                    _ => {
+                    Ok(Message::Kill | Message::Other) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                    // EOF: the launcher (or the daemon) is gone, or has given up on us, before
+                    // a job came.
+                    Err(_) => {
                         drop(ahead);
                         // SAFETY: leaving without running the launcher's destructors.
                         unsafe { libc::_exit(0) }
                     }
                 }
             };
-            // Taken: from here the job is ours (see `hand`).
+            // Taken: from here the job is ours (see `take_back_overdue`); the queue is not.
             let _ = nix::unistd::write(&theirs, TAKEN);
+            // SAFETY: as above (the launcher's borrowed handle; nothing here reads it again).
+            unsafe { libc::close(jobs.as_raw_fd()) };
             set_name(c"chio-launch");
             launch_child(fds, ahead, theirs)
         }
-        Ok(ForkResult::Parent { child }) => Some(Spare { pid: child, sock: ours, told: false }),
+        Ok(ForkResult::Parent { child }) => Some(Spare { pid: child, sock: ours, told: false, due: None }),
         Err(_) => None,
     }
+}
+
+/// Read the spare's word: once it has taken its job it is a running launch (the next spare is
+/// forked at the top of the loop); EOF, it died before that (reaped here, what it made swept).
+fn heard_from_spare(spare: &mut Option<Spare>, running: &mut Running, gauges: &Gauges) {
+    let Some(s) = spare.as_ref() else {
+        return;
+    };
+    let mut b = [0u8; 8];
+    match nix::sys::socket::recv(s.sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT) {
+        Ok(n) if &b[..n] == TAKEN => {
+            if let Some(s) = spare.take() {
+                running.insert(s.pid, Some(s.sock));
+            }
+            gauges.set(SPARE_READY_AT, 0);
+            // Let the launch start before the next spare is forked (on this CPU the fork would
+            // otherwise go first).
+            let _ = nix::sched::sched_yield();
+        }
+        // (It holds its end until it exits.)
+        Ok(0) => {
+            if let Some(s) = spare.take() {
+                let _ = waitpid(s.pid, None);
+            }
+            sweep();
+        }
+        _ => {}
+    }
+}
+
+/// A spare that has left a job queued for [`HAND_TIMEOUT`] (stuck in a step of its work ahead,
+/// or stopped) is killed, and the job left queued for the next spare: it never took it, so it
+/// is run once all the same. One that took it just now is killed with it, outcome unknown (its
+/// descriptors close: the daemon tells the client) — never run twice.
+fn take_back_overdue(spare: &mut Option<Spare>, jobs: &OwnedFd) {
+    let Some(s) = spare.as_mut() else {
+        return;
+    };
+    if !pending(jobs) {
+        // It took the job (its word is on its way): watch the queue again.
+        s.due = None;
+        return;
+    }
+    if let Some(s) = spare.take() {
+        let _ = nix::sys::signal::kill(s.pid, Signal::SIGKILL);
+        let _ = waitpid(s.pid, None);
+    }
+    sweep();
 }
 
 /// Remove the launch cgroups of processes that are gone (a spare killed before its job).
@@ -410,47 +525,6 @@ fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, root: Option<
         let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(&word)], &[], MsgFlags::MSG_NOSIGNAL, None);
         s.told = sent.is_ok();
     }
-}
-
-/// Pass a job's descriptors on to the spare and wait until it has taken them (the launcher's
-/// copies close when `fds` drops). A spare that dies first (killed while it waited) never ran
-/// anything: the job may go to another. One that does not answer in time is killed, and only
-/// if it had not taken the job either is the job given to another — never run twice.
-fn hand(spare: &Spare, fds: &[OwnedFd]) -> Result<(), Handed> {
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsg = [ControlMessage::ScmRights(&raw)];
-    let sent =
-        sendmsg::<UnixAddr>(spare.sock.as_raw_fd(), &[IoSlice::new(LAUNCH)], &cmsg, MsgFlags::MSG_NOSIGNAL, None);
-    if sent.is_ok() {
-        let mut p = [PollFd::new(spare.sock.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(&mut p, PollTimeout::from(HAND_TIMEOUT_MS));
-        if taken(spare) {
-            return Ok(());
-        }
-    }
-    // Dead, or stuck: make sure it is dead (and reaped, so a sweep finds its cgroup orphaned),
-    // then look once more.
-    let _ = nix::sys::signal::kill(spare.pid, Signal::SIGKILL);
-    let _ = waitpid(spare.pid, None);
-    if taken(spare) {
-        Err(Handed::Lost)
-    } else {
-        Err(Handed::NotTaken)
-    }
-}
-
-/// Why a job did not reach a spare that will run it.
-enum Handed {
-    /// The spare never took it: another may run it.
-    NotTaken,
-    /// The spare took it and was killed: its outcome is unknown, and it is not run again.
-    Lost,
-}
-
-/// Whether the spare said it took its job (without waiting).
-fn taken(spare: &Spare) -> bool {
-    let mut b = [0u8; 8];
-    matches!(nix::sys::socket::recv(spare.sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT), Ok(n) if &b[..n] == TAKEN)
 }
 
 fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
