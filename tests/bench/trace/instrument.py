@@ -59,7 +59,6 @@ before('supervisor/src/daemon/server.rs', "if let Some(Err(why)) = settle(settli
 before('supervisor/src/daemon/server.rs', "let submitted = submit(s, &job, fds, &conn);", "S_submit")
 before('supervisor/src/daemon/server.rs', "let delivered = match submitted {", "S_begun")
 before('supervisor/src/daemon/server.rs', "let summary: Summary =", "S_answer")
-before('supervisor/src/daemon/launcher.rs', "for _ in 0..2 {\n                    gauges.set(SPARE_READY_AT, 0);", "L_recv")
 before('supervisor/src/daemon/launcher.rs', "running.insert(s.pid, Some(s.sock));", "L_handed")
 before('supervisor/src/daemon/launcher.rs', "let _ = nix::unistd::write(&theirs, TAKEN);", "P_recv")
 before('supervisor/src/daemon/launcher.rs', "let sending = word.is_some_and(", "P_answered")

@@ -35,7 +35,7 @@ import launch as lb  # noqa: E402
 
 CHIO = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/chio")
 TRACE = "/tmp/chio-trace"
-CHAIN = ["client_start", "M_main", "M_parsed", "S_read", "S_submit", "L_recv", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
+CHAIN = ["client_start", "M_main", "M_parsed", "S_read", "S_submit", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
          "C_planned", "K_start", "m_resolve", "I_start", "A_plan", "m_cgroup", "I_unshared", "I_built",
          "I_attached", "I_pivoted", "A_built", "I_net", "I_joined", "A_ceilings", "I_spawn", "A_spawn", "C_janitor", "C_ownfacts", "C_hello", "C_seized", "C_gosent", "T_start", "T_hello", "T_rlimits", "T_ids",
          "T_cleared", "T_landlock", "T_readysent", "C_warmed", "m_cage_ready", "C_verified", "T_seccomp", "T_go", "m_exec_stop",
