@@ -738,8 +738,9 @@ fn a_worker_stopped_mid_command_leaves_a_settled_workspace() {
     let sleep: &'static str = Box::leak(format!("sleep 61 {tag}").into_boxed_str());
     let slow: &'static [&'static str] = Box::leak(Box::new(["echo step-zero > package/zero.txt", sleep]));
     let provider = scripted_provider(slow);
-    // 15 s: the first step must be committed by then on a loaded machine (8 s was not, at 12 test threads).
-    let extra = json!({"agent": {"step_limit": 8, "wall_time_s": 15}});
+    // 25 s: the first step must be committed by then on a loaded machine (at 12 test threads
+    // 8 s was not, and once 15 s was not: the agent had made no model call yet).
+    let extra = json!({"agent": {"step_limit": 8, "wall_time_s": 25}});
     let Some(state) = prepared(&dir, &repo, &provider, &extra) else { return };
     let out = chio(&["session", "run", "--state", s(&state), "--json"], &[("CHIO_TEST_PROVIDER_KEY", SECRET)]);
     assert_eq!(out.status.code(), Some(1), "not submitted: {}", String::from_utf8_lossy(&out.stderr));
