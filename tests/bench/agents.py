@@ -4,7 +4,8 @@
   sudo target/msa-venv/bin/python tests/bench/agents.py [--runs N] [--compare OLD_CHIO | --compare-rev REV]
 
 The same scripted commands (`true`, `ls -la`, `python3 -c 'print(1)'`), interleaved in one run so
-machine noise hits all alike, through:
+machine noise hits all alike (the forms in a new order each round, each after --settle seconds
+idle, default 5 ms), through:
   - local:      mini-swe-agent's LocalEnvironment (no confinement)
   - bubblewrap: mini-swe-agent's BubblewrapEnvironment (its default wrapper arguments)
   - chio:       ChioEnvironment (namespaces, landlock, seccomp, cgroup ceilings, exec observation)
@@ -45,6 +46,7 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--compare", help="an earlier chio build, timed as chio-old and chio-daemon-old")
     ap.add_argument("--compare-rev", help="a commit or tag: its static release build is --compare")
+    ap.add_argument("--settle", type=float, default=0.005, help="seconds idle before each timed command")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import launch  # installed: a build's binaries copied into the run's directory
@@ -107,7 +109,12 @@ def main():
         per_cmd = {(k, c): [] for k in envs for c in COMMANDS}
         for _ in range(a.runs):
             for cmd in COMMANDS:
-                for name, env in envs.items():
+                # A new order each time, each form after a moment idle: in a fixed order a form
+                # ran while the one before it (a daemon's launch, which answers before it tears
+                # its cage down and writes its receipts) was still at work, and read up to 15%
+                # slower — the same build timed twice read 0.85 of itself.
+                for name, env in launch.shuffled(envs):
+                    time.sleep(a.settle)
                     t = time.perf_counter()
                     out = env.execute({"command": cmd})
                     ms = (time.perf_counter() - t) * 1000
