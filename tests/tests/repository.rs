@@ -1208,6 +1208,8 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
     }
     let started = waiting();
     let ended_first = child.try_wait().unwrap();
+    // What chio and its children were doing, should none of them be the git waited for.
+    let doing = if started { String::new() } else { process_tree(child.id()) };
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -1217,13 +1219,27 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
     let left = waiting();
     let _ = std::fs::remove_dir_all(&state);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(started, "no git waited on the source (chio ended first: {ended_first:?}): {err}");
+    assert!(started, "no git waited on the source (chio ended first: {ended_first:?}): {err}\n{doing}");
     assert!(!left, "git outlived the chio that ran it");
     // Control: git itself waits on either FIFO.
     for args in [&["rev-parse", "held"][..], &["ls-tree", "HEAD"][..]] {
         let waited = Command::new("timeout").arg("2").arg("git").arg("-C").arg(&repo).args(args).output().unwrap();
         assert_eq!(waited.status.code(), Some(124), "git {args:?} did not wait");
     }
+}
+
+/// Process `pid` and its descendants, a line each: pid, state, where it sleeps (wchan), argv.
+fn process_tree(pid: u32) -> String {
+    let read = |p: u32, f: &str| std::fs::read_to_string(format!("/proc/{p}/{f}")).unwrap_or_default();
+    let (mut lines, mut stack) = (Vec::new(), vec![pid]);
+    while let Some(p) = stack.pop() {
+        let stat = read(p, "stat");
+        let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
+        let argv = read(p, "cmdline").replace('\0', " ");
+        lines.push(format!("{p} {state} {} {}", read(p, "wchan"), argv.trim_end()));
+        stack.extend(read(p, &format!("task/{p}/children")).split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    lines.join("\n")
 }
 
 /// `chio repository serve --read-prefix P`: a client of the leg's MCP server.
