@@ -1202,8 +1202,9 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
             cmd.starts_with("git\0") && cmd.contains(&mine)
         })
     };
-    // 60 s: before its git, init creates the state and its store, whose fsyncs on a machine
-    // still writing back a fresh build took more than 20 s (chio runnable, no git yet).
+    // 60 s: in fresh-clone CI runs init had not reached its git after 20 s (chio runnable, a
+    // child just ended). Likely the state's store, whose fsyncs wait behind the writeback of a
+    // fresh build; seen only after the whole workspace had run.
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !waiting() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(20));
