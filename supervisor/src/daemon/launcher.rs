@@ -281,7 +281,7 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
             Ok(Message::Kill) => {
                 // Queued jobs are turned away, the spare is killed whether or not it took its
                 // job (it is replaced), then every launch on its way to an answer.
-                while pending(&jobs) && receive(&jobs, MsgFlags::MSG_DONTWAIT).is_ok() {}
+                turn_away_queued(&jobs);
                 if let Some(s) = &spare {
                     let _ = nix::sys::signal::kill(s.pid, Signal::SIGKILL);
                 }
@@ -292,7 +292,7 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
                 // The daemon is gone: nothing may outlive it. Queued jobs are dropped; the
                 // spare ends with our end of its pair, removing what it made ahead — wait for
                 // that before our death kills it (one that took its job meanwhile is killed).
-                while pending(&jobs) && receive(&jobs, MsgFlags::MSG_DONTWAIT).is_ok() {}
+                turn_away_queued(&jobs);
                 heard_from_spare(&mut spare, &mut running, &gauges);
                 kill(&running);
                 if let Some(s) = spare.take() {
@@ -505,6 +505,12 @@ fn root_word(word: &[u8], root: Option<&RootKey>) -> Vec<u8> {
 /// parses.
 fn word_root(msg: &[u8], word: &[u8]) -> Option<RootKey> {
     serde_json::from_slice(msg.strip_prefix(word)?).ok()
+}
+
+/// Drop every job waiting on the queue: their descriptors close, and the daemon answers each
+/// client that its launch did not start.
+fn turn_away_queued(jobs: &OwnedFd) {
+    while pending(jobs) && receive(jobs, MsgFlags::MSG_DONTWAIT).is_ok() {}
 }
 
 /// Whether a message waits on `sock` (without waiting for one).
