@@ -5,6 +5,7 @@
 //! deleted or reordered row is reported even if someone bypassed the triggers.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -46,6 +47,30 @@ CREATE TABLE operations (
 ";
 
 /// Facts fixed at creation: the kernel public key the store is bound to.
+/// How long a step waits for another connection's lock before the store reports it busy.
+const BUSY_WAIT: Duration = Duration::from_secs(10);
+
+/// Run `step`, retrying while SQLite answers `SQLITE_BUSY`, for at most `BUSY_WAIT`. SQLite
+/// returns BUSY without calling the busy handler where waiting could deadlock: switching a
+/// fresh file to WAL upgrades a read lock to a write lock, and every creator that reached that
+/// step at once holds the same read lock. All but one are refused; they retry here once the
+/// winner has switched it.
+fn retry_busy<T>(mut step: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = Instant::now() + BUSY_WAIT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match step() {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            done => return done,
+        }
+    }
+}
+
 const META_SQL: &str = "
 CREATE TABLE store_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
 CREATE TRIGGER store_meta_no_update BEFORE UPDATE ON store_meta BEGIN SELECT RAISE(ABORT, 'a store''s binding is fixed'); END;
@@ -169,7 +194,7 @@ impl Store {
         }
         let conn = Connection::open_with_flags(path, flags)
             .map_err(|e| StoreError::Foreign(format!("cannot open receipt store {}: {e}", path.display())))?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.busy_timeout(BUSY_WAIT)?;
         // One statement, so one snapshot: a store being created by another process is seen
         // either empty or whole.
         let ids = |c: &Connection| -> rusqlite::Result<(i32, i32, i64)> {
@@ -185,7 +210,7 @@ impl Store {
             if !create {
                 return Err(StoreError::Foreign(format!("{} is empty, not a receipt store", path.display())));
             }
-            conn.execute_batch("PRAGMA journal_mode=WAL;")?;
+            retry_busy(|| conn.execute_batch("PRAGMA journal_mode=WAL;"))?;
             // Another process may be creating the same store: decide inside one write
             // transaction, so exactly one of them creates it and the others find it made.
             conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -221,7 +246,7 @@ impl Store {
                 path.display()
             )));
         }
-        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")?;
+        retry_busy(|| conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"))?;
         Ok(Store { conn })
     }
 
@@ -238,7 +263,7 @@ impl Store {
         }
         let probe = |uri: &str| -> rusqlite::Result<(Connection, i32, i32)> {
             let conn = Connection::open_with_flags(uri, flags)?;
-            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            conn.busy_timeout(BUSY_WAIT)?;
             let (app, version) = conn.query_row(
                 "SELECT (SELECT application_id FROM pragma_application_id), (SELECT user_version FROM pragma_user_version)",
                 [],
@@ -272,7 +297,7 @@ impl Store {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
         let open = |uri: &str| -> rusqlite::Result<Store> {
             let conn = Connection::open_with_flags(uri, flags)?;
-            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            conn.busy_timeout(BUSY_WAIT)?;
             // A file that is no database fails here, on its first read.
             conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get::<_, i64>(0))?;
             Ok(Store { conn })
@@ -845,6 +870,30 @@ mod tests {
         assert_eq!(s.count().unwrap(), 16);
         let pk = keys::hex(key.verifying_key().as_bytes());
         assert!(s.verify_chain(Some(&pk), None, None).unwrap().problems.is_empty());
+    }
+
+    /// Creators that start together on a fresh file all reach the WAL switch at once: SQLite
+    /// refuses all but one of them with `SQLITE_BUSY` without calling the busy handler (each
+    /// holds a read lock it would have to give up), so `open` must retry that step itself.
+    #[test]
+    fn creators_that_start_together_all_succeed() {
+        for round in 0..40 {
+            let path = temp(&format!("together-{round}"));
+            let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    let (p, start) = (path.0.clone(), start.clone());
+                    std::thread::spawn(move || -> Result<(), StoreError> {
+                        start.wait();
+                        Store::open(&p, true).map(drop)
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap().unwrap_or_else(|e| panic!("round {round}: {e}"));
+            }
+            assert_eq!(Store::open(&path, false).unwrap().health().unwrap().journal_mode, "wal");
+        }
     }
 
     #[test]
