@@ -3,31 +3,34 @@
 //! cage's processes already die with the supervisor (PDEATHSIG on the init, EXITKILL on the
 //! traced target); cgroup directories do not, which is what this is for.
 //!
-//! A supervisor that lives to the end shuts its side down too, once it has read the cgroup's
-//! usage, and reads back one byte saying whether the removal worked: one removal path for both
-//! ends. It does not wait for the janitor's exit (a process teardown, off the launch's critical
-//! path); released janitors are reaped by the next launch, or by whoever inherits them.
+//! A supervisor that lives to the end removes the cgroup itself, once it has read its usage,
+//! and then tells the janitor it is done (one byte, then EOF): the janitor exits without
+//! touching it. Handing the removal over instead, and waiting for the janitor's word, cost two
+//! process wakes at the end of every one-shot launch. A supervisor whose removal failed closes
+//! the socket without the byte, and the janitor tries once more on its own. It does not wait
+//! for the janitor's exit (a process teardown, off the launch's critical path); released
+//! janitors are reaped by the next launch, or by whoever inherits them.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::sys::socket::{shutdown, socketpair, AddressFamily, Shutdown, SockFlag, SockType};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{dup2_stderr, dup2_stdin, dup2_stdout, fork, read, write, ForkResult, Pid};
 
 use crate::cgroup::LaunchCgroup;
 use crate::sys;
 
-const REMOVED: u8 = b'R';
-const NOT_REMOVED: u8 = b'N';
+/// The supervisor's word that it removed the cgroup itself.
+const DONE: u8 = b'D';
 
-/// Janitors that reported and are exiting on their own, not yet reaped.
+/// Janitors released and exiting on their own, not yet reaped.
 static RELEASED: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
 
-/// The supervisor's side: shutting the socket down tells the janitor to remove the cgroup.
+/// The supervisor's side: EOF on it without the word [`DONE`] tells the janitor to remove the cgroup.
 #[derive(Debug)]
 pub struct Janitor {
     sock: OwnedFd,
@@ -35,28 +38,18 @@ pub struct Janitor {
 }
 
 impl Janitor {
-    /// Normal end: the cage is gone. The janitor removes the cgroup — exactly what it does when
-    /// the supervisor dies — and says whether that worked.
-    pub fn finish(self) -> io::Result<()> {
-        let shut = shutdown(self.sock.as_raw_fd(), Shutdown::Write);
-        let mut b = [0u8];
-        let n = loop {
-            match read(self.sock.as_fd(), &mut b) {
-                Err(Errno::EINTR) => continue,
-                r => break r,
-            }
-        };
+    /// Normal end: the cage is gone and the supervisor has removed the cgroup (`removed`). A
+    /// janitor told so exits; one closed without the word removes what is left, as it does
+    /// when the supervisor dies.
+    fn release(self, removed: bool) {
+        if removed {
+            let _ = write(&self.sock, &[DONE]);
+        }
+        drop(self.sock);
         if let Ok(mut r) = RELEASED.lock() {
             r.push(self.pid);
         }
         reap_released();
-        match (shut, n, b[0]) {
-            (Ok(()), Ok(1), REMOVED) => Ok(()),
-            (Ok(()), Ok(1), _) => Err(io::Error::other(
-                "the janitor could not remove the launch cgroup within 5 s of killing what was in it",
-            )),
-            _ => Err(io::Error::other("the janitor ended without reporting the cgroup's removal")),
-        }
     }
 
     /// Not wanted after all (a detached cage's cgroup outlives its supervisor): killed and
@@ -67,13 +60,14 @@ impl Janitor {
     }
 }
 
-/// Remove `cg` through its janitor when it has one (the janitor says whether that worked), else
-/// directly.
+/// Remove `cg` (killing what is left in it), and release its janitor: told the cgroup is gone,
+/// or, when the removal failed, left to try once more.
 pub fn remove(cg: &LaunchCgroup, janitor: Option<Janitor>) -> io::Result<()> {
-    match janitor {
-        Some(j) => j.finish(),
-        None => cg.remove(),
+    let removed = cg.remove();
+    if let Some(j) = janitor {
+        j.release(removed.is_ok());
     }
+    removed
 }
 
 /// Reap released janitors that have exited (never blocks).
@@ -118,16 +112,17 @@ fn watch(sock: OwnedFd, cg: &LaunchCgroup) -> ! {
     // SAFETY: fd 3 is the socket just put there; it lives until this process exits.
     let sock3 = unsafe { std::os::fd::BorrowedFd::borrow_raw(3) };
     let mut b = [0u8];
-    loop {
+    let done = loop {
         match read(sock3, &mut b) {
             Err(Errno::EINTR) => continue,
-            Ok(0) | Err(_) => break,
+            Ok(0) | Err(_) => break false,
+            Ok(_) if b[0] == DONE => break true,
             Ok(_) => {}
         }
+    };
+    if !done {
+        let _ = cg.remove();
     }
-    let report = if cg.remove().is_ok() { REMOVED } else { NOT_REMOVED };
-    // EPIPE when the supervisor is gone: ignored.
-    let _ = write(sock3, &[report]);
     // SAFETY: leave without running the supervisor's destructors.
     unsafe { libc::_exit(0) }
 }

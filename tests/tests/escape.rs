@@ -620,7 +620,10 @@ fn deadline_kills_the_target_and_its_background_children() {
 fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
     let Some(e) = env("supervisor_kill") else { return };
     let tag = format!("chio-sigkill-{}", std::process::id());
-    let mut sup = sleeping_cage(&e, &tag, &["--background"]);
+    // In a parent of its own: another test's launch sweeping the orphaned cgroup would hide a
+    // janitor that did not remove it.
+    let parent = chio_tests::PrivateParent::new(&tag);
+    let mut sup = sleeping_cage_in(&e, &tag, &["--background"], Some(&parent));
     let pid = sup.id();
     assert!(!chio_tests::launch_cgroups_of(pid).is_empty(), "the launch cgroup exists while running");
     assert!(!processes_tagged(&tag).is_empty());
@@ -643,12 +646,8 @@ fn killed_supervisor_leaves_no_process_mount_or_cgroup() {
     uncaged_child_survives_its_killed_parent(&e, &format!("{tag}-control"));
 }
 
-/// `chio cage run` of the probe's sleeper tagged `tag`, returned once the sleeper runs.
-fn sleeping_cage(e: &Suite, tag: &str, extra: &[&str]) -> std::process::Child {
-    sleeping_cage_in(e, tag, extra, None)
-}
-
-/// [`sleeping_cage`], its supervisor started in `parent` when one is given.
+/// `chio cage run` of the probe's sleeper tagged `tag`, returned once the sleeper runs; its
+/// supervisor started in `parent` when one is given.
 fn sleeping_cage_in(
     e: &Suite,
     tag: &str,
