@@ -17,9 +17,9 @@ use std::sync::Mutex;
 
 use nix::errno::Errno;
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::sys::socket::{send, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{dup2_stderr, dup2_stdin, dup2_stdout, fork, read, write, ForkResult, Pid};
+use nix::unistd::{dup2_stderr, dup2_stdin, dup2_stdout, fork, read, ForkResult, Pid};
 
 use crate::cgroup::LaunchCgroup;
 use crate::sys;
@@ -43,7 +43,8 @@ impl Janitor {
     /// when the supervisor dies.
     fn release(self, removed: bool) {
         if removed {
-            let _ = write(&self.sock, &[DONE]);
+            // MSG_NOSIGNAL: a janitor killed meanwhile makes this EPIPE, never a SIGPIPE.
+            let _ = send(self.sock.as_raw_fd(), &[DONE], MsgFlags::MSG_NOSIGNAL);
         }
         drop(self.sock);
         if let Ok(mut r) = RELEASED.lock() {
