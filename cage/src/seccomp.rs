@@ -25,8 +25,6 @@
 //! 0.15 ms with a search over each number, 0.10 ms now), and conditional syscalls (openat,
 //! ioctl, socket) run it live.
 
-use sha2::{Digest, Sha256};
-
 // The table's parser and its conditions' code run in the build script; in the crate only the
 // tests reach them, to check the built program against the table compiled again.
 #[cfg_attr(not(test), allow(dead_code))]
@@ -97,8 +95,8 @@ pub fn build() -> Result<Filters, String> {
     compiled().clone()
 }
 
-/// The filters, compiled once per process: every launch of a one-shot `chio` or of the
-/// daemon's launch processes (forked from a launcher that compiled them first) uses this copy.
+/// The filters, made once per process: every launch of a one-shot `chio` or of the daemon's
+/// launch processes (forked from a launcher that made them first) uses this copy.
 pub fn compiled() -> &'static Result<Filters, String> {
     static FILTERS: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
     FILTERS.get_or_init(compile_filters)
@@ -109,13 +107,8 @@ fn compile_filters() -> Result<Filters, String> {
     let target: Program = TARGET_FILTER.iter().map(|&(code, jt, jf, k)| ins(code, jt, jf, k)).collect();
     let init = compile(&INIT_ALLOWED.iter().map(|nr| (*nr as u32, Action::Allow)).collect());
     check_len(&target)?;
-    let mut h = Sha256::new();
-    for i in &target {
-        h.update(i.code.to_le_bytes());
-        h.update([i.jt, i.jf]);
-        h.update(i.k.to_le_bytes());
-    }
-    Ok(Filters { target, init, sha256: hex(&h.finalize()), stacked: None })
+    let sha256 = crate::profile::sha256(&target);
+    Ok(Filters { target, init, sha256, stacked: None })
 }
 
 /// The kernel takes at most BPF_MAXINSNS (4096) instructions.
@@ -233,13 +226,7 @@ pub(crate) mod tests {
         let built = &build().unwrap().target;
         let fields = |p: &Program| p.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect::<Vec<_>>();
         assert_eq!(fields(built), fields(&now));
-        let mut h = Sha256::new();
-        for i in &now {
-            h.update(i.code.to_le_bytes());
-            h.update([i.jt, i.jf]);
-            h.update(i.k.to_le_bytes());
-        }
-        assert_eq!(build().unwrap().sha256, hex(&h.finalize()));
+        assert_eq!(build().unwrap().sha256, crate::profile::sha256(&now));
     }
 
     /// A decision the compiler does not know, a condition bound to a syscall whose arguments it

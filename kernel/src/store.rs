@@ -46,7 +46,6 @@ CREATE TABLE operations (
 ) STRICT;
 ";
 
-/// Facts fixed at creation: the kernel public key the store is bound to.
 /// How long a step waits for another connection's lock before the store reports it busy.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
 
@@ -71,6 +70,7 @@ fn retry_busy<T>(mut step: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Res
     }
 }
 
+/// Facts fixed at creation: the kernel public key the store is bound to.
 const META_SQL: &str = "
 CREATE TABLE store_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
 CREATE TRIGGER store_meta_no_update BEFORE UPDATE ON store_meta BEGIN SELECT RAISE(ABORT, 'a store''s binding is fixed'); END;
