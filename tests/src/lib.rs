@@ -134,25 +134,43 @@ fn libraries(bin: &Path) -> Vec<PathBuf> {
 fn copy_into(root: &Path, file: &Path) {
     let dest = root.join(file.strip_prefix("/").unwrap());
     std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    std::fs::copy(file, &dest).unwrap();
+    copy_executable(file, &dest);
+}
+
+/// Copy a program (or library) that something will execute, through `cp`, so that its write
+/// descriptor never lives in this process. `std::fs::copy` holds one open while another test's
+/// thread may fork: the forked child inherits it until its own exec closes it, and an exec of
+/// the copy in that window fails with ETXTBSY ("Text file busy") — a flake seen in CI.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let st = Command::new("cp").arg("--").arg(from).arg(to).status().expect("cp (coreutils)");
+    assert!(st.success(), "cp {} {}: {st}", from.display(), to.display());
+}
+
+/// Write a script (mode 0755) that something will execute, for the reason `copy_executable`
+/// gives: the text goes to a staging file this process may hold open, and `cp` makes the file
+/// that runs.
+pub fn write_executable(path: &Path, text: &str) {
+    let staging = path.with_file_name(format!(".{}.staging", path.file_name().unwrap().to_string_lossy()));
+    std::fs::write(&staging, text).unwrap();
+    copy_executable(&staging, path);
+    std::fs::remove_file(&staging).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// Build a rootfs at `root`: `/probe`, a setuid-root copy `/probe-suid`, the libraries, and the
 /// directories the suite writes into.
 pub fn build_rootfs(root: &Path, probe: &Path) {
     std::fs::create_dir_all(root).unwrap();
-    std::fs::copy(probe, root.join("probe")).unwrap();
-    std::fs::copy(probe, root.join("probe-suid")).unwrap();
+    copy_executable(probe, &root.join("probe"));
+    copy_executable(probe, &root.join("probe-suid"));
     std::fs::set_permissions(root.join("probe-suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
     for lib in libraries(probe) {
         copy_into(root, &lib);
     }
     std::fs::create_dir_all(root.join("etc")).unwrap();
     std::fs::write(root.join("etc/hostname"), "image-hostname\n").unwrap();
-    std::fs::write(root.join("script.sh"), "#!/probe euid\n").unwrap();
-    std::fs::set_permissions(root.join("script.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(root.join("no-interp.sh"), "#!/nonexistent/interpreter\n").unwrap();
-    std::fs::set_permissions(root.join("no-interp.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&root.join("script.sh"), "#!/probe euid\n");
+    write_executable(&root.join("no-interp.sh"), "#!/nonexistent/interpreter\n");
     std::fs::write(root.join("not-exec"), "plain data\n").unwrap();
     std::fs::set_permissions(root.join("not-exec"), std::fs::Permissions::from_mode(0o644)).unwrap();
 }
@@ -1247,5 +1265,41 @@ mod tests {
         let mut c = Command::new("chio");
         with_test_deadline(&mut c, &["--policy", "p"]);
         assert_eq!(c.get_args().count(), 2, "a policy's launch takes the policy's deadline");
+    }
+
+    /// A copy made while another thread forks children runs at once, every time. The control,
+    /// `std::fs::copy` under the same forking, meets ETXTBSY: the forked children held its
+    /// write descriptor.
+    #[test]
+    fn a_copied_program_is_never_busy_while_other_threads_fork() {
+        let dir = Scratch::new("copy-executable");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let forker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = Command::new("/bin/true").status();
+                }
+            })
+        };
+        // Whether the `i`th copy was busy at its exec.
+        let busy = |i: usize, copy: &dyn Fn(&Path, &Path)| {
+            let to = dir.join(&format!("true-{i}"));
+            copy(Path::new("/bin/true"), &to);
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let run = Command::new(&to).status();
+            std::fs::remove_file(&to).unwrap();
+            matches!(run, Err(ref e) if e.raw_os_error() == Some(libc::ETXTBSY))
+        };
+        let ours = (0..300).filter(|&i| busy(i, &|from, to| copy_executable(from, to))).count();
+        let control = (0..5000).any(|i| {
+            busy(i, &|from, to| {
+                std::fs::copy(from, to).unwrap();
+            })
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        forker.join().unwrap();
+        assert_eq!(ours, 0, "copy_executable's copy was busy");
+        assert!(control, "control: std::fs::copy was never busy in 5000 tries");
     }
 }

@@ -15,8 +15,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use chio_tests::{
-    chio_bin, lasting_orphaned_inits, launch_cgroups_of, privileged, processes_tagged, relay_data, signed_launch,
-    wait_gone, Overlay, Scratch, Stalling,
+    chio_bin, copy_executable, lasting_orphaned_inits, launch_cgroups_of, privileged, processes_tagged, relay_data,
+    signed_launch, wait_gone, Overlay, Scratch, Stalling,
 };
 use serde_json::{json, Value};
 
@@ -2125,7 +2125,7 @@ fn a_shared_digest_never_vouches_for_a_file_another_uid_can_write() {
     let d = Daemon::start(&dir, config(json!({})));
     let ws = open_workspace(&dir);
     let probe = ws.join("probe");
-    std::fs::copy(PROBE, &probe).unwrap();
+    copy_executable(Path::new(PROBE), &probe);
     std::os::unix::fs::chown(&probe, Some(65534), Some(65534)).unwrap();
     let sha = |p: &Path| format!("{:x}", Sha256::digest(std::fs::read(p).unwrap()));
     let launch = || d.run(None, &["--json", "--workspace", s(&ws), "--", "/workspace/probe", "euid"], None);

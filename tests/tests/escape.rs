@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use chio_tests::Control::{Nobody, NobodyInUserns, Root};
 use chio_tests::{
-    assert_escaped, build_symlinked_rootfs, cage, host, host_as, parse, processes_tagged, wait_gone, Scratch, Suite,
+    assert_escaped, build_symlinked_rootfs, cage, copy_executable, host, host_as, parse, processes_tagged, wait_gone,
+    Scratch, Suite,
 };
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -290,7 +291,7 @@ fn proc_self_exe_is_not_writable() {
     let Some(e) = env("proc_self_exe") else { return };
     let s = Scratch::new("self-exe");
     let copy = s.join("probe-copy");
-    std::fs::copy(&e.probe, &copy).unwrap();
+    copy_executable(&e.probe, &copy);
     std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
     e.pair_with(
         "write /proc/self/exe",

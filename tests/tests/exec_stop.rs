@@ -7,9 +7,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use chio_tests::{parse, CageRun, Scratch, Suite};
+use chio_tests::{copy_executable, parse, CageRun, Scratch, Suite};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -73,7 +74,7 @@ fn fact_fails(test: &str, hook: &str, extra: &[&str], fact: &str) {
 /// the target's uid may write, with `hook` (if any) and `extra` flags.
 fn launch_copy(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str]) -> CageRun {
     let copy = ws.join("probe");
-    std::fs::copy(PROBE, &copy).unwrap();
+    copy_executable(Path::new(PROBE), &copy);
     std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
     launch_of(e, "/workspace/probe", ws, hook, extra)
 }

@@ -742,8 +742,7 @@ fn a_script_swapped_after_hashing_is_not_what_runs() {
         let ws = Scratch::new(tag);
         ws.give_to_nobody();
         for (name, text) in [("script.sh", script), ("evil.sh", "#!/probe swap-then-read\nEVIL\n")] {
-            std::fs::write(ws.join(name), text).unwrap();
-            std::fs::set_permissions(ws.join(name), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            chio_tests::write_executable(&ws.join(name), text);
         }
         ws
     };

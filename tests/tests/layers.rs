@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use chio_tests::{assert_escaped, build_rootfs, host, parse, CageRun, Scratch, Suite};
+use chio_tests::{assert_escaped, build_rootfs, copy_executable, host, parse, CageRun, Scratch, Suite};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -159,7 +159,7 @@ fn nosuid_holds_without_no_new_privs() {
     let Some(e) = Suite::new("nosuid_without_nnp", PROBE) else { return };
     let ws = Scratch::new("nosuid-ws");
     std::fs::set_permissions(&ws.0, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::copy(PROBE, ws.join("probe-suid")).unwrap();
+    copy_executable(Path::new(PROBE), &ws.join("probe-suid"));
     std::fs::set_permissions(ws.join("probe-suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
     let bind = format!("{}:/opt/bound", ws.0.display());
     let flags = ["--mode", "shadow", "--workspace", ws.0.to_str().unwrap(), "--ro-bind", &bind];

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use chio_tests::{chio_bin, privileged, skip, Scratch};
+use chio_tests::{chio_bin, copy_executable, privileged, skip, Scratch};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
 
@@ -178,7 +178,7 @@ fn systemd_analyze_verify_passes_on_every_unit() {
     let out = verify(&names);
     assert!(String::from_utf8_lossy(&out.stderr).contains("/usr/bin/chio is not executable"), "{out:?}");
     // ... and with it, every unit passes.
-    std::fs::copy(chio_bin(Path::new(PROBE)), root.join("usr/bin/chio")).unwrap();
+    copy_executable(&chio_bin(Path::new(PROBE)), &root.join("usr/bin/chio"));
     let out = verify(&names);
     assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -331,7 +331,7 @@ fn chio_is_the_launch_path_and_hands_the_rest_to_chio_full() {
     assert!(readme.contains("cargo run --release -p chio-cli -- cage run"), "the README's first command changed");
     let dir = Scratch::new("launch-binary");
     let alone = dir.join("chio");
-    std::fs::copy(&chio, &alone).unwrap();
+    copy_executable(&chio, &alone);
     let help = |bin: &Path| Command::new(bin).args(["cage", "run", "--help"]).output().unwrap();
     let (own, full_help) = (help(&alone), help(&full));
     assert!(own.status.success() && own.stdout == full_help.stdout, "{own:?}");
@@ -345,7 +345,7 @@ fn chio_is_the_launch_path_and_hands_the_rest_to_chio_full() {
         let record = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success() && record.contains("\"state\":\"FullyEnforced\""), "{record}");
     }
-    std::fs::copy(&full, dir.join("chio-full")).unwrap();
+    copy_executable(&full, &dir.join("chio-full"));
     let out = Command::new(&alone).args(["receipt", "list", "--help"]).output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--receipt-db"), "{out:?}");
     // Through a link named chio-runc (as engines are pointed at it): runc's command line.

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use chio_tests::{chio_bin, privileged, signed_launch, signed_launch_on, Scratch, SignedLaunch};
+use chio_tests::{chio_bin, copy_executable, privileged, signed_launch, signed_launch_on, Scratch, SignedLaunch};
 use serde_json::Value;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -480,8 +480,8 @@ fn unprivileged_preflight_says_what_needs_root() {
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let copy = dir.join("chio");
     let chio = chio_bin(&PathBuf::from(PROBE));
-    std::fs::copy(&chio, &copy).unwrap();
-    std::fs::copy(chio.with_file_name("chio-full"), dir.join("chio-full")).unwrap();
+    copy_executable(&chio, &copy);
+    copy_executable(&chio.with_file_name("chio-full"), &dir.join("chio-full"));
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(&copy)

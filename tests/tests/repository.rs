@@ -737,8 +737,7 @@ fn a_hostile_source_repository_runs_nothing_and_is_not_written() {
     }
     for hook in ["post-checkout", "pre-commit", "reference-transaction", "post-index-change"] {
         let h = dir.join(hook);
-        std::fs::write(&h, format!("#!/bin/sh\n{touch}\n")).unwrap();
-        std::fs::set_permissions(&h, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        chio_tests::write_executable(&h, &format!("#!/bin/sh\n{touch}\n"));
     }
     let snapshot = |d: &Path| -> Vec<(String, u64, std::time::SystemTime)> {
         let mut v = Vec::new();

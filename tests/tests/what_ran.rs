@@ -4,13 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use chio_tests::{file_identity as identity, output_within, parse, CageRun, DirtyMapping, Scratch, Suite};
+use chio_tests::{
+    copy_executable, file_identity as identity, output_within, parse, CageRun, DirtyMapping, Scratch, Suite,
+};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_chio-probe");
@@ -40,7 +42,7 @@ fn launch(e: &Suite, ws: &Scratch, hook: Option<&str>, extra: &[&str], argv: &[&
 /// A copy of the probe in the workspace, owned by the cage's uid (which may write it).
 fn probe_copy(ws: &Scratch) -> std::path::PathBuf {
     let copy = ws.join("probe");
-    std::fs::copy(PROBE, &copy).unwrap();
+    copy_executable(Path::new(PROBE), &copy);
     std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
     copy
 }
@@ -138,10 +140,7 @@ fn rewrite_tail_once_started(dir: &Path) -> std::thread::JoinHandle<bool> {
 
 fn write_script(dir: &Path) {
     let p = dir.join("run.sh");
-    let mut f = std::fs::File::create(&p).unwrap();
-    f.write_all(SCRIPT.as_bytes()).unwrap();
-    drop(f);
-    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    chio_tests::write_executable(&p, SCRIPT);
     std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
 }
 
@@ -206,13 +205,11 @@ fn a_script_cannot_change_the_copy_it_is_read_from() {
     ws.give_to_nobody();
     let p = ws.join("run.sh");
     // $0 is /dev/fd/<n>, the copy; run.sh is the file.
-    std::fs::write(
+    chio_tests::write_executable(
         &p,
         "#!/bin/bash\nif echo x >> \"$0\"; then echo copy-written; else echo copy-refused; fi\n\
          if echo '#' >> run.sh; then echo file-written; fi\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
     let out = Command::new(chio_tests::chio_bin(Path::new(PROBE)))
         .args(["cage", "run", "--workspace"])
@@ -334,7 +331,7 @@ fn a_target_on_a_fuse_file_system_is_refused() {
     assert!(run.stderr.contains("FUSE"), "{}", run.stderr);
     assert!(run.stdout.is_empty(), "it ran: {}", run.stdout);
     let local = Scratch::new("what-ran-fuse-local");
-    std::fs::copy(PROBE, local.join("exe")).unwrap();
+    copy_executable(Path::new(PROBE), &local.join("exe"));
     let control = run_from(&local.0);
     assert_eq!(control.state(), "FullyEnforced", "control: {}", control.stderr);
 }
