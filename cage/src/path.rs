@@ -114,13 +114,20 @@ pub fn open_beneath(dir: BorrowedFd<'_>, path: &Path, flags: i32) -> io::Result<
 
 /// Names in the directory `dir` (without `.` and `..`), unsorted.
 pub fn read_dir_names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+    Ok(read_dir_typed(dir)?.into_iter().map(|(name, _)| name).collect())
+}
+
+/// Names in the directory `dir` (without `.` and `..`), unsorted, each with the type the
+/// listing gives (`None` where the file system leaves it unknown: look it up to know).
+pub fn read_dir_typed(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, Option<nix::dir::Type>)>> {
     let fd = sys::openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
     let mut d = nix::dir::Dir::from_fd(fd)?;
     let mut out = Vec::new();
     for ent in d.iter() {
-        let name = ent?.file_name().to_owned();
+        let ent = ent?;
+        let name = ent.file_name().to_owned();
         if name.as_bytes() != b"." && name.as_bytes() != b".." {
-            out.push(name);
+            out.push((name, ent.file_type()));
         }
     }
     Ok(out)
