@@ -276,6 +276,22 @@ fn roots_own_files(dir: &Path, files: &[&str]) -> bool {
     root(dir) && files.iter().all(|f| root(&dir.join(f)))
 }
 
+/// The directory of the v1 hierarchy mounted at (or linked from) `mount`, by one name whichever
+/// controller named it: co-mounted hierarchies (cpu,cpuacct) reach one directory through two
+/// names, `cpu` and `cpuacct` being links to `cpu,cpuacct` beside them. One `readlink` for that
+/// usual link; anything else is resolved whole (`canonicalize`, a `readlink` per component,
+/// each a lookup through sysfs, which contends with a cage's new network namespace registering
+/// its loopback device there).
+fn v1_mount(mount: &Path) -> io::Result<PathBuf> {
+    match fs::read_link(mount) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(mount.to_path_buf()),
+        Ok(to) if matches!(to.components().collect::<Vec<_>>()[..], [std::path::Component::Normal(_)]) => {
+            Ok(mount.with_file_name(&to))
+        }
+        _ => fs::canonicalize(mount),
+    }
+}
+
 /// Where v1 launch cgroups go in `controller`'s hierarchy, mounted at `mount`: under this
 /// process's own cgroup there (`proc_cgroup` is its `/proc/self/cgroup`), so the host's
 /// accounting covers them — or, when that cgroup or one above it is not root's, under the
@@ -420,7 +436,7 @@ impl LaunchCgroup {
                         cg.missing.push(c.name().to_string());
                         continue;
                     }
-                    let mount = fs::canonicalize(&mount)?;
+                    let mount = v1_mount(&mount)?;
                     let base = if path.is_absolute() { mount.clone() } else { v1_parent(&mount, &own, c) };
                     let dir = base.join(&rel);
                     match by_dir.iter_mut().find(|(_, d)| *d == dir) {
@@ -596,8 +612,7 @@ impl LaunchCgroup {
                 cg.missing.push(c.name().to_string());
                 continue;
             }
-            // Co-mounted hierarchies (cpu,cpuacct) reach one directory through two names.
-            let mount = fs::canonicalize(&mount)?;
+            let mount = v1_mount(&mount)?;
             let dir = v1_parent(&mount, &own, c).join(name);
             if cg.dirs.iter().any(|(_, d)| *d == dir) {
                 cg.dirs.push((c, dir));
@@ -846,7 +861,7 @@ pub fn sweep(hierarchy: &Hierarchy) -> usize {
             let mut seen = Vec::new();
             let mut removed = 0;
             for c in [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu] {
-                let Ok(mount) = fs::canonicalize(Path::new("/sys/fs/cgroup").join(c.name())) else { continue };
+                let Ok(mount) = v1_mount(&Path::new("/sys/fs/cgroup").join(c.name())) else { continue };
                 let parent = v1_parent(&mount, &own, c);
                 if !seen.contains(&parent) {
                     removed += sweep_orphans(&parent);
@@ -1300,6 +1315,27 @@ mod tests {
         }
         assert_eq!(left, (false, true), "(orphan, held) left");
         assert_eq!(swept, 1);
+    }
+
+    /// A co-mounted hierarchy's two links name its one directory; a directory names itself; any
+    /// other link is resolved whole, and a missing name is an error.
+    #[test]
+    fn a_v1_hierarchy_has_one_name_whichever_controller_names_it() {
+        let d = std::env::temp_dir().join(format!("chio-v1-mount-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("cpu,cpuacct")).unwrap();
+        fs::create_dir_all(d.join("memory")).unwrap();
+        fs::create_dir_all(d.join("x/pids")).unwrap();
+        std::os::unix::fs::symlink("cpu,cpuacct", d.join("cpu")).unwrap();
+        std::os::unix::fs::symlink("cpu,cpuacct", d.join("cpuacct")).unwrap();
+        std::os::unix::fs::symlink("x/../x/pids", d.join("pids")).unwrap();
+        let canonical = fs::canonicalize(&d).unwrap();
+        assert_eq!(v1_mount(&d.join("cpu")).unwrap(), d.join("cpu,cpuacct"));
+        assert_eq!(v1_mount(&d.join("cpuacct")).unwrap(), v1_mount(&d.join("cpu")).unwrap());
+        assert_eq!(v1_mount(&d.join("memory")).unwrap(), d.join("memory"));
+        assert_eq!(v1_mount(&d.join("pids")).unwrap(), canonical.join("x/pids"));
+        assert!(v1_mount(&d.join("blkio")).is_err());
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
