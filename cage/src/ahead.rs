@@ -45,7 +45,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
-use crate::cgroup::{Controller, Hierarchy, LaunchCgroup};
+use crate::cgroup::{Controller, Hierarchy, LaunchCgroup, Place};
 use crate::channel::{self, CageMsg};
 use crate::digests::Digests;
 use crate::inside::{self, AheadCtx};
@@ -94,7 +94,8 @@ impl Ahead {
         let mut ahead = Ahead::sharing(digests);
         ahead.netns = fresh_netns().ok();
         if !stop() {
-            ahead.cgroup = LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, hierarchy).ok();
+            ahead.cgroup =
+                LaunchCgroup::make(&LaunchCgroup::new_name(), &Controller::ALL, &Place::of(hierarchy.clone())).ok();
             // Forked only from a single-threaded process (as the init below), else left to the
             // launch.
             if sys::thread_count().is_ok_and(|n| n == 1) {

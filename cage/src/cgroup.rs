@@ -11,9 +11,13 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::AtFlags;
+use nix::fcntl::{OFlag, AT_FDCWD};
+use nix::sys::stat::Mode;
+use nix::unistd::UnlinkatFlags;
 use std::time::{Duration, Instant};
 
 use crate::plan::Limits;
@@ -80,33 +84,193 @@ pub struct LaunchCgroup {
     pub missing: Vec<String>,
     /// Why they are missing, when that is known and something an operator can change.
     pub missing_why: Option<String>,
-    /// Each directory held open under a shared lock while this launch lives (its janitor takes
-    /// its own): how a sweep tells a live launch from an orphan, whatever pid namespace the
-    /// launch runs in ([`sweep_orphans`]).
-    held: Vec<OwnedFd>,
+    /// Each distinct directory of `dirs`, opened once it exists: every later step of the launch
+    /// works from these descriptors ([`Dir`]).
+    opened: Vec<Dir>,
     /// A running cage's cgroup that a process entering it joins ([`LaunchCgroup::adopt`]):
     /// never killed or removed through this handle.
     adopted: bool,
+}
+
+/// Where a launch's cgroup goes: the hierarchy, and the cgroup mount opened ([`Mounts`]) — by
+/// a one-shot launch before it clones the cage's init, so that nothing it does for the cgroup
+/// afterwards walks sysfs.
+#[derive(Debug)]
+pub struct Place {
+    /// The hierarchy launch cgroups go into.
+    pub hierarchy: Hierarchy,
+    mounts: Mounts,
+}
+
+impl Place {
+    /// `hierarchy`, its mount opened now.
+    pub fn of(hierarchy: Hierarchy) -> Place {
+        Place { hierarchy, mounts: Mounts::open() }
+    }
+}
+
+/// The cgroup mount point, `/sys/fs/cgroup`, opened for cgroup work: a path under it is looked
+/// up from this descriptor, not from `/`. An absolute lookup walks `sys` and `fs`
+/// in sysfs under sysfs's lock, and a cage's init takes that lock as a writer at the same
+/// moment, to register its new network namespace's loopback device there: the two were
+/// measured waiting on each other for ~130 µs a launch (`tests/bench/trace/waits.py`). A path
+/// elsewhere (an operator's v2 root on another mount, a test's) is used as it is.
+#[derive(Debug)]
+struct Mounts(Option<OwnedFd>);
+
+impl Mounts {
+    fn open() -> Mounts {
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        Mounts(nix::fcntl::openat(AT_FDCWD, CGROUP_MOUNT, flags, Mode::empty()).ok())
+    }
+
+    /// Where to look `path` up from: the mount's descriptor and the rest of the path, or the
+    /// path as it is.
+    fn at<'p>(&self, path: &'p Path) -> (BorrowedFd<'_>, &'p Path) {
+        match (&self.0, path.strip_prefix(CGROUP_MOUNT)) {
+            (Some(fd), Ok(rel)) if rel.as_os_str().is_empty() => (fd.as_fd(), Path::new(".")),
+            (Some(fd), Ok(rel)) => (fd.as_fd(), rel),
+            _ => (AT_FDCWD, path),
+        }
+    }
+
+    /// The directory `path`, opened.
+    fn dir(&self, path: &Path) -> io::Result<Opened> {
+        let (at, rel) = self.at(path);
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::openat(at, rel, flags, Mode::empty())
+            .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("opening {}: {e}", path.display())))?;
+        Ok(Opened { path: path.to_path_buf(), fd })
+    }
+
+    /// The file system type of what `path` names (None if it cannot be opened).
+    fn magic(&self, path: &Path) -> Option<i64> {
+        let (at, rel) = self.at(path);
+        let fd = nix::fcntl::openat(at, rel, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()).ok()?;
+        nix::sys::statfs::fstatfs(&fd).ok().map(|st| st.filesystem_type().0)
+    }
+
+    /// Whether `path` (not followed if a link) belongs to root.
+    fn roots(&self, path: &Path) -> bool {
+        let (at, rel) = self.at(path);
+        nix::sys::stat::fstatat(at, rel, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| st.st_uid == 0)
+    }
+}
+
+/// A cgroup directory, opened, with its path for the record and for messages. Its files are
+/// opened from the descriptor.
+#[derive(Debug)]
+struct Opened {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+impl Opened {
+    fn file(&self, name: &str, flags: OFlag) -> io::Result<fs::File> {
+        let mode = Mode::from_bits_truncate(0o644);
+        nix::fcntl::openat(&self.fd, name, flags | OFlag::O_CLOEXEC, mode).map(fs::File::from).map_err(|e| {
+            io::Error::new(io::Error::from(e).kind(), format!("opening {}: {e}", self.path.join(name).display()))
+        })
+    }
+
+    fn read(&self, name: &str) -> io::Result<String> {
+        io::read_to_string(self.file(name, OFlag::O_RDONLY)?)
+    }
+
+    /// Write `value` to the file `name`, opened as `fs::write` opens a file (a cgroup's files
+    /// all exist; a directory standing in for one in a test gets them made).
+    fn write(&self, name: &str, value: &str) -> io::Result<()> {
+        let shown = |e: io::Error| {
+            io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", self.path.join(name).display()))
+        };
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC;
+        io::Write::write_all(&mut self.file(name, flags).map_err(shown)?, value.as_bytes()).map_err(shown)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+    }
+
+    /// The pids listed in `cgroup.procs` (none if it cannot be read).
+    fn procs(&self) -> Vec<libc::pid_t> {
+        pids_in(&self.read("cgroup.procs").unwrap_or_default())
+    }
+}
+
+/// One directory of a launch cgroup: itself opened — under a shared lock, as a live launch's
+/// ([`lock_shared`]) — and its parent, from which it is made and removed and beside which
+/// orphans are swept. Made or opened before the cage's init needs it; nothing after that looks
+/// a path up through sysfs ([`Mounts`]).
+#[derive(Debug)]
+struct Dir {
+    dir: Opened,
+    parent: Opened,
+}
+
+impl Dir {
+    /// Make the directory `name` in `parent`, open it and lock it.
+    fn make(parent: Opened, name: &str) -> io::Result<Dir> {
+        let path = parent.path.join(name);
+        nix::sys::stat::mkdirat(&parent.fd, name, Mode::from_bits_truncate(0o755))
+            .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("creating {}: {e}", path.display())))?;
+        match Self::leaf(&parent, name, true) {
+            Ok(fd) => Ok(Dir { dir: Opened { path, fd }, parent }),
+            Err(e) => {
+                let _ = nix::unistd::unlinkat(&parent.fd, name, UnlinkatFlags::RemoveDir);
+                Err(e)
+            }
+        }
+    }
+
+    /// The existing directory `path`, opened (and locked if `lock`).
+    fn open(mounts: &Mounts, path: &Path, lock: bool) -> io::Result<Dir> {
+        let (Some(up), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+            return Err(io::Error::other(format!("{} names no cgroup directory", path.display())));
+        };
+        let parent = mounts.dir(up)?;
+        let fd = Self::leaf(&parent, name, lock)?;
+        Ok(Dir { dir: Opened { path: path.to_path_buf(), fd }, parent })
+    }
+
+    /// `name` in `parent`, opened (and locked if `lock`).
+    fn leaf(parent: &Opened, name: &str, lock: bool) -> io::Result<OwnedFd> {
+        let fd = OwnedFd::from(parent.file(name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?);
+        if lock {
+            lock_shared(&fd)
+                .map_err(|e| io::Error::new(e.kind(), format!("locking {}: {e}", parent.path.join(name).display())))?;
+        }
+        Ok(fd)
+    }
+
+    /// The directory's own name (what each hierarchy's line of a member's `/proc/PID/cgroup`
+    /// ends with).
+    fn name(&self) -> &str {
+        self.dir.path.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+    }
+
+    /// Remove the directory from its parent.
+    fn rmdir(&self) -> io::Result<()> {
+        nix::unistd::unlinkat(&self.parent.fd, self.name(), UnlinkatFlags::RemoveDir).map_err(io::Error::from)
+    }
 }
 
 fn statfs_magic(p: &Path) -> Option<i64> {
     nix::sys::statfs::statfs(p).ok().map(|st| st.filesystem_type().0)
 }
 
-/// SIGKILL a process the launch cgroup `dir` listed as `pid` — through a pidfd, and only while
-/// it is in that cgroup. A listed process may have ended and been reaped since the list was
+/// SIGKILL a process the launch cgroup named `name` listed as `pid` — through a pidfd, and only
+/// while it is in that cgroup. A listed process may have ended and been reaped since the list was
 /// read, and its pid be another process's by now: a cage can churn through the host's pids by
 /// forking (32,768 of them on a default `pid_max`), and a kill by pid would then hit whatever
 /// host process came next. The pidfd is opened first, the membership read after, and the kill
 /// goes through the pidfd: it reaches the process that was read, or none.
-fn kill_listed(dir: &Path, pid: libc::pid_t) {
-    kill_listed_if(dir, pid, |_| true);
+fn kill_listed(name: &str, pid: libc::pid_t) {
+    kill_listed_if(name, pid, |_| true);
 }
 
 /// [`kill_listed`], and only if `also(pid)` holds once the pidfd is open.
-fn kill_listed_if(dir: &Path, pid: libc::pid_t, also: impl Fn(libc::pid_t) -> bool) {
+fn kill_listed_if(name: &str, pid: libc::pid_t, also: impl Fn(libc::pid_t) -> bool) {
     let Ok(pidfd) = crate::sys::pidfd_open(pid) else { return };
-    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else { return };
     let member = fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .is_ok_and(|c| c.lines().any(|l| l.rsplit('/').next() == Some(name)));
     if member && also(pid) {
@@ -223,8 +387,11 @@ impl Delegation {
         let own = own_v2_cgroup()?;
         let mount = Path::new(CGROUP_MOUNT);
         let dir = own.ancestors().take_while(|d| *d != mount).find(|d| marked_delegated(d))?;
+        let mounts = Mounts::open();
         let mut roots = dir.ancestors().take_while(|d| d.starts_with(mount));
-        roots.all(roots_own).then(|| Delegation { dir: dir.to_path_buf(), own: own.clone() })
+        roots
+            .all(|d| roots_own_files(&mounts, d, &["cgroup.procs", "cgroup.subtree_control"]))
+            .then(|| Delegation { dir: dir.to_path_buf(), own: own.clone() })
     }
 
     /// Where this delegation's launch cgroups go: its `launches`.
@@ -264,16 +431,9 @@ fn marked_delegated(dir: &Path) -> bool {
     xattr::get(dir, "trusted.delegate").ok().flatten().as_deref() == Some(b"1")
 }
 
-/// Whether v2 cgroup `dir` and its files that move processes and hand controllers are root's.
-fn roots_own(dir: &Path) -> bool {
-    roots_own_files(dir, &["cgroup.procs", "cgroup.subtree_control"])
-}
-
 /// Whether `dir` and each of its `files` belong to root.
-fn roots_own_files(dir: &Path, files: &[&str]) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let root = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.uid() == 0);
-    root(dir) && files.iter().all(|f| root(&dir.join(f)))
+fn roots_own_files(mounts: &Mounts, dir: &Path, files: &[&str]) -> bool {
+    mounts.roots(dir) && files.iter().all(|f| mounts.roots(&dir.join(f)))
 }
 
 /// The directory of the v1 hierarchy mounted at (or linked from) `mount`, by one name whichever
@@ -282,9 +442,10 @@ fn roots_own_files(dir: &Path, files: &[&str]) -> bool {
 /// usual link; anything else is resolved whole (`canonicalize`, a `readlink` per component,
 /// each a lookup through sysfs, which contends with a cage's new network namespace registering
 /// its loopback device there).
-fn v1_mount(mount: &Path) -> io::Result<PathBuf> {
-    match fs::read_link(mount) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(mount.to_path_buf()),
+fn v1_mount(mounts: &Mounts, mount: &Path) -> io::Result<PathBuf> {
+    let (at, rel) = mounts.at(mount);
+    match nix::fcntl::readlinkat(at, rel).map(PathBuf::from) {
+        Err(nix::errno::Errno::EINVAL) => Ok(mount.to_path_buf()),
         Ok(to) if matches!(to.components().collect::<Vec<_>>()[..], [std::path::Component::Normal(_)]) => {
             Ok(mount.with_file_name(&to))
         }
@@ -298,11 +459,11 @@ fn v1_mount(mount: &Path) -> io::Result<PathBuf> {
 /// parent of the highest such. Whoever owns a v1 cgroup's `cgroup.procs` or `tasks` moves
 /// processes of their own uid between the cgroups below it: a cage running as that uid could be
 /// pulled out of its launch cgroup and its ceilings (the v2 rule is [`Delegation`]'s).
-fn v1_parent(mount: &Path, proc_cgroup: &str, controller: Controller) -> PathBuf {
+fn v1_parent(mounts: &Mounts, mount: &Path, proc_cgroup: &str, controller: Controller) -> PathBuf {
     let rel = own_path_v1(proc_cgroup, controller.name()).unwrap_or_default();
     let own = mount.join(rel.trim_start_matches('/'));
     let chain: Vec<&Path> = own.ancestors().take_while(|d| d.starts_with(mount)).collect();
-    match chain.iter().rposition(|d| !roots_own_files(d, &["cgroup.procs", "tasks"])) {
+    match chain.iter().rposition(|d| !roots_own_files(mounts, d, &["cgroup.procs", "tasks"])) {
         // (A hierarchy's root that is not root's leaves nothing better than the root.)
         Some(i) => chain.get(i + 1).map_or(mount.to_path_buf(), |d| d.to_path_buf()),
         None => own,
@@ -346,43 +507,46 @@ impl LaunchCgroup {
         if name.is_empty() || dirs.iter().any(|d| d.file_name() != first.file_name()) {
             return Err(io::Error::other(format!("the cage's cgroup directories do not share one name: {dirs:?}")));
         }
-        let v2 = statfs_magic(first) == Some(CGROUP2_SUPER_MAGIC);
-        let mut adopted = Vec::new();
+        let mounts = Mounts::open();
+        let mut cg = LaunchCgroup {
+            name,
+            version: "v1",
+            dirs: Vec::new(),
+            missing: Vec::new(),
+            missing_why: None,
+            opened: Vec::new(),
+            adopted: true,
+        };
         for d in dirs {
-            if !matches!(statfs_magic(d), Some(CGROUP2_SUPER_MAGIC | CGROUP_SUPER_MAGIC)) {
-                return Err(io::Error::other(format!("{} is not a cgroup directory", d.display())));
-            }
-            // A v1 directory's controller by the files it has (cpu and cpuacct may share one).
-            let has = |f: &str| d.join(f).exists();
-            let controllers = match v2 {
-                true => vec![Controller::Cpuacct],
-                false => [
+            let dir = Dir::open(&mounts, d, false)?;
+            let magic = nix::sys::statfs::fstatfs(&dir.dir.fd).map(|st| st.filesystem_type().0);
+            let controllers = match magic {
+                Ok(CGROUP2_SUPER_MAGIC) => {
+                    cg.version = "v2";
+                    vec![Controller::Cpuacct]
+                }
+                // A v1 directory's controller by the files it has (cpu and cpuacct may share one).
+                Ok(CGROUP_SUPER_MAGIC) => [
                     (Controller::Memory, "memory.limit_in_bytes"),
                     (Controller::Pids, "pids.max"),
                     (Controller::Cpu, "cpu.cfs_quota_us"),
                     (Controller::Cpuacct, "cpuacct.usage"),
                 ]
                 .into_iter()
-                .filter(|(_, f)| has(f))
+                .filter(|(_, f)| dir.dir.has(f))
                 .map(|(c, _)| c)
                 .collect(),
+                _ => return Err(io::Error::other(format!("{} is not a cgroup directory", d.display()))),
             };
-            adopted.extend(controllers.into_iter().map(|c| (c, d.clone())));
+            cg.dirs.extend(controllers.into_iter().map(|c| (c, d.clone())));
+            cg.opened.push(dir);
         }
-        Ok(LaunchCgroup {
-            name,
-            version: if v2 { "v2" } else { "v1" },
-            dirs: adopted,
-            missing: Vec::new(),
-            missing_why: None,
-            held: Vec::new(),
-            adopted: true,
-        })
+        Ok(cg)
     }
 
     /// Create the launch cgroup `name` in `hierarchy` and write the ceilings.
-    pub fn create(name: &str, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
-        let cg = Self::make(name, &needed(limits), hierarchy)?;
+    pub fn create(name: &str, limits: &Limits, place: &Place) -> io::Result<LaunchCgroup> {
+        let cg = Self::make(name, &needed(limits), place)?;
         cg.apply(limits)?;
         Ok(cg)
     }
@@ -393,22 +557,23 @@ impl LaunchCgroup {
     /// container, and the engine finds it where it looks), a relative one from where chio makes
     /// its launch cgroups. Missing parents are made (and left: they are the engine's); the leaf
     /// is made, or taken if it exists and holds no process.
-    pub fn create_at(path: &Path, limits: &Limits, hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
+    pub fn create_at(path: &Path, limits: &Limits, place: &Place) -> io::Result<LaunchCgroup> {
         let rel = engine_path(path)?;
         // The whole path, not the leaf alone: the exec stop then checks each hierarchy's line
         // ends with it (an engine's leaf, a container id or `c1`, is not unique on its own).
         let name = rel.to_string_lossy().into_owned();
         let controllers = needed(limits);
+        let mounts = &place.mounts;
         let mut cg = LaunchCgroup {
             name,
             version: "v1",
             dirs: Vec::new(),
             missing: Vec::new(),
             missing_why: None,
-            held: Vec::new(),
+            opened: Vec::new(),
             adopted: false,
         };
-        let leaves: Vec<(Vec<Controller>, PathBuf)> = match hierarchy {
+        let leaves: Vec<(Vec<Controller>, PathBuf)> = match &place.hierarchy {
             Hierarchy::V2(root) => {
                 cg.version = "v2";
                 let base = if path.is_absolute() { v2_mount_of(root) } else { root.clone() };
@@ -431,13 +596,13 @@ impl LaunchCgroup {
                 let own = fs::read_to_string("/proc/self/cgroup")?;
                 let mut by_dir: Vec<(Vec<Controller>, PathBuf)> = Vec::new();
                 for &c in &controllers {
-                    let mount = Path::new("/sys/fs/cgroup").join(c.name());
-                    if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
+                    let mount = Path::new(CGROUP_MOUNT).join(c.name());
+                    if mounts.magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
                         cg.missing.push(c.name().to_string());
                         continue;
                     }
-                    let mount = v1_mount(&mount)?;
-                    let base = if path.is_absolute() { mount.clone() } else { v1_parent(&mount, &own, c) };
+                    let mount = v1_mount(mounts, &mount)?;
+                    let base = if path.is_absolute() { mount.clone() } else { v1_parent(mounts, &mount, &own, c) };
                     let dir = base.join(&rel);
                     match by_dir.iter_mut().find(|(_, d)| *d == dir) {
                         Some((cs, _)) => cs.push(c),
@@ -448,18 +613,14 @@ impl LaunchCgroup {
             }
         };
         for (cs, dir) in leaves {
-            if let Err(e) = take_leaf(&dir) {
-                let _ = cg.remove();
-                return Err(e);
-            }
-            match hold(&dir) {
-                Ok(fd) => cg.held.push(fd),
+            match take_leaf(&dir).and_then(|()| Dir::open(mounts, &dir, true)) {
+                Ok(d) => cg.opened.push(d),
                 Err(e) => {
                     let _ = cg.remove();
                     return Err(e);
                 }
             }
-            let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+            let enabled = cg.opened.last().and_then(|d| d.dir.read("cgroup.controllers").ok()).unwrap_or_default();
             for c in cs {
                 let on_v2 = cg.version == "v2";
                 if on_v2 && c != Controller::Cpuacct && !enabled.split_whitespace().any(|a| a == c.name()) {
@@ -483,10 +644,10 @@ impl LaunchCgroup {
 
     /// Create the launch cgroup `name` in `hierarchy` with `controllers`, without ceilings yet
     /// (a daemon makes its next launch's ahead of the request: see [`crate::ahead`]).
-    pub fn make(name: &str, controllers: &[Controller], hierarchy: &Hierarchy) -> io::Result<LaunchCgroup> {
-        match hierarchy {
-            Hierarchy::V2(root) => Self::make_v2(root, name, controllers),
-            Hierarchy::V1 => Self::make_v1(name, controllers),
+    pub fn make(name: &str, controllers: &[Controller], place: &Place) -> io::Result<LaunchCgroup> {
+        match &place.hierarchy {
+            Hierarchy::V2(root) => Self::make_v2(&place.mounts, root, name, controllers),
+            Hierarchy::V1 => Self::make_v1(&place.mounts, name, controllers),
         }
     }
 
@@ -509,7 +670,7 @@ impl LaunchCgroup {
     /// Write the ceilings; on failure the cgroup is removed.
     pub fn apply(&self, limits: &Limits) -> io::Result<()> {
         let written = match self.version {
-            "v2" => self.dirs.first().map_or(Ok(()), |(_, d)| self.write_v2_limits(d, limits)),
+            "v2" => self.opened.first().map_or(Ok(()), |d| self.write_v2_limits(&d.dir, limits)),
             _ => self.write_v1_limits(limits),
         };
         if written.is_err() {
@@ -518,84 +679,84 @@ impl LaunchCgroup {
         written
     }
 
-    fn make_v2(root: &Path, name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
-        if statfs_magic(root.parent().unwrap_or(root)) != Some(CGROUP2_SUPER_MAGIC) {
-            return Err(io::Error::other(format!("{} is not on a cgroup2 filesystem", root.display())));
+    fn make_v2(mounts: &Mounts, root: &Path, name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
+        let not_v2 = || io::Error::other(format!("{} is not on a cgroup2 filesystem", root.display()));
+        let (Some(up), Some(leaf)) = (root.parent(), root.file_name().and_then(|n| n.to_str())) else {
+            return Err(not_v2());
+        };
+        let parent = mounts.dir(up).map_err(|_| not_v2())?;
+        if nix::sys::statfs::fstatfs(&parent.fd).map(|st| st.filesystem_type().0) != Ok(CGROUP2_SUPER_MAGIC) {
+            return Err(not_v2());
         }
-        if !root.exists() {
-            fs::create_dir(root)?;
+        match nix::sys::stat::mkdirat(&parent.fd, leaf, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => {
+                return Err(io::Error::new(io::Error::from(e).kind(), format!("creating {}: {e}", root.display())))
+            }
         }
-        let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let root = Opened { path: root.to_path_buf(), fd: Dir::leaf(&parent, leaf, false)? };
+        let available = root.read("cgroup.controllers").unwrap_or_default();
         let wanted = CEILINGS;
         // Enabling in the parent first lets the root expose them; failures leave them missing,
         // and a parent that holds processes is the failure an operator can do something about.
         let mut why = None;
         for c in wanted.iter().filter(|c| !available.split_whitespace().any(|a| a == **c)) {
-            if let Some(parent) = root.parent() {
-                let busy = write(&parent.join("cgroup.subtree_control"), &format!("+{c}"))
-                    .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY));
-                if busy {
-                    why = Some(format!(
-                        "{} holds processes of its own, and cgroup v2 hands controllers only to the children of a \
-                         cgroup that holds none (run them in a cgroup below it, e.g. systemd's DelegateSubgroup=)",
-                        parent.display()
-                    ));
-                }
+            let busy = parent
+                .write("cgroup.subtree_control", &format!("+{c}"))
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY));
+            if busy {
+                why = Some(format!(
+                    "{} holds processes of its own, and cgroup v2 hands controllers only to the children of a \
+                     cgroup that holds none (run them in a cgroup below it, e.g. systemd's DelegateSubgroup=)",
+                    parent.path.display()
+                ));
             }
         }
-        let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let available = root.read("cgroup.controllers").unwrap_or_default();
         for c in wanted.iter().filter(|c| available.split_whitespace().any(|a| a == **c)) {
-            let _ = write(&root.join("cgroup.subtree_control"), &format!("+{c}"));
+            let _ = root.write("cgroup.subtree_control", &format!("+{c}"));
         }
-        let dir = root.join(name);
-        fs::create_dir(&dir)?;
-        let held = match hold(&dir) {
-            Ok(fd) => vec![fd],
-            Err(e) => {
-                let _ = fs::remove_dir(&dir);
-                return Err(e);
-            }
-        };
-        let enabled = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        let dir = Dir::make(root, name)?;
+        let enabled = dir.dir.read("cgroup.controllers").unwrap_or_default();
         let has = |c: Controller| c == Controller::Cpuacct || enabled.split_whitespace().any(|a| a == c.name());
         let mut cg = LaunchCgroup {
             name: name.to_string(),
             version: "v2",
-            dirs: vec![(Controller::Cpuacct, dir.clone())],
+            dirs: vec![(Controller::Cpuacct, dir.dir.path.clone())],
             missing: Vec::new(),
             missing_why: None,
-            held,
+            opened: Vec::new(),
             adopted: false,
         };
         for &c in controllers.iter().filter(|c| **c != Controller::Cpuacct) {
             if has(c) {
-                cg.dirs.push((c, dir.clone()));
+                cg.dirs.push((c, dir.dir.path.clone()));
             } else {
                 cg.missing.push(c.name().to_string());
                 cg.missing_why.clone_from(&why);
             }
         }
+        cg.opened.push(dir);
         Ok(cg)
     }
 
-    fn write_v2_limits(&self, dir: &Path, limits: &Limits) -> io::Result<()> {
+    fn write_v2_limits(&self, dir: &Opened, limits: &Limits) -> io::Result<()> {
         if let (Some(m), true) = (limits.memory_bytes, self.has(Controller::Memory)) {
-            write(&dir.join("memory.max"), &m.to_string())?;
-            let swap = dir.join("memory.swap.max");
-            if swap.exists() {
-                write(&swap, &limits.swap_bytes.to_string())?;
+            dir.write("memory.max", &m.to_string())?;
+            if dir.has("memory.swap.max") {
+                dir.write("memory.swap.max", &limits.swap_bytes.to_string())?;
             }
         }
         if let (Some(p), true) = (limits.pids, self.has(Controller::Pids)) {
-            write(&dir.join("pids.max"), &p.to_string())?;
+            dir.write("pids.max", &p.to_string())?;
         }
         if let (Some(c), true) = (limits.cpu_millis, self.has(Controller::Cpu)) {
-            write(&dir.join("cpu.max"), &format!("{} {CPU_PERIOD_US}", c * CPU_PERIOD_US / 1000))?;
+            dir.write("cpu.max", &format!("{} {CPU_PERIOD_US}", c * CPU_PERIOD_US / 1000))?;
         }
         Ok(())
     }
 
-    fn make_v1(name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
+    fn make_v1(mounts: &Mounts, name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
         let own = fs::read_to_string("/proc/self/cgroup")?;
         let mut cg = LaunchCgroup {
             name: name.to_string(),
@@ -603,44 +764,38 @@ impl LaunchCgroup {
             dirs: Vec::new(),
             missing: Vec::new(),
             missing_why: None,
-            held: Vec::new(),
+            opened: Vec::new(),
             adopted: false,
         };
         for &c in controllers {
-            let mount = Path::new("/sys/fs/cgroup").join(c.name());
-            if statfs_magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
+            let mount = Path::new(CGROUP_MOUNT).join(c.name());
+            if mounts.magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
                 cg.missing.push(c.name().to_string());
                 continue;
             }
-            let mount = v1_mount(&mount)?;
-            let dir = v1_parent(&mount, &own, c).join(name);
+            let parent = v1_parent(mounts, &v1_mount(mounts, &mount)?, &own, c);
+            let dir = parent.join(name);
             if cg.dirs.iter().any(|(_, d)| *d == dir) {
                 cg.dirs.push((c, dir));
                 continue;
             }
-            if let Err(e) = fs::create_dir(&dir) {
-                let _ = cg.remove();
-                return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
-            }
-            let held = hold(&dir);
-            cg.dirs.push((c, dir));
-            match held {
-                Ok(fd) => cg.held.push(fd),
+            match mounts.dir(&parent).and_then(|p| Dir::make(p, name)) {
+                Ok(d) => cg.opened.push(d),
                 Err(e) => {
                     let _ = cg.remove();
                     return Err(e);
                 }
             }
+            cg.dirs.push((c, dir));
         }
         Ok(cg)
     }
 
     fn write_v1_limits(&self, limits: &Limits) -> io::Result<()> {
         if let (Some(m), Some(d)) = (limits.memory_bytes, self.dir(Controller::Memory)) {
-            write(&d.join("memory.limit_in_bytes"), &m.to_string())?;
-            let memsw = d.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
-                write(&memsw, &(m + limits.swap_bytes).to_string())?;
+            d.write("memory.limit_in_bytes", &m.to_string())?;
+            if d.has("memory.memsw.limit_in_bytes") {
+                d.write("memory.memsw.limit_in_bytes", &(m + limits.swap_bytes).to_string())?;
             } else if host_has_swap() {
                 return Err(io::Error::other(
                     "the host has swap but no memory.memsw accounting, so the swap ceiling cannot be enforced",
@@ -648,11 +803,11 @@ impl LaunchCgroup {
             }
         }
         if let (Some(p), Some(d)) = (limits.pids, self.dir(Controller::Pids)) {
-            write(&d.join("pids.max"), &p.to_string())?;
+            d.write("pids.max", &p.to_string())?;
         }
         if let (Some(c), Some(d)) = (limits.cpu_millis, self.dir(Controller::Cpu)) {
-            write(&d.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-            write(&d.join("cpu.cfs_quota_us"), &(c * CPU_PERIOD_US / 1000).to_string())?;
+            d.write("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            d.write("cpu.cfs_quota_us", &(c * CPU_PERIOD_US / 1000).to_string())?;
         }
         Ok(())
     }
@@ -662,9 +817,9 @@ impl LaunchCgroup {
     /// a held cgroup (this one, any live launch's) is never taken for an orphan, so when the
     /// sweep runs does not matter.
     pub fn sweep_beside(&self) -> usize {
-        let mut parents: Vec<&Path> = self.dirs.iter().filter_map(|(_, d)| d.parent()).collect();
-        parents.sort();
-        parents.dedup();
+        let mut parents: Vec<&Opened> = self.opened.iter().map(|d| &d.parent).collect();
+        parents.sort_by(|a, b| a.path.cmp(&b.path));
+        parents.dedup_by(|a, b| a.path == b.path);
         parents.into_iter().map(sweep_orphans).sum()
     }
 
@@ -672,26 +827,28 @@ impl LaunchCgroup {
         self.dirs.iter().any(|(k, _)| *k == c)
     }
 
-    fn dir(&self, c: Controller) -> Option<&Path> {
-        self.dirs.iter().find(|(k, _)| *k == c).map(|(_, d)| d.as_path())
+    /// The opened directory that carries controller `c`.
+    fn dir(&self, c: Controller) -> Option<&Opened> {
+        let (_, path) = self.dirs.iter().find(|(k, _)| *k == c)?;
+        self.opened.iter().map(|d| &d.dir).find(|d| d.path == *path)
     }
 
     fn unique_dirs(&self) -> Vec<&Path> {
-        let mut v: Vec<&Path> = self.dirs.iter().map(|(_, d)| d.as_path()).collect();
+        let mut v: Vec<&Path> = self.opened.iter().map(|d| d.dir.path.as_path()).collect();
         v.sort();
-        v.dedup();
         v
     }
 
-    /// On v2, the launch directory opened for `clone3(CLONE_INTO_CGROUP)`.
-    pub fn v2_dir(&self) -> io::Result<std::fs::File> {
-        let d = self.dirs.first().map(|(_, d)| d).filter(|_| self.version == "v2");
-        let d = d.ok_or_else(|| io::Error::other("not a cgroup v2 launch cgroup"))?;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(d)
-            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", d.display())))
+    /// On v2, the launch directory for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn v2_dir(&self) -> io::Result<OwnedFd> {
+        let d = self.opened.first().filter(|_| self.version == "v2");
+        d.ok_or_else(|| io::Error::other("not a cgroup v2 launch cgroup"))?.dir.fd.try_clone()
+    }
+
+    /// Every descriptor this handle holds (its directories and their parents): what a janitor
+    /// keeps of its supervisor's when it closes the rest ([`crate::janitor`]).
+    pub fn descriptors(&self) -> Vec<RawFd> {
+        self.opened.iter().flat_map(|d| [d.dir.fd.as_raw_fd(), d.parent.fd.as_raw_fd()]).collect()
     }
 
     /// The launch cgroup's directory name — or, at an engine's place, its path from the place's
@@ -702,7 +859,7 @@ impl LaunchCgroup {
 
     /// Number of distinct hierarchies the launch cgroup lives in.
     pub fn hierarchies(&self) -> usize {
-        self.unique_dirs().len()
+        self.opened.len()
     }
 
     /// Directories of this launch, for the record.
@@ -713,44 +870,38 @@ impl LaunchCgroup {
     /// On v1, the `tasks` file of every hierarchy, opened for the cage's init to move *itself*
     /// (writing "0"). A thread moving itself skips the global threadgroup lock that a move of
     /// another process takes — and with it an RCU grace period (7-10 ms on these hosts).
-    pub fn self_join_fds(&self) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+    pub fn self_join_fds(&self) -> io::Result<Vec<OwnedFd>> {
         if self.version != "v1" {
             return Ok(Vec::new());
         }
-        self.unique_dirs()
-            .into_iter()
-            .map(|d| {
-                let f = fs::OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(d.join("tasks"));
-                f.map(std::os::fd::OwnedFd::from)
-                    .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", d.join("tasks").display())))
-            })
-            .collect()
+        self.opened.iter().map(|d| d.dir.file("tasks", OFlag::O_WRONLY).map(OwnedFd::from)).collect()
     }
 
     /// Resource use so far.
     pub fn usage(&self) -> Usage {
         let mut u = Usage::default();
+        let read = |d: &Opened, f: &str| d.read(f).unwrap_or_default();
         if self.version == "v2" {
-            let Some(d) = self.dirs.first().map(|(_, d)| d.as_path()) else {
+            let Some(d) = self.opened.first().map(|d| &d.dir) else {
                 return u;
             };
-            u.cpu_us = keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0);
-            u.peak_memory = read_u64(&d.join("memory.peak")).unwrap_or(0);
-            let events = fs::read_to_string(d.join("memory.events")).unwrap_or_default();
+            u.cpu_us = key_in(&read(d, "cpu.stat"), "usage_usec").unwrap_or(0);
+            u.peak_memory = read(d, "memory.peak").trim().parse().unwrap_or(0);
+            let events = read(d, "memory.events");
             u.memory_hit = ["oom_kill", "max"].iter().any(|k| key_in(&events, k).unwrap_or(0) > 0);
-            u.pids_hit = keyed(&d.join("pids.events"), "max").unwrap_or(0) > 0;
+            u.pids_hit = key_in(&read(d, "pids.events"), "max").unwrap_or(0) > 0;
             return u;
         }
         if let Some(d) = self.dir(Controller::Cpuacct) {
-            u.cpu_us = read_u64(&d.join("cpuacct.usage")).unwrap_or(0) / 1000;
+            u.cpu_us = read(d, "cpuacct.usage").trim().parse().unwrap_or(0) / 1000;
         }
         if let Some(d) = self.dir(Controller::Memory) {
-            u.peak_memory = read_u64(&d.join("memory.max_usage_in_bytes")).unwrap_or(0);
-            u.memory_hit = read_u64(&d.join("memory.failcnt")).unwrap_or(0) > 0
-                || keyed(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0) > 0;
+            u.peak_memory = read(d, "memory.max_usage_in_bytes").trim().parse().unwrap_or(0);
+            u.memory_hit = read(d, "memory.failcnt").trim().parse().unwrap_or(0) > 0
+                || key_in(&read(d, "memory.oom_control"), "oom_kill").unwrap_or(0) > 0;
         }
         if let Some(d) = self.dir(Controller::Pids) {
-            u.pids_hit = keyed(&d.join("pids.events"), "max").unwrap_or(0) > 0;
+            u.pids_hit = key_in(&read(d, "pids.events"), "max").unwrap_or(0) > 0;
         }
         u
     }
@@ -760,20 +911,14 @@ impl LaunchCgroup {
         if self.adopted {
             return;
         }
-        for d in self.unique_dirs() {
-            if self.version == "v2" && write(&d.join("cgroup.kill"), "1").is_ok() {
+        for d in &self.opened {
+            if self.version == "v2" && d.dir.write("cgroup.kill", "1").is_ok() {
                 continue;
             }
-            for pid in procs(d) {
-                kill_listed(d, pid);
+            for pid in d.dir.procs() {
+                kill_listed(d.name(), pid);
             }
         }
-    }
-
-    /// Each directory held again by this process (the janitor's own hold, taken once it has
-    /// closed what it inherited); a directory already gone is skipped.
-    pub fn hold_again(&self) -> Vec<OwnedFd> {
-        self.unique_dirs().into_iter().filter_map(|d| hold(d).ok()).collect()
     }
 
     /// Kill what is left, wait (bounded) for the cgroup to empty, and remove every directory.
@@ -783,18 +928,17 @@ impl LaunchCgroup {
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut last_err = None;
-        for d in self.unique_dirs() {
+        for d in &self.opened {
             loop {
-                match fs::remove_dir(d) {
+                match d.rmdir() {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(e) if Instant::now() < deadline => {
-                        let _ = e;
+                    Err(_) if Instant::now() < deadline => {
                         self.kill_all();
                         std::thread::sleep(Duration::from_millis(2));
                     }
                     Err(e) => {
-                        last_err = Some(io::Error::new(e.kind(), format!("removing {}: {e}", d.display())));
+                        last_err = Some(io::Error::new(e.kind(), format!("removing {}: {e}", d.dir.path.display())));
                         break;
                     }
                 }
@@ -854,17 +998,19 @@ fn take_leaf(dir: &Path) -> io::Result<()> {
 /// recovery; launches sweep their own parent as they go, [`LaunchCgroup::sweep_beside`]).
 /// Returns how many were removed.
 pub fn sweep(hierarchy: &Hierarchy) -> usize {
+    let mounts = Mounts::open();
+    let swept = |parent: &Path| mounts.dir(parent).map_or(0, |p| sweep_orphans(&p));
     match hierarchy {
-        Hierarchy::V2(root) => sweep_orphans(root),
+        Hierarchy::V2(root) => swept(root),
         Hierarchy::V1 => {
             let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
             let mut seen = Vec::new();
             let mut removed = 0;
-            for c in [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu] {
-                let Ok(mount) = v1_mount(&Path::new("/sys/fs/cgroup").join(c.name())) else { continue };
-                let parent = v1_parent(&mount, &own, c);
+            for c in Controller::ALL {
+                let Ok(mount) = v1_mount(&mounts, &Path::new(CGROUP_MOUNT).join(c.name())) else { continue };
+                let parent = v1_parent(&mounts, &mount, &own, c);
                 if !seen.contains(&parent) {
-                    removed += sweep_orphans(&parent);
+                    removed += swept(&parent);
                     seen.push(parent);
                 }
             }
@@ -893,50 +1039,51 @@ fn caged_from_here(pid: libc::pid_t) -> bool {
     nix::sys::stat::fstat(&parent).is_ok_and(|st| (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino))
 }
 
-/// Remove launch cgroups (`chio-<pid>-<random>`) whose supervisor is gone. Normally the janitor
-/// does this the moment a supervisor dies; this catches the case where both were killed. Only
-/// processes caged from this pid namespace are killed ([`caged_from_here`]): a cgroup holding
-/// others is some other namespace's launch, and rmdir leaves it (busy).
-fn sweep_orphans(parent: &Path) -> usize {
-    let Ok(entries) = fs::read_dir(parent) else { return 0 };
+/// Remove launch cgroups (`chio-<pid>-<random>`) in `parent` whose supervisor is gone. Normally
+/// the janitor does this the moment a supervisor dies; this catches the case where both were
+/// killed. Only processes caged from this pid namespace are killed ([`caged_from_here`]): a
+/// cgroup holding others is some other namespace's launch, and rmdir leaves it (busy).
+fn sweep_orphans(parent: &Opened) -> usize {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(mut entries) = nix::dir::Dir::openat(&parent.fd, ".", flags, Mode::empty()) else { return 0 };
+    let names: Vec<String> =
+        entries.iter().flatten().filter_map(|e| e.file_name().to_str().ok().map(str::to_string)).collect();
     let mut removed = 0;
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("chio-")).and_then(|r| r.split('-').next()) else {
+    for name in names {
+        let Some(pid) = name.strip_prefix("chio-").and_then(|r| r.split('-').next()) else { continue };
+        if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
             continue;
-        };
-        let dir = e.path();
-        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() && !held(&dir) {
-            for p in procs(&dir) {
-                kill_listed_if(&dir, p, caged_from_here);
-            }
-            removed += usize::from(fs::remove_dir(&dir).is_ok());
         }
+        let Ok(dir) = Dir::leaf(parent, &name, false) else { continue };
+        if held(&dir) {
+            continue;
+        }
+        let opened = Opened { path: parent.path.join(&name), fd: dir };
+        for p in opened.procs() {
+            kill_listed_if(&name, p, caged_from_here);
+        }
+        removed += usize::from(nix::unistd::unlinkat(&parent.fd, name.as_str(), UnlinkatFlags::RemoveDir).is_ok());
     }
     removed
 }
 
-/// `dir` opened and locked shared (`flock`): a live launch's mark on its cgroup directory,
-/// kept by its supervisor and its janitor, released by the kernel when both are gone.
-fn hold(dir: &Path) -> io::Result<OwnedFd> {
-    let fd = OwnedFd::from(
-        fs::File::open(dir).map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", dir.display())))?,
-    );
+/// Lock the opened directory `fd` shared (`flock`): a live launch's mark on its cgroup
+/// directory, kept by its supervisor and its janitor, released by the kernel when both are gone.
+fn lock_shared(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: flock on our own open descriptor (raw: nix's Flock unlocks on drop, which would
     // end the lock for every process sharing the descriptor).
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("locking {}: {e}", dir.display())));
+    match unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
     }
-    Ok(fd)
 }
 
-/// Whether a live launch holds `dir` ([`hold`]). A lock that cannot be asked about counts as
-/// held: the directory stays.
-fn held(dir: &Path) -> bool {
-    let Ok(f) = fs::File::open(dir) else { return false };
-    // SAFETY: flock on our own open descriptor, released when `f` is closed.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+/// Whether a live launch holds the directory opened as `fd` ([`lock_shared`]). A lock that
+/// cannot be asked about counts as held: the directory stays. (The exclusive lock taken to ask
+/// goes with this descriptor, closed by the caller.)
+fn held(fd: &OwnedFd) -> bool {
+    // SAFETY: flock on our own open descriptor.
+    unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
 /// The supervisor's own path in the v1 hierarchy that carries `controller`.
@@ -950,14 +1097,6 @@ fn own_path_v1(proc_cgroup: &str, controller: &str) -> Option<String> {
 
 fn host_has_swap() -> bool {
     fs::read_to_string("/proc/swaps").map(|s| s.lines().count() > 1).unwrap_or(false)
-}
-
-fn read_u64(p: &Path) -> Option<u64> {
-    fs::read_to_string(p).ok()?.trim().parse().ok()
-}
-
-fn keyed(p: &Path, key: &str) -> Option<u64> {
-    key_in(&fs::read_to_string(p).ok()?, key)
 }
 
 /// The value of `key` in a flat-keyed cgroup file's text (`key value` lines).
@@ -998,7 +1137,7 @@ pub fn reclaim(paths: &[String]) -> io::Result<Vec<String>> {
         loop {
             let _ = write(&d.join("cgroup.kill"), "1");
             for pid in procs(d) {
-                kill_listed(d, pid);
+                kill_listed(name, pid);
             }
             match fs::remove_dir(d) {
                 Ok(()) => break,
@@ -1013,11 +1152,12 @@ pub fn reclaim(paths: &[String]) -> io::Result<Vec<String>> {
 }
 
 fn procs(d: &Path) -> Vec<libc::pid_t> {
-    fs::read_to_string(d.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
+    pids_in(&fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default())
+}
+
+/// The pids of a `cgroup.procs` text.
+fn pids_in(text: &str) -> Vec<libc::pid_t> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 #[cfg(test)]
@@ -1088,18 +1228,20 @@ mod tests {
     #[test]
     fn a_listed_pid_is_killed_only_while_it_is_in_the_cgroup() {
         let cg = Removed(
-            LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::detect(None)).unwrap(),
+            LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Place::of(Hierarchy::detect(None)))
+                .unwrap(),
         );
         let dir = cg.0.unique_dirs()[0].to_path_buf();
         let mut inside = sleeper();
         let mut outside = sleeper();
         fs::write(dir.join("cgroup.procs"), inside.0.id().to_string()).unwrap();
 
-        kill_listed(&dir, outside.0.id() as libc::pid_t);
+        let name = cg.0.name().to_string();
+        kill_listed(&name, outside.0.id() as libc::pid_t);
         std::thread::sleep(Duration::from_millis(50));
         assert!(outside.0.try_wait().unwrap().is_none(), "a process outside the launch cgroup was killed");
 
-        kill_listed(&dir, inside.0.id() as libc::pid_t);
+        kill_listed(&name, inside.0.id() as libc::pid_t);
         let status = inside.0.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
         cg.0.remove().unwrap();
@@ -1108,7 +1250,9 @@ mod tests {
     /// Removing a launch cgroup kills whatever is still in it (on this host's v1 hierarchies).
     #[test]
     fn removing_a_launch_cgroup_kills_what_is_left_in_it() {
-        let cg = LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::detect(None)).unwrap();
+        let cg =
+            LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Place::of(Hierarchy::detect(None)))
+                .unwrap();
         let dir = cg.unique_dirs()[0].to_path_buf();
         let mut left = sleeper();
         fs::write(dir.join("cgroup.procs"), left.0.id().to_string()).unwrap();
@@ -1154,7 +1298,7 @@ mod tests {
         std::thread::spawn(|| {
             let mnt = private_cgroup2("chio-cg2");
             let root = mnt.join(format!("chio-unit-{}", std::process::id()));
-            let cg = LaunchCgroup::make(&LaunchCgroup::new_name(), &[], &Hierarchy::V2(root.clone()));
+            let cg = LaunchCgroup::make(&LaunchCgroup::new_name(), &[], &Place::of(Hierarchy::V2(root.clone())));
             let outcome = cg.map(|cg| {
                 let dir = cg.unique_dirs()[0].to_path_buf();
                 let mut left = sleeper();
@@ -1182,7 +1326,7 @@ mod tests {
         std::thread::spawn(|| {
             let mnt = private_cgroup2("chio-cg2-at");
             let root = mnt.join(format!("chio-unit-at-{}", std::process::id()));
-            let h = Hierarchy::V2(root.clone());
+            let h = Place::of(Hierarchy::V2(root.clone()));
             let pod = format!("pod-{}", std::process::id());
             let abs = LaunchCgroup::create_at(Path::new(&format!("/{pod}/c1")), &ceilings(), &h);
             let rel = LaunchCgroup::create_at(Path::new("c2"), &ceilings(), &h);
@@ -1216,11 +1360,12 @@ mod tests {
     /// with swap on top in memsw, pids, and the CPU quota per period.
     #[test]
     fn v1_ceilings_are_written_as_v1_names_them() {
-        let cg = Removed(LaunchCgroup::create(&LaunchCgroup::new_name(), &ceilings(), &Hierarchy::V1).unwrap());
+        let cg =
+            Removed(LaunchCgroup::create(&LaunchCgroup::new_name(), &ceilings(), &Place::of(Hierarchy::V1)).unwrap());
         let read =
-            |c: Controller, f: &str| fs::read_to_string(cg.0.dir(c).unwrap().join(f)).unwrap().trim().to_string();
+            |c: Controller, f: &str| fs::read_to_string(cg.0.dir(c).unwrap().path.join(f)).unwrap().trim().to_string();
         assert_eq!(read(Controller::Memory, "memory.limit_in_bytes"), (64u64 << 20).to_string());
-        if cg.0.dir(Controller::Memory).unwrap().join("memory.memsw.limit_in_bytes").exists() {
+        if cg.0.dir(Controller::Memory).unwrap().has("memory.memsw.limit_in_bytes") {
             assert_eq!(read(Controller::Memory, "memory.memsw.limit_in_bytes"), (80u64 << 20).to_string());
         }
         assert_eq!(read(Controller::Pids, "pids.max"), "7");
@@ -1243,7 +1388,7 @@ mod tests {
             dirs: dirs.iter().map(|c| (*c, dir.clone())).collect(),
             missing: Vec::new(),
             missing_why: None,
-            held: Vec::new(),
+            opened: vec![Dir::open(&Mounts::open(), &dir, false).unwrap()],
             adopted: false,
         };
         let applied = cg.apply(&ceilings());
@@ -1275,7 +1420,9 @@ mod tests {
     /// directory removed (and said so only then).
     #[test]
     fn reclaim_removes_a_launch_cgroup_and_kills_what_is_in_it() {
-        let cg = Removed(LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Hierarchy::V1).unwrap());
+        let cg = Removed(
+            LaunchCgroup::make(&LaunchCgroup::new_name(), &[Controller::Pids], &Place::of(Hierarchy::V1)).unwrap(),
+        );
         let dir = cg.0.unique_dirs()[0].to_path_buf();
         let mut left = sleeper();
         fs::write(dir.join("cgroup.procs"), left.0.id().to_string()).unwrap();
@@ -1306,8 +1453,8 @@ mod tests {
         let (orphan, kept) = (parent.join(format!("chio-{pid}-00112233")), parent.join(format!("chio-{pid}-44556677")));
         fs::create_dir(&orphan).unwrap();
         fs::create_dir(&kept).unwrap();
-        let held = hold(&kept).unwrap();
-        let swept = sweep_orphans(&parent);
+        let held = Dir::open(&Mounts::open(), &kept, true).unwrap();
+        let swept = sweep_orphans(&Mounts::open().dir(&parent).unwrap());
         let left = (orphan.exists(), kept.exists());
         drop(held);
         for d in [&kept, &orphan, &parent] {
@@ -1330,11 +1477,12 @@ mod tests {
         std::os::unix::fs::symlink("cpu,cpuacct", d.join("cpuacct")).unwrap();
         std::os::unix::fs::symlink("x/../x/pids", d.join("pids")).unwrap();
         let canonical = fs::canonicalize(&d).unwrap();
-        assert_eq!(v1_mount(&d.join("cpu")).unwrap(), d.join("cpu,cpuacct"));
-        assert_eq!(v1_mount(&d.join("cpuacct")).unwrap(), v1_mount(&d.join("cpu")).unwrap());
-        assert_eq!(v1_mount(&d.join("memory")).unwrap(), d.join("memory"));
-        assert_eq!(v1_mount(&d.join("pids")).unwrap(), canonical.join("x/pids"));
-        assert!(v1_mount(&d.join("blkio")).is_err());
+        let m = Mounts::open();
+        assert_eq!(v1_mount(&m, &d.join("cpu")).unwrap(), d.join("cpu,cpuacct"));
+        assert_eq!(v1_mount(&m, &d.join("cpuacct")).unwrap(), v1_mount(&m, &d.join("cpu")).unwrap());
+        assert_eq!(v1_mount(&m, &d.join("memory")).unwrap(), d.join("memory"));
+        assert_eq!(v1_mount(&m, &d.join("pids")).unwrap(), canonical.join("x/pids"));
+        assert!(v1_mount(&m, &d.join("blkio")).is_err());
         fs::remove_dir_all(&d).unwrap();
     }
 

@@ -12,7 +12,7 @@
 //! janitors are reaped by the next launch, or by whoever inherits them.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
@@ -103,18 +103,16 @@ fn watch(sock: OwnedFd, cg: &LaunchCgroup) -> ! {
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         let _ = dup2_stdin(&null).and_then(|_| dup2_stdout(&null)).and_then(|_| dup2_stderr(&null));
     }
-    // The socket on fd 3 and nothing else of the supervisor's kept open.
-    // SAFETY: dup2 of our socket onto fd 3 (raw: nix's dup2 wants an owned target descriptor).
-    unsafe { libc::dup2(sock.as_raw_fd(), 3) };
-    let _ = sys::close_from(4);
-    // The cgroup held as a live launch's while this process watches it (see cgroup::hold): its
-    // supervisor's hold went with the descriptors just closed, and that supervisor may die first.
-    let _held = cg.hold_again();
-    // SAFETY: fd 3 is the socket just put there; it lives until this process exits.
-    let sock3 = unsafe { std::os::fd::BorrowedFd::borrow_raw(3) };
+    // The socket and the cgroup's descriptors kept, nothing else of the supervisor's. Those
+    // are the supervisor's own open directories, so their locks are too (see cgroup::Dir): the
+    // cgroup stays held as a live launch's while this process watches it, whenever its
+    // supervisor dies.
+    let mut keep = cg.descriptors();
+    keep.push(sock.as_raw_fd());
+    let _ = sys::close_all_but(&keep);
     let mut b = [0u8];
     let done = loop {
-        match read(sock3, &mut b) {
+        match read(sock.as_fd(), &mut b) {
             Err(Errno::EINTR) => continue,
             Ok(0) | Err(_) => break false,
             Ok(_) if b[0] == DONE => break true,

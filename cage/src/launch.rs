@@ -21,7 +21,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::cgroup::{Hierarchy, LaunchCgroup, Usage};
+use crate::cgroup::{Hierarchy, LaunchCgroup, Place, Usage};
 use crate::channel::{self, CageMsg, ABORT, GO};
 use crate::child_stops::ChildStops;
 use crate::digests::{Digests, Identity};
@@ -355,13 +355,13 @@ fn record_usage(usage: Usage, rec: &mut LaunchRecord) {
 fn make_cgroup<'h>(
     plan: &CagePlan,
     rec: &mut LaunchRecord,
-    hierarchy: &Hierarchy,
+    place: &Place,
     held: &'h mut Held,
 ) -> Result<&'h LaunchCgroup, Failure> {
     // The one made ahead of the request (by a daemon's spare), if it fits; else a new one.
     // Its janitor comes with it, unless the cage is detached (its cgroup outlives us).
     let made = match held.ahead.take() {
-        Some(pre) if plan.cgroup_path.is_none() && pre.fits(&plan.limits, hierarchy) => {
+        Some(pre) if plan.cgroup_path.is_none() && pre.fits(&plan.limits, &place.hierarchy) => {
             match held.ahead_janitor.take() {
                 Some(j) if plan.detached => j.dismiss(),
                 j => held.janitor = j,
@@ -377,10 +377,10 @@ fn make_cgroup<'h>(
                 Some(e) => LaunchCgroup::adopt(&e.cgroup),
                 None => match &plan.cgroup_path {
                     // The engine's place for it.
-                    Some(at) => LaunchCgroup::create_at(at, &plan.limits, hierarchy),
+                    Some(at) => LaunchCgroup::create_at(at, &plan.limits, place),
                     None => {
                         let name = if plan.detached { LaunchCgroup::detached_name() } else { LaunchCgroup::new_name() };
-                        LaunchCgroup::create(&name, &plan.limits, hierarchy)
+                        LaunchCgroup::create(&name, &plan.limits, place)
                     }
                 },
             }
@@ -492,8 +492,10 @@ fn launch_cage(
 ) -> Result<(), Failure> {
     let hierarchy =
         Hierarchy::take(plan.cgroup_v2_root.as_deref()).map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?;
+    // (The cgroup mount opened now, before the init is cloned: see cgroup::Mounts.)
+    let place = Place::of(hierarchy);
     // One that does not fit this plan is killed here (before its cgroup is made over).
-    let pre = held.ahead_init.take().filter(|_| !plan.detached && ahead_init_fits(plan, &hierarchy, held));
+    let pre = held.ahead_init.take().filter(|_| !plan.detached && ahead_init_fits(plan, &place.hierarchy, held));
     fault::fail_at(plan, Stage::Namespaces)?;
     let feed = sinks.stdin.is_some();
     let known = sinks.ahead.digests;
@@ -502,7 +504,7 @@ fn launch_cage(
         Some(Ok((pid, ends))) => (pid, ends, None, true),
         // Gone, or the plan would not fit in one message: the launch clones its own.
         _ => {
-            let (pid, ends) = clone_init(plan, sinks, rec, (filters, abi), held, &hierarchy)?;
+            let (pid, ends) = clone_init(plan, sinks, rec, (filters, abi), held, &place)?;
             // Give the init this CPU while we make the cgroup and the janitor on another.
             (pid, ends, sys::step_aside(pid), false)
         }
@@ -512,7 +514,7 @@ fn launch_cage(
     let SupEnds { sock, stdout, stderr, result, stdin } = ends;
     let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
     let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take(), park: sinks.park.take() };
-    let (exec_at, pidfd) = start_cage(plan, rec, &hierarchy, held, fresh, known, hooks)?;
+    let (exec_at, pidfd) = start_cage(plan, rec, &place, held, fresh, known, hooks)?;
     let init = guard.hand_over();
     if plan.detached {
         // Observed and recorded: the rest is the engine's. The cgroup stays for `delete`.
@@ -600,11 +602,11 @@ fn clone_init(
     rec: &mut LaunchRecord,
     (filters, abi): (&Filters, u32),
     held: &mut Held,
-    hierarchy: &Hierarchy,
+    place: &Place,
 ) -> Result<(libc::pid_t, SupEnds), Failure> {
-    let v2_dir = match hierarchy {
+    let v2_dir = match place.hierarchy {
         Hierarchy::V2(_) => {
-            let cg = make_cgroup(plan, rec, hierarchy, held)?;
+            let cg = make_cgroup(plan, rec, place, held)?;
             Some(cg.v2_dir().map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?)
         }
         Hierarchy::V1 => None,
@@ -771,7 +773,7 @@ impl Drop for Restore {
 fn start_cage(
     plan: &CagePlan,
     rec: &mut LaunchRecord,
-    hierarchy: &Hierarchy,
+    place: &Place,
     held: &mut Held,
     init: FreshInit<'_>,
     known: Option<Digests>,
@@ -785,7 +787,7 @@ fn start_cage(
             .map_err(|e| cage_report(sock).unwrap_or_else(|| FailCode::CgroupFailed.at(Stage::Cgroup, e)))
     };
     if held.cgroup.is_none() {
-        let cg = make_cgroup(plan, rec, hierarchy, held)?;
+        let cg = make_cgroup(plan, rec, place, held)?;
         if !ahead {
             let fds = cg.self_join_fds().map_err(|e| FailCode::CgroupFailed.at(Stage::Cgroup, e))?;
             to_cage(&CageMsg::Join, &fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>())?;

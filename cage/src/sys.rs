@@ -333,8 +333,27 @@ pub fn hear_of_children() -> io::Result<()> {
 
 /// Close every fd from `first` upwards.
 pub fn close_from(first: u32) -> io::Result<()> {
-    // SAFETY: plain syscall with integer arguments.
-    check(unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) }).map(drop)
+    close_range(first, u32::MAX)
+}
+
+/// Close every fd from 3 upwards but those in `keep`.
+pub fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep.iter().filter_map(|&fd| u32::try_from(fd).ok()).filter(|&fd| fd >= 3).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = 3;
+    for fd in keep {
+        if fd > from {
+            close_range(from, fd - 1)?;
+        }
+        from = fd + 1;
+    }
+    close_range(from, u32::MAX)
+}
+
+fn close_range(first: u32, last: u32) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments (raw: nix has no close_range).
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) }).map(drop)
 }
 
 /// `execveat(fd, "", argv, envp, AT_EMPTY_PATH)`: execute exactly the verified open file.
