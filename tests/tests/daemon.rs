@@ -2599,11 +2599,29 @@ impl Drop for TestMount {
     }
 }
 
+/// A directory made on the host for the length of a test (removed when dropped).
+struct HostDir(PathBuf);
+
+impl HostDir {
+    fn new(at: PathBuf) -> HostDir {
+        std::fs::create_dir(&at).unwrap();
+        HostDir(at)
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 /// What the daemon made ahead never hides a host mount change made since: a tmpfs mounted over
-/// the workspace and one over `/usr/local` after the spare got ready (its init cloned, the
-/// default root's host part made) are what the launch sees — not the directories they cover —
-/// and once they are unmounted again after the next spare got ready, the launch sees the
-/// directories, not the gone mounts.
+/// the workspace and one over a directory in `/usr/local` after the spare got ready (its init
+/// cloned, the default root's host part made) are what the launch sees — not the directories
+/// they cover — and once they are unmounted again after the next spare got ready, the launch
+/// sees the directories, not the gone mounts. (The directory is the test's own: a mount over
+/// `/usr/local` itself hid the host's programs there, a git in `/usr/local/bin`, from the tests
+/// running beside this one.)
 #[test]
 fn a_host_mount_changed_after_the_spare_got_ready_is_what_the_launch_sees() {
     if !privileged("daemon_mounts_ahead") {
@@ -2613,11 +2631,12 @@ fn a_host_mount_changed_after_the_spare_got_ready_is_what_the_launch_sees() {
     let ws = dir.join("ws");
     std::fs::create_dir(&ws).unwrap();
     std::fs::write(ws.join("under"), "").unwrap();
-    let usr_local = Path::new("/usr/local");
-    assert!(usr_local.is_dir(), "the host has no /usr/local to mount over");
+    assert!(Path::new("/usr/local").is_dir(), "the host has no /usr/local to mount in");
     let marker = format!("chio-test-{}", std::process::id());
+    let made = HostDir::new(Path::new("/usr/local").join(&marker));
+    let usr_local = made.0.as_path();
     let d = Daemon::start(&dir, config(json!({})));
-    let script = format!("ls /workspace; ls /usr/local | grep -x {marker} || echo no-marker");
+    let script = format!("ls /workspace; ls {} | grep -x {marker} || echo no-marker", usr_local.display());
     let seen = || {
         let out = d.run(None, &["--workspace", s(&ws), "--", "/bin/sh", "-c", &script], None);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
