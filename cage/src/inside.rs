@@ -75,6 +75,9 @@ pub struct Ctx<'a> {
     /// Entering a running cage (the plan's `enter`): its net, ipc, uts, cgroup, pid and mnt
     /// namespaces, opened by the supervisor; -1 otherwise.
     pub enter: [RawFd; 6],
+    /// The supervisor's CPUs, which the target inherits: the supervisor narrows the init's for
+    /// a moment to start it on another CPU than its own ([`sys::start_elsewhere`]).
+    pub cpus: Option<nix::sched::CpuSet>,
 }
 
 /// The namespaces an entering process joins, in the order it joins them: the mount namespace
@@ -373,6 +376,8 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         join: [-1, -1],
         root_ahead: a.root_ahead,
         enter: [-1; 6],
+        // (Cloned by a spare, which never narrows it.)
+        cpus: None,
     };
     match planned_setup(&ctx) {
         Ok((target, shed)) => reap(&ctx, target, shed),
@@ -527,6 +532,9 @@ extern "C" fn target_entry(arg: *mut libc::c_void) -> libc::c_int {
 /// and the exec would tear them down again) and the init sleeps until the target has exec'd or
 /// died; the init is single-threaded, so the target has the address space to itself meanwhile.
 fn spawn_target(ctx: &Ctx<'_>, granted: &Granted<'_>) -> io::Result<libc::pid_t> {
+    if let Some(cpus) = &ctx.cpus {
+        sys::set_own_affinity(cpus);
+    }
     // The target's stack and clone are raw: nix's clone boxes a callback and cannot express
     // CLONE_VM|CLONE_VFORK on a stack unmapped right after; its mman calls are unsafe alike.
     // SAFETY: a fresh private anonymous mapping; the lowest page becomes a guard page.

@@ -500,19 +500,23 @@ fn launch_cage(
     let feed = sinks.stdin.is_some();
     let known = sinks.ahead.digests;
     let started = pre.map(|p| p.start(plan, abi, feed));
-    let (init, ends, aside, ahead) = match started {
-        Some(Ok((pid, ends))) => (pid, ends, None, true),
+    let (init, ends, ahead) = match started {
+        Some(Ok((pid, ends))) => (pid, ends, true),
         // Gone, or the plan would not fit in one message: the launch clones its own.
         _ => {
-            let (pid, ends) = clone_init(plan, sinks, rec, (filters, abi), held, &place)?;
-            // Give the init this CPU while we make the cgroup and the janitor on another.
-            (pid, ends, sys::step_aside(pid), false)
+            let cpus = sys::own_affinity();
+            let (pid, ends) = clone_init(plan, sinks, rec, (filters, abi), held, (&place, cpus.as_ref()))?;
+            // The init starts on another CPU while we make the cgroup and the janitor on this one.
+            if let Some(cpus) = &cpus {
+                sys::start_elsewhere(pid, cpus);
+            }
+            (pid, ends, false)
         }
     };
     // From here the init exists: until supervision takes it, any way out kills and reaps it.
     let guard = InitGuard(Some(init), plan.enter.is_some());
     let SupEnds { sock, stdout, stderr, result, stdin } = ends;
-    let fresh = FreshInit { pid: init, sock: &sock, aside, ahead };
+    let fresh = FreshInit { pid: init, sock: &sock, ahead };
     let hooks = Hooks { gate: sinks.gate, enforced: sinks.on_enforced.take(), park: sinks.park.take() };
     let (exec_at, pidfd) = start_cage(plan, rec, &place, held, fresh, known, hooks)?;
     let init = guard.hand_over();
@@ -602,7 +606,7 @@ fn clone_init(
     rec: &mut LaunchRecord,
     (filters, abi): (&Filters, u32),
     held: &mut Held,
-    place: &Place,
+    (place, cpus): (&Place, Option<&nix::sched::CpuSet>),
 ) -> Result<(libc::pid_t, SupEnds), Failure> {
     let v2_dir = match place.hierarchy {
         Hierarchy::V2(_) => {
@@ -640,6 +644,7 @@ fn clone_init(
         root_ahead: root_ahead.as_ref(),
         join: [&join[0], &join[1]].map(|f| f.as_ref().map_or(-1, |f| f.as_raw_fd())),
         enter: entered.each_ref().map(|f| f.as_ref().map_or(-1, |f| f.as_raw_fd())),
+        cpus: cpus.copied(),
     };
     // (A test hook leaves the init outside the launch cgroup.)
     let into = v2_dir.as_ref().filter(|_| !fault::on(plan, &TestHook::Cgroup));
@@ -739,12 +744,10 @@ fn clone_plain(into: Option<BorrowedFd<'_>>) -> io::Result<libc::pid_t> {
     }
 }
 
-/// The init just cloned: its pid, the supervisor's end of its channel, and the affinity to
-/// restore after stepping aside for it.
+/// The init just cloned: its pid and the supervisor's end of its channel.
 struct FreshInit<'a> {
     pid: libc::pid_t,
     sock: &'a OwnedFd,
-    aside: Option<nix::sched::CpuSet>,
     /// Cloned ahead: in the launch cgroup already, waiting to hear that its ceilings are set.
     ahead: bool,
 }
@@ -755,17 +758,6 @@ struct Hooks<'a> {
     gate: Option<Gate<'a>>,
     enforced: Option<OnEnforced<'a>>,
     park: Option<crate::supervise::Park<'a>>,
-}
-
-/// Puts the supervisor back on every CPU when dropped (normally as soon as the cgroup exists).
-struct Restore(Option<nix::sched::CpuSet>);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        if let Some(m) = &self.0 {
-            sys::restore_affinity(m);
-        }
-    }
 }
 
 /// The supervisor's part while the init sets up: the cgroup (v1), the janitor, a head start on
@@ -779,9 +771,7 @@ fn start_cage(
     known: Option<Digests>,
     hooks: Hooks<'_>,
 ) -> Result<(Instant, OwnedFd), Failure> {
-    let FreshInit { pid: init, sock, aside, ahead } = init;
-    // Back on every CPU once the cgroup exists (before anything forks from us), or on error.
-    let restore = Restore(aside);
+    let FreshInit { pid: init, sock, ahead } = init;
     let to_cage = |msg: &CageMsg, fds: &[RawFd]| {
         channel::send(sock.as_raw_fd(), msg, fds)
             .map_err(|e| cage_report(sock).unwrap_or_else(|| FailCode::CgroupFailed.at(Stage::Cgroup, e)))
@@ -800,7 +790,6 @@ fn start_cage(
         return Err(FailCode::CgroupFailed.at(Stage::Cgroup, "no launch cgroup"));
     };
     rec.mark("cgroup");
-    drop(restore);
     // A detached cage's cgroup is removed by the runtime's `delete`, not when we exit. (One
     // made ahead came with its janitor.)
     if !plan.detached && held.janitor.is_none() {

@@ -458,33 +458,34 @@ pub fn thread_count() -> io::Result<u64> {
     stat_field("self", 20)
 }
 
-/// If `child` is queued on our CPU, move the calling thread to another CPU it may run on and
-/// return its previous affinity for [`restore_affinity`]. Right after a fork the scheduler
-/// often leaves the child behind its parent on the parent's CPU (measured here: half the time
-/// it started only when the parent blocked, up to 2 ms later); stepping aside hands the child
-/// that CPU at once. `None` (nothing changed) when the child is elsewhere already or there is
-/// no other CPU.
-pub fn step_aside(child: libc::pid_t) -> Option<CpuSet> {
-    let here = sched_getcpu().ok()?;
-    if task_cpu(child)? != here as i32 {
-        return None;
+/// The CPUs this process may run on (None if they cannot be read).
+pub fn own_affinity() -> Option<CpuSet> {
+    sched_getaffinity(Pid::from_raw(0)).ok()
+}
+
+/// Start `child`, just cloned by this process (whose CPUs are `mask`), on a CPU other than this
+/// one. Right after a fork the scheduler mostly queues the child behind its parent on the
+/// parent's CPU (here: 51 of 60 inits), where it starts only once the parent blocks or moves
+/// away — and moving ourselves waits for the migration thread (50–70 µs here). A child that is
+/// queued, not running, moves at once: it is allowed every CPU of `mask` but this one, then all
+/// of `mask` again, which leaves it where it now is. Nothing changes with one CPU. The child
+/// also sets its own CPUs back to `mask` right before it forks the target ([`crate::inside`]):
+/// a cage inherits the narrower set only if this process stalls, between its clone and these
+/// two calls, for the whole of the init's setup.
+pub fn start_elsewhere(child: libc::pid_t, mask: &CpuSet) {
+    let (Ok(here), pid) = (sched_getcpu(), Pid::from_raw(child)) else { return };
+    let mut others = *mask;
+    if others.unset(here).is_err() || !(0..CpuSet::count()).any(|c| others.is_set(c).unwrap_or(false)) {
+        return;
     }
-    let me = Pid::from_raw(0);
-    let mask = sched_getaffinity(me).ok()?;
-    let other = (0..CpuSet::count()).find(|&c| c != here && mask.is_set(c).unwrap_or(false))?;
-    let mut one = CpuSet::new();
-    one.set(other).ok()?;
-    sched_setaffinity(me, &one).ok()?;
-    Some(mask)
+    if sched_setaffinity(pid, &others).is_ok() {
+        let _ = sched_setaffinity(pid, mask);
+    }
 }
 
-/// The CPU `pid` is queued on or last ran on (field 39 of `/proc/<pid>/stat`).
-fn task_cpu(pid: libc::pid_t) -> Option<i32> {
-    stat_field(&pid.to_string(), 39).ok()
-}
-
-/// Undo [`step_aside`].
-pub fn restore_affinity(mask: &CpuSet) {
+/// Set this process's CPUs to `mask` (best effort: a set the kernel refuses, say after a
+/// cpuset changed, leaves the current one).
+pub fn set_own_affinity(mask: &CpuSet) {
     let _ = sched_setaffinity(Pid::from_raw(0), mask);
 }
 

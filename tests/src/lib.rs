@@ -845,6 +845,17 @@ pub fn signed_launch_edited(
     }
 }
 
+/// The child of `parent` whose comm is `comm`.
+pub fn child_named(parent: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").unwrap().find_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == parent && name == comm).then_some(pid)
+    })
+}
+
 /// Every launch cgroup (`chio-<pid>-<random>`, in any hierarchy) of the chio process `pid`.
 pub fn launch_cgroups_of(pid: u32) -> Vec<PathBuf> {
     let mut found = Vec::new();

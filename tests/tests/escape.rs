@@ -677,17 +677,6 @@ fn janitor_orphans(tag: &str) -> bool {
     })
 }
 
-/// The child of `parent` whose comm is `comm`.
-fn child_named(parent: u32, comm: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").unwrap().find_map(|e| {
-        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
-        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == parent && name == comm).then_some(pid)
-    })
-}
-
 #[test]
 fn init_dies_with_the_supervisor_even_without_the_janitor() {
     // The janitor would kill the cage's processes through the cgroup; kill it first, so only the
@@ -697,7 +686,7 @@ fn init_dies_with_the_supervisor_even_without_the_janitor() {
     // In a parent of its own: no other test's launch sweeps the orphaned cgroup below.
     let parent = chio_tests::PrivateParent::new(&tag);
     let mut sup = sleeping_cage_in(&e, &tag, &[], Some(&parent));
-    let janitor = child_named(sup.id(), "chio-janitor").expect("the launch has a janitor");
+    let janitor = chio_tests::child_named(sup.id(), "chio-janitor").expect("the launch has a janitor");
     // SAFETY: killing the janitor of our own launch.
     unsafe { libc::kill(janitor as i32, libc::SIGKILL) };
     sup.kill().unwrap();
