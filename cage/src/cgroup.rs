@@ -174,7 +174,7 @@ impl Opened {
     }
 
     fn read(&self, name: &str) -> io::Result<String> {
-        io::read_to_string(self.file(name, OFlag::O_RDONLY)?)
+        crate::sys::read_whole(self.file(name, OFlag::O_RDONLY)?)
     }
 
     /// Write `value` to the file `name`, opened as `fs::write` opens a file (a cgroup's files
@@ -271,7 +271,7 @@ fn kill_listed(name: &str, pid: libc::pid_t) {
 /// [`kill_listed`], and only if `also(pid)` holds once the pidfd is open.
 fn kill_listed_if(name: &str, pid: libc::pid_t, also: impl Fn(libc::pid_t) -> bool) {
     let Ok(pidfd) = crate::sys::pidfd_open(pid) else { return };
-    let member = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+    let member = crate::sys::read_proc(format!("/proc/{pid}/cgroup"))
         .is_ok_and(|c| c.lines().any(|l| l.rsplit('/').next() == Some(name)));
     if member && also(pid) {
         let _ = crate::sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
@@ -421,7 +421,7 @@ impl Delegation {
 
 /// This process's own cgroup on the v2 hierarchy mounted at `/sys/fs/cgroup`.
 pub fn own_v2_cgroup() -> Option<PathBuf> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let text = crate::sys::read_proc("/proc/self/cgroup").ok()?;
     let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
     Some(Path::new(CGROUP_MOUNT).join(rel.trim_start_matches('/')))
 }
@@ -593,7 +593,7 @@ impl LaunchCgroup {
                 vec![(controllers.clone(), dir)]
             }
             Hierarchy::V1 => {
-                let own = fs::read_to_string("/proc/self/cgroup")?;
+                let own = crate::sys::read_proc("/proc/self/cgroup")?;
                 let mut by_dir: Vec<(Vec<Controller>, PathBuf)> = Vec::new();
                 for &c in &controllers {
                     let mount = Path::new(CGROUP_MOUNT).join(c.name());
@@ -757,7 +757,7 @@ impl LaunchCgroup {
     }
 
     fn make_v1(mounts: &Mounts, name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
-        let own = fs::read_to_string("/proc/self/cgroup")?;
+        let own = crate::sys::read_proc("/proc/self/cgroup")?;
         let mut cg = LaunchCgroup {
             name: name.to_string(),
             version: "v1",
@@ -1003,7 +1003,7 @@ pub fn sweep(hierarchy: &Hierarchy) -> usize {
     match hierarchy {
         Hierarchy::V2(root) => swept(root),
         Hierarchy::V1 => {
-            let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+            let own = crate::sys::read_proc("/proc/self/cgroup").unwrap_or_default();
             let mut seen = Vec::new();
             let mut removed = 0;
             for c in Controller::ALL {

@@ -87,7 +87,7 @@ fn resource(r: RlimitResource) -> Resource {
 pub fn last_cap() -> u32 {
     static LAST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *LAST.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
+        crate::sys::read_proc("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
     })
 }
 

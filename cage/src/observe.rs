@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::fs;
-use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::record::{FdFile, InitFacts, NamespaceFact, Observed};
@@ -37,7 +36,7 @@ pub struct Expect<'a> {
 
 /// How many seccomp filters this process runs under (0 without any).
 pub fn own_seccomp_filters() -> u32 {
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let status = sys::read_proc("/proc/self/status").unwrap_or_default();
     numbers(field(&status, "Seccomp_filters")).first().copied().unwrap_or(0)
 }
 
@@ -105,7 +104,7 @@ pub fn read(pid: i32, host_ns: &BTreeMap<String, String>) -> Observed {
 
 /// The cage's init `pid`, read once the status channel reached EOF (see [`InitFacts`]).
 pub fn read_init(pid: i32) -> InitFacts {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let status = sys::read_proc(format!("/proc/{pid}/status")).unwrap_or_default();
     InitFacts {
         pid,
         state: field(&status, "State").and_then(|s| s.get(..1)).unwrap_or("").to_string(),
@@ -132,11 +131,8 @@ fn capabilities(status: &str) -> BTreeMap<String, String> {
 }
 
 fn read_at(dir: BorrowedFd<'_>, name: &CStr) -> String {
-    let mut s = String::new();
-    if let Ok(fd) = sys::openat(dir, name, libc::O_RDONLY, 0) {
-        let _ = std::fs::File::from(fd).read_to_string(&mut s);
-    }
-    s
+    let file = sys::openat(dir, name, libc::O_RDONLY, 0).map(std::fs::File::from);
+    file.and_then(sys::read_whole).unwrap_or_default()
 }
 
 fn link_at(dir: BorrowedFd<'_>, name: &CStr) -> String {

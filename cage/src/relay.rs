@@ -91,7 +91,7 @@ fn memfd_mount() -> Option<u64> {
 /// The file system type of mount `id` in the mount table of process `pid` (`self` too:
 /// `/proc/PID/mountinfo`, after the ` - `).
 fn mount_type(id: u64, pid: &str) -> Option<String> {
-    let table = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    let table = crate::sys::read_proc(format!("/proc/{pid}/mountinfo")).ok()?;
     let line = table.lines().find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
     let (_, after) = line.split_once(" - ")?;
     after.split(' ').next().map(str::to_string)

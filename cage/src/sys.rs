@@ -424,9 +424,26 @@ pub fn pivot_into(new_root: BorrowedFd<'_>) -> io::Result<()> {
     Ok(nix::unistd::chdir(c"/")?)
 }
 
+/// A procfs file's text, read whole in one `read` (and the one that finds its end). A procfs
+/// file says its size is 0, so `fs::read_to_string` reads it 32 bytes first and doubles: eight
+/// reads for a `status`, each a system call, several on a launch's critical path.
+pub fn read_proc(path: impl AsRef<std::path::Path>) -> io::Result<String> {
+    read_whole(std::fs::File::open(path)?)
+}
+
+/// [`read_proc`] of a file already open.
+pub fn read_whole(mut file: std::fs::File) -> io::Result<String> {
+    let mut text = String::with_capacity(PROC_TEXT);
+    io::Read::read_to_string(&mut file, &mut text)?;
+    Ok(text)
+}
+
+/// Room for a procfs `status` (about 1.5 KB) or `stat` in one read.
+const PROC_TEXT: usize = 4096;
+
 /// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`, `pid` being `self` or a number.
 pub fn stat_field<T: std::str::FromStr>(pid: &str, n: usize) -> io::Result<T> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let stat = read_proc(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (field 2, which may contain spaces) start after the last ')'.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     rest.split_whitespace()
@@ -444,7 +461,7 @@ pub fn arg_area() -> io::Result<(usize, usize)> {
     if let Some(a) = AREA.get() {
         return Ok(*a);
     }
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let stat = read_proc("/proc/self/stat")?;
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let mut fields = rest.split_whitespace().skip(48 - 3).map(str::parse::<usize>);
     match (fields.next(), fields.next()) {
