@@ -77,6 +77,9 @@ pub enum TestHook {
     /// The supervisor sends its go only once the target has had the time to finish its own
     /// setup (300 ms): one that failed there has reported it and ended by then.
     GoLate,
+    /// The init keeps the supervisor's network namespace yet goes on to write the cage's network
+    /// sysctls (as a reordering of its setup might): it must refuse to write them there.
+    NetnsKept,
 }
 
 impl TestHook {
@@ -106,6 +109,7 @@ impl TestHook {
             TestHook::StallBeforeExec => "stall_before_exec".into(),
             TestHook::InitAborts => "init_aborts".into(),
             TestHook::GoLate => "go_late".into(),
+            TestHook::NetnsKept => "netns_kept".into(),
         }
     }
 
@@ -141,6 +145,7 @@ impl TestHook {
             "stall_before_exec" => TestHook::StallBeforeExec,
             "init_aborts" => TestHook::InitAborts,
             "go_late" => TestHook::GoLate,
+            "netns_kept" => TestHook::NetnsKept,
             _ => match s.strip_prefix("exe=") {
                 Some(p) if p.starts_with('/') => TestHook::Exe(PathBuf::from(p)),
                 _ => return Err(format!("CHIO_TEST_HOOK={s} names no hook")),

@@ -191,7 +191,10 @@ fn init_setup(ctx: &Ctx<'_>) -> Result<(libc::pid_t, bool), Failure> {
             flags &= !flag;
         }
     }
-    let supervisors = mount_namespace()?;
+    let supervisors = Origin::now()?;
+    if fault::on(plan, &TestHook::NetnsKept) {
+        flags &= !libc::CLONE_NEWNET;
+    }
     for (fd, flag) in ctx.join.into_iter().zip([libc::CLONE_NEWIPC, libc::CLONE_NEWUTS]).filter(|(fd, _)| *fd >= 0) {
         // SAFETY: an nsfs descriptor the supervisor opened for us (a descriptor number from the
         // context, open for the whole call).
@@ -291,19 +294,35 @@ fn enter_namespaces(mut flags: libc::c_int, netns: RawFd) -> Result<(), Failure>
     unshare(CloneFlags::from_bits_retain(flags)).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))
 }
 
-/// The mount namespace this process is in (device and inode of `/proc/self/ns/mnt`).
-fn mount_namespace() -> Result<(u64, u64), Failure> {
-    let st =
-        nix::sys::stat::stat(c"/proc/self/ns/mnt").map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
+/// The namespaces the init was cloned in: its supervisor's (device and inode of each).
+#[derive(Clone, Copy, PartialEq)]
+struct Origin {
+    mnt: (u64, u64),
+    net: (u64, u64),
+}
+
+impl Origin {
+    /// The mount and network namespaces this process is in now.
+    fn now() -> Result<Origin, Failure> {
+        Ok(Origin { mnt: namespace(c"/proc/self/ns/mnt")?, net: namespace(c"/proc/self/ns/net")? })
+    }
+}
+
+/// The namespace behind `link` (a `/proc/self/ns` entry): its device and inode.
+fn namespace(link: &std::ffi::CStr) -> Result<(u64, u64), Failure> {
+    let st = nix::sys::stat::stat(link).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     Ok((st.st_dev, st.st_ino))
 }
 
-/// The plan's root, attached and pivoted into — never in `supervisors`, the mount namespace the
-/// init was cloned in: a pivot_root and detach of the old root there would take the supervisor's
+/// The plan's root, attached and pivoted into — never in the mount namespace the init was cloned
+/// in (`supervisors`): a pivot_root and detach of the old root there would take the supervisor's
 /// (for a one-shot launch, the host's) root away. Checked here, before any mount, whatever the
-/// unshare before it did.
-fn build_root(ctx: &Ctx<'_>, supervisors: (u64, u64)) -> Result<Prepared, Failure> {
-    if mount_namespace()? == supervisors {
+/// unshare before it did. Likewise the cage's network sysctls (its ephemeral ports) are written
+/// through its procfs only outside the supervisor's network namespace: `/proc/sys/net` is the
+/// writer's namespace's, and there they would be the host's.
+fn build_root(ctx: &Ctx<'_>, supervisors: Origin) -> Result<Prepared, Failure> {
+    let now = Origin::now()?;
+    if now.mnt == supervisors.mnt {
         return Err(FailCode::NamespaceFailed
             .at(Stage::Namespaces, "the init is still in the supervisor's mount namespace: no mount is made there"));
     }
@@ -315,6 +334,12 @@ fn build_root(ctx: &Ctx<'_>, supervisors: (u64, u64)) -> Result<Prepared, Failur
         };
         code.at(Stage::Resolve, e)
     })?;
+    if prepared.writes_net_sysctls() && now.net == supervisors.net {
+        return Err(FailCode::NamespaceFailed.at(
+            Stage::Namespaces,
+            "the init is still in the supervisor's network namespace: the cage's network sysctls are not written there",
+        ));
+    }
     fault::fail_at(ctx.plan, Stage::Mounts)?;
     prepared.attach(&ctx.plan.staging_dir).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
     fault::fail_at(ctx.plan, Stage::Pivot)?;
@@ -348,6 +373,8 @@ pub struct AheadCtx<'a> {
 /// supervisor closes the channel instead.
 pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
     init_start(a.sock, a.supervisor_ends, false);
+    // (Before the network namespace made ahead is entered.)
+    let Ok(origin) = Origin::now() else { exit_now(1) };
     let (plan, landlock_abi, feed_stdin) = match ahead_setup(a).map(|()| await_plan(a.sock)) {
         Ok(Some(p)) => p,
         Ok(None) => exit_now(0),
@@ -379,7 +406,7 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         // (Cloned by a spare, which never narrows it.)
         cpus: None,
     };
-    match planned_setup(&ctx) {
+    match planned_setup(&ctx, origin) {
         Ok((target, shed)) => reap(&ctx, target, shed),
         Err(f) => {
             ctx.report(&f);
@@ -426,8 +453,9 @@ fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
 /// An init ahead, once it has its plan: its mount namespace (the host's mounts as they are
 /// now), the root, the network, the ceilings, the target.
 /// (Its bounding set was dropped before the plan came, [`ahead_setup`].)
-fn planned_setup(ctx: &Ctx<'_>) -> Result<(libc::pid_t, bool), Failure> {
-    let supervisors = mount_namespace()?;
+fn planned_setup(ctx: &Ctx<'_>, origin: Origin) -> Result<(libc::pid_t, bool), Failure> {
+    // (Its mount namespace is still the one it was cloned in.)
+    let supervisors = Origin { mnt: namespace(c"/proc/self/ns/mnt")?, ..origin };
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     let prepared = build_root(ctx, supervisors)?;
     fault::fail_at(ctx.plan, Stage::Network)?;

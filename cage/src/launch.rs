@@ -586,7 +586,7 @@ impl Drop for InitGuard {
 fn ahead_init_fits(plan: &CagePlan, hierarchy: &Hierarchy, held: &Held) -> bool {
     let withholds = matches!(
         fault::hook(plan),
-        Some(TestHook::Namespace(_) | TestHook::Cgroup | TestHook::Bounding | TestHook::Caps)
+        Some(TestHook::Namespace(_) | TestHook::NetnsKept | TestHook::Cgroup | TestHook::Bounding | TestHook::Caps)
     );
     // (It named itself `chio`, and dropped its bounding set, before the plan came.)
     !withholds

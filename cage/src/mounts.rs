@@ -672,6 +672,12 @@ impl Prepared {
         Ok(())
     }
 
+    /// Whether [`Prepared::attach`] writes the cage's network sysctls (through its procfs, in
+    /// the writer's network namespace).
+    pub fn writes_net_sysctls(&self) -> bool {
+        self.no_ephemeral_ports
+    }
+
     /// Cage side (inside the new mount and pid namespaces): attach everything at `staging`,
     /// mount procfs and seal the skeleton read-only.
     pub fn attach(&self, staging: &Path) -> io::Result<()> {

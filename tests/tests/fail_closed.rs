@@ -480,3 +480,44 @@ fn filters_the_supervisor_runs_under_are_counted_and_ours_still_applies() {
         assert!(run.stdout.starts_with("REFUSED") && run.stdout.contains("errno=1"), "{n}: {}", run.stdout);
     }
 }
+
+/// The host's ephemeral port range, written back when dropped if a launch changed it.
+struct PortRange(String);
+
+impl PortRange {
+    const PATH: &'static str = "/proc/sys/net/ipv4/ip_local_port_range";
+    const RESERVED: &'static str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+    fn now() -> (String, String) {
+        (std::fs::read_to_string(Self::PATH).unwrap(), std::fs::read_to_string(Self::RESERVED).unwrap())
+    }
+}
+
+impl Drop for PortRange {
+    fn drop(&mut self) {
+        if std::fs::read_to_string(Self::PATH).unwrap_or_default() != self.0 {
+            let _ = std::fs::write(Self::PATH, &self.0);
+            let _ = std::fs::write(Self::RESERVED, "\n");
+        }
+    }
+}
+
+/// A cage granted no TCP bind port gets no ephemeral port either: the init writes its network
+/// namespace's range and reservation through the cage's procfs, and `/proc/sys/net` is the
+/// writer's namespace's. An init still in its supervisor's network namespace (a test hook here;
+/// a reordering of its setup for real) would close the host's ephemeral ports: it refuses
+/// instead, naming the namespace, and the host's range and reservation are what they were. The
+/// same launch without the hook runs.
+#[test]
+fn the_cages_network_sysctls_are_never_written_in_the_supervisors_namespace() {
+    let Some(e) = env("netns_kept") else { return };
+    let before = PortRange::now();
+    let _restore = PortRange(before.0.clone());
+    let refused = e.run(&[("CHIO_TEST_HOOK", "netns_kept")], &[], &["/probe", "euid"]);
+    assert_eq!(PortRange::now(), before, "the host's ephemeral ports were changed");
+    assert_failed(&refused, "BootstrapFailed", "namespaces", "namespace_failed", 125);
+    let detail = refused.record["failure"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("supervisor's network namespace"), "{detail}");
+    let control = e.run(&[], &[], &["/probe", "euid"]);
+    assert_eq!(control.state(), "FullyEnforced", "{}", control.stderr);
+}
