@@ -489,6 +489,19 @@ impl LaunchCgroup {
         format!("chio-{}-{:016x}", std::process::id(), u64::from_le_bytes(b))
     }
 
+    /// A handle on no directory yet, named `name` on cgroup `version`.
+    fn empty(name: String, version: &'static str) -> LaunchCgroup {
+        LaunchCgroup {
+            name,
+            version,
+            dirs: Vec::new(),
+            missing: Vec::new(),
+            missing_why: None,
+            opened: Vec::new(),
+            adopted: false,
+        }
+    }
+
     /// A detached launch's cgroup name: `chio-oci-<random>`. It names no supervisor pid, so no
     /// later launch's sweep takes it for an orphan (its supervisor exits by design once the
     /// cage is parked); the OCI runtime's `delete` removes it.
@@ -508,15 +521,7 @@ impl LaunchCgroup {
             return Err(io::Error::other(format!("the cage's cgroup directories do not share one name: {dirs:?}")));
         }
         let mounts = Mounts::open();
-        let mut cg = LaunchCgroup {
-            name,
-            version: "v1",
-            dirs: Vec::new(),
-            missing: Vec::new(),
-            missing_why: None,
-            opened: Vec::new(),
-            adopted: true,
-        };
+        let mut cg = LaunchCgroup { adopted: true, ..LaunchCgroup::empty(name, "v1") };
         for d in dirs {
             let dir = Dir::open(&mounts, d, false)?;
             let magic = nix::sys::statfs::fstatfs(&dir.dir.fd).map(|st| st.filesystem_type().0);
@@ -564,15 +569,7 @@ impl LaunchCgroup {
         let name = rel.to_string_lossy().into_owned();
         let controllers = needed(limits);
         let mounts = &place.mounts;
-        let mut cg = LaunchCgroup {
-            name,
-            version: "v1",
-            dirs: Vec::new(),
-            missing: Vec::new(),
-            missing_why: None,
-            opened: Vec::new(),
-            adopted: false,
-        };
+        let mut cg = LaunchCgroup::empty(name, "v1");
         let leaves: Vec<(Vec<Controller>, PathBuf)> = match &place.hierarchy {
             Hierarchy::V2(root) => {
                 cg.version = "v2";
@@ -720,13 +717,8 @@ impl LaunchCgroup {
         let enabled = dir.dir.read("cgroup.controllers").unwrap_or_default();
         let has = |c: Controller| c == Controller::Cpuacct || enabled.split_whitespace().any(|a| a == c.name());
         let mut cg = LaunchCgroup {
-            name: name.to_string(),
-            version: "v2",
             dirs: vec![(Controller::Cpuacct, dir.dir.path.clone())],
-            missing: Vec::new(),
-            missing_why: None,
-            opened: Vec::new(),
-            adopted: false,
+            ..LaunchCgroup::empty(name.into(), "v2")
         };
         for &c in controllers.iter().filter(|c| **c != Controller::Cpuacct) {
             if has(c) {
@@ -758,15 +750,7 @@ impl LaunchCgroup {
 
     fn make_v1(mounts: &Mounts, name: &str, controllers: &[Controller]) -> io::Result<LaunchCgroup> {
         let own = crate::sys::read_proc("/proc/self/cgroup")?;
-        let mut cg = LaunchCgroup {
-            name: name.to_string(),
-            version: "v1",
-            dirs: Vec::new(),
-            missing: Vec::new(),
-            missing_why: None,
-            opened: Vec::new(),
-            adopted: false,
-        };
+        let mut cg = LaunchCgroup::empty(name.into(), "v1");
         for &c in controllers {
             let mount = Path::new(CGROUP_MOUNT).join(c.name());
             if mounts.magic(&mount) != Some(CGROUP_SUPER_MAGIC) {
@@ -1383,13 +1367,9 @@ mod tests {
         fs::write(dir.join("memory.swap.max"), "max").unwrap();
         let dirs = [Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Cpu];
         let cg = LaunchCgroup {
-            name: "stand-in".into(),
-            version: "v2",
             dirs: dirs.iter().map(|c| (*c, dir.clone())).collect(),
-            missing: Vec::new(),
-            missing_why: None,
             opened: vec![Dir::open(&Mounts::open(), &dir, false).unwrap()],
-            adopted: false,
+            ..LaunchCgroup::empty("stand-in".into(), "v2")
         };
         let applied = cg.apply(&ceilings());
         let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
