@@ -796,6 +796,7 @@ pub const NO_EPHEMERAL_RESERVED: &str = "65534-65535";
 /// listing already types as a directory or link is passed over unlooked-up: each lookup makes
 /// the fresh procfs an inode (about 4 µs), and only a regular file's mode is read.
 fn mask_root_only(proc: BorrowedFd<'_>, dev: BorrowedFd<'_>) -> io::Result<()> {
+    let mut first: Option<CString> = None;
     for (name, kind) in path::read_dir_typed(proc)? {
         if name.as_bytes().first().is_some_and(u8::is_ascii_digit) || kind.is_some_and(|k| k != Type::File) {
             continue;
@@ -804,11 +805,20 @@ fn mask_root_only(proc: BorrowedFd<'_>, dev: BorrowedFd<'_>) -> io::Result<()> {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_mode & libc::S_IROTH != 0 {
             continue;
         }
-        let null = sys::open_tree_clone_at(dev, c"null")?;
-        sys::mount_setattr_one(null.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
-        let target = sys::openat(proc, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-        sys::move_mount_onto(null.as_fd(), target.as_fd())
+        // The first cover is made read-only; each later one is a clone of it, attributes and
+        // all (one syscall, not two). Attached by name: one component of the cage's own
+        // procfs, which nothing but this process has mounted on.
+        let null = match &first {
+            None => {
+                let null = sys::open_tree_clone_at(dev, c"null")?;
+                sys::mount_setattr_one(null.as_fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
+                null
+            }
+            Some(covered) => sys::open_tree_clone_at(proc, covered)?,
+        };
+        sys::move_mount_to(null.as_fd(), proc, &name)
             .map_err(|e| err_at("masking", Path::new("/proc").join(OsStr::from_bytes(name.as_bytes())), e))?;
+        first.get_or_insert(name);
     }
     Ok(())
 }

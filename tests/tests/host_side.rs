@@ -496,6 +496,29 @@ fn uid_0_cannot_read_root_only_procfs() {
             }
         }
     }
+    // Each of them is covered by a read-only bind of the cage's own /dev/null (the mount's root
+    // is `/null`), never by another procfs file or a writable mount.
+    let root_only: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|d| {
+            let d = d.ok()?;
+            let m = d.metadata().ok()?;
+            (m.file_type().is_file() && m.mode() & 0o004 == 0).then(|| d.file_name().into_string().ok()).flatten()
+        })
+        .collect();
+    assert!(root_only.len() >= 3, "this host's procfs has root-only files: {root_only:?}");
+    let run = e.caged(&["--uid", "0", "--gid", "0"], &["cat", "/proc/self/mountinfo"]);
+    for name in root_only {
+        let at = format!("/proc/{name}");
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some(at.as_str()))
+            .unwrap_or_else(|| panic!("{at} is not covered in a uid 0 cage: {}", run.stdout));
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields[3], "/null", "{at} is covered by something other than /dev/null: {line}");
+        assert!(fields[5].split(',').any(|o| o == "ro"), "{at}'s cover is writable: {line}");
+    }
 }
 
 #[test]
