@@ -30,8 +30,10 @@ static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 const FORWARD: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 /// After the init is reaped, how long to wait for the output to drain (a relay to finish too).
 pub const DRAIN_MS: u64 = 1000;
-/// Bytes read from a pipe at a time.
+/// The most bytes read from a pipe at a time.
 const CHUNK: usize = 64 << 10;
+/// The first read of a stream (see [`Pump::fill`]).
+const FIRST_READ: usize = 4 << 10;
 
 /// Called at the exec stop once every fact holds, before the target runs one instruction. An
 /// error stops the launch (the target is killed without running): evidence that cannot be
@@ -243,6 +245,8 @@ struct Pump<'a> {
     src: Option<BorrowedFd<'a>>,
     sink: Option<Sink<'a>>,
     buf: Vec<u8>,
+    /// How much the next read asks for (see [`Pump::fill`]).
+    want: usize,
     at: usize,
     limit: u64,
     kept: u64,
@@ -260,6 +264,7 @@ impl<'a> Pump<'a> {
             src: Some(src),
             sink,
             buf: Vec::new(),
+            want: FIRST_READ,
             at: 0,
             limit: if dropped_all { 0 } else { limit },
             kept: 0,
@@ -286,8 +291,10 @@ impl<'a> Pump<'a> {
     /// Read once from the source; the part within the limit becomes pending.
     fn fill(&mut self) {
         let Some(src) = self.src else { return };
-        self.buf.resize(CHUNK, 0);
-        let n = match nix::unistd::read(src, &mut self.buf[..CHUNK]) {
+        // Reads start at a page and double while they come back full, up to CHUNK: most
+        // commands write a little, and zeroing 64 KiB for each stream faulted in sixteen pages.
+        self.buf.resize(self.want, 0);
+        let n = match nix::unistd::read(src, &mut self.buf[..self.want]) {
             Err(Errno::EINTR | Errno::EAGAIN) => {
                 self.buf.clear();
                 return;
@@ -297,6 +304,8 @@ impl<'a> Pump<'a> {
         };
         if n == 0 {
             self.src = None;
+        } else if n as usize == self.want {
+            self.want = (self.want * 2).min(CHUNK);
         }
         // With no sink left (its reader went away) everything read is dropped.
         let room = if self.sink.is_some() { self.limit.saturating_sub(self.kept) } else { 0 };
@@ -415,7 +424,17 @@ pub fn run(r: Run<'_, '_>) -> Ended {
             let src = relayed.as_ref().map_or(host, |(from, _)| from.as_fd());
             Pump::new(src, Ok(Sink::Own(pipe)), u64::MAX)
         }
-        _ => Pump { src: None, sink: None, buf: Vec::new(), at: 0, limit: 0, kept: 0, dropped: 0, last_byte: None },
+        _ => Pump {
+            src: None,
+            sink: None,
+            buf: Vec::new(),
+            want: FIRST_READ,
+            at: 0,
+            limit: 0,
+            kept: 0,
+            dropped: 0,
+            last_byte: None,
+        },
     };
     let mut outcome = Outcome::default();
     let mut killed = false;

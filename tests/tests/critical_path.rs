@@ -73,3 +73,53 @@ fn the_cage_keeps_every_cpu_of_its_supervisor() {
     sup.wait().unwrap();
     assert_eq!(cpus_allowed(&status), ours, "the init's CPUs");
 }
+
+/// The largest buffer the supervisor's `read`s and `recvmsg`s ask for in `strace` output.
+fn largest_read(trace: &str) -> usize {
+    let size = |l: &str| -> Option<usize> {
+        if l.starts_with("recvmsg(") {
+            let at = l.find("iov_len=")? + "iov_len=".len();
+            l[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        } else if l.starts_with("read(") {
+            // `read(8, "…"..., 4096)      = 4096`: the last argument before the result.
+            l.rsplit_once('=')?.0.trim_end().strip_suffix(')')?.rsplit(", ").next()?.parse().ok()
+        } else {
+            None
+        }
+    };
+    trace.lines().filter_map(size).max().unwrap_or(0)
+}
+
+/// What the supervisor reads is sized to what comes: a status message into a buffer of its
+/// length (peeked first), the target's output in reads that start at a page and grow while
+/// they come back full. A zeroed 64 KiB buffer for each message and each stream was sixteen
+/// fresh pages to fault in apiece, in the supervisor and again in the init (~45 page faults a
+/// launch). Control: a command writing 2 MiB to stderr is read 64 KiB at a time, all of it.
+#[test]
+fn the_supervisor_reads_a_little_output_in_little_reads() {
+    let Some(e) = Suite::new("small_reads", PROBE) else { return };
+    let dir = Scratch::new("reads-trace");
+    let traced = |name: &str, argv: &[&str]| {
+        let trace = dir.join(name);
+        let out = Command::new("strace")
+            .args(["-qq", "-s", "1", "-o", trace.to_str().unwrap(), "-e", "trace=read,recvmsg", "--"])
+            .arg(&e.chio)
+            .args(["cage", "run", "--json", "--timeout", "60s", "--rootfs", e.rootfs.to_str().unwrap()])
+            .arg("--")
+            .args(argv)
+            .stdin(Stdio::null())
+            .output()
+            .expect("strace (apt-get install strace)");
+        (chio_tests::parse(out), std::fs::read_to_string(&trace).unwrap())
+    };
+    let (run, quiet) = traced("quiet", &["/probe", "euid"]);
+    assert_eq!(run.state(), "FullyEnforced", "{}", run.stderr);
+    assert!(quiet.contains("MSG_PEEK|MSG_TRUNC"), "control: the trace shows the status channel's reads:\n{quiet}");
+    let largest = largest_read(&quiet);
+    assert!(largest > 0 && largest < 64 << 10, "a read of {largest} bytes for a command that wrote a line:\n{quiet}");
+    let (run, loud) = traced("loud", &["/probe", "flood-stderr", "2"]);
+    let outcome = &run.record["outcome"];
+    let read = outcome["stderr_bytes"].as_u64().unwrap() + outcome["stderr_dropped"].as_u64().unwrap();
+    assert_eq!(read, 2 << 20, "all of the 2 MiB read (relayed up to the output limit, the rest dropped): {outcome}");
+    assert_eq!(largest_read(&loud), 64 << 10, "control: a command writing 2 MiB is read 64 KiB at a time");
+}
