@@ -67,10 +67,20 @@ fn copy_file(from: BorrowedFd<'_>, to: BorrowedFd<'_>, name: &CStr, mode: u32) -
         return Err(io::Error::other("not a regular file of at most 512 KiB"));
     }
     let dst = sys::openat(to, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, mode)?;
-    let (mut src, mut dst) = (std::fs::File::from(src), std::fs::File::from(dst));
-    std::io::copy(&mut std::io::Read::take(&mut src, ETC_FILE_MAX), &mut dst)?;
+    // sendfile itself, not `io::copy`: that probes both files and tries copy_file_range first,
+    // which fails from the host's file system into a tmpfs (four wasted calls a file). The size
+    // read above ends the copy; a file cut short meanwhile ends it at EOF.
+    let (size, mut copied) = (st.st_size as usize, 0);
+    while copied < size {
+        match nix::sys::sendfile::sendfile(&dst, &src, None, size - copied) {
+            Ok(0) => break,
+            Ok(n) => copied += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     // The umask may have cleared bits of `mode`.
-    dst.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
+    std::fs::File::from(dst).set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
 }
 
 /// Create the file `name` in `to` holding `bytes`, with `mode` (never through a symlink).
@@ -940,6 +950,11 @@ mod tests {
         sys::mknodat(f.as_fd(), c"fifo", libc::S_IFIFO | 0o644, 0).unwrap();
         copy_file(f.as_fd(), t.as_fd(), c"hosts", 0o640).unwrap();
         assert_eq!(std::fs::read_to_string(to.0.join("hosts")).unwrap(), "127.0.0.1 localhost\n");
+        // A loader cache's size, every byte in place.
+        let cache: Vec<u8> = (0..100_000u32).flat_map(u32::to_le_bytes).collect();
+        std::fs::write(from.0.join("cache"), &cache).unwrap();
+        copy_file(f.as_fd(), t.as_fd(), c"cache", 0o644).unwrap();
+        assert!(std::fs::read(to.0.join("cache")).unwrap() == cache, "the copy differs");
         assert_eq!(std::fs::metadata(to.0.join("hosts")).unwrap().permissions().mode() & 0o777, 0o640);
         // Already there (a second copy, or a planted link): refused, not written through.
         assert!(copy_file(f.as_fd(), t.as_fd(), c"hosts", 0o640).is_err());
