@@ -7,7 +7,9 @@ The same scripted commands (`true`, `ls -la`, `python3 -c 'print(1)'`), interlea
 machine noise hits all alike (the forms in a new order each round, each after --settle seconds
 idle, default 5 ms), through:
   - local:      mini-swe-agent's LocalEnvironment (no confinement)
-  - bubblewrap: mini-swe-agent's BubblewrapEnvironment (its default wrapper arguments)
+  - bubblewrap: mini-swe-agent's BubblewrapEnvironment (its default wrapper arguments: a mount
+                namespace; the host's network, pids, IPC and hostname shared)
+  - bubblewrap-all: the same with `--unshare-all --die-with-parent`: the namespaces chio makes
   - chio:       ChioEnvironment (namespaces, landlock, seccomp, cgroup ceilings, exec observation)
   - chio-daemon: ChioEnvironment with `supervisor` set: each command one request on the daemon's
                 socket (`chio supervisor serve`, started here), no chio process per command
@@ -33,12 +35,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "packaging", "mini-swe-agent"))
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 
-from minisweagent.environments.extra.bubblewrap import BubblewrapEnvironment  # noqa: E402
+from minisweagent.environments.extra.bubblewrap import (  # noqa: E402
+    BubblewrapEnvironment,
+    BubblewrapEnvironmentConfig,
+)
 from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 
 from chio_minisweagent import ChioEnvironment, ChioRepositoryEnvironment  # noqa: E402
 
 COMMANDS = ["true", "ls -la", "python3 -c 'print(1)'"]
+BWRAP_DEFAULT_ARGS = BubblewrapEnvironmentConfig().wrapper_args
 
 
 def main():
@@ -96,6 +102,10 @@ def main():
         envs = {
             "local": LocalEnvironment(cwd=work),
             "bubblewrap": BubblewrapEnvironment(cwd=work),
+            # The same wrapper with the namespaces chio makes (pid, network, IPC, UTS, cgroup):
+            # mini-swe-agent's default shares the host's network and pids.
+            "bubblewrap-all": BubblewrapEnvironment(cwd=work, wrapper_args=["--unshare-all", "--die-with-parent",
+                                                                            *BWRAP_DEFAULT_ARGS]),
             "chio": ChioEnvironment(chio=chio, cwd=work),
             "chio-daemon": ChioEnvironment(supervisor=sock, cwd=work),
             "chio-repo": ChioRepositoryEnvironment(chio=chio, state_dir=state, run_id="bench"),
@@ -124,18 +134,21 @@ def main():
                         raise SystemExit(f"{name}: {cmd}: {out}")
         print("median ms per command: " + "  ".join(f"{c!r}" for c in COMMANDS))
         for name in envs:
-            print(f"  {name:12s}" + "".join(f"{statistics.median(per_cmd[(name, c)]):10.1f}" for c in COMMANDS))
+            print(f"  {name:15s}" + "".join(f"{statistics.median(per_cmd[(name, c)]):10.1f}" for c in COMMANDS))
         med = {}
         for name, xs in times.items():
             xs.sort()
             med[name] = statistics.median(xs)
-            print(f"{name:12s} median {med[name]:6.1f} ms   p95 {xs[int(len(xs) * 0.95) - 1]:6.1f} ms")
+            print(f"{name:15s} median {med[name]:6.1f} ms   p95 {xs[int(len(xs) * 0.95) - 1]:6.1f} ms")
         print(f"chio / bubblewrap: {med['chio'] / med['bubblewrap']:.2f}   "
-              f"chio-daemon / bubblewrap: {med['chio-daemon'] / med['bubblewrap']:.2f}")
+              f"chio-daemon / bubblewrap: {med['chio-daemon'] / med['bubblewrap']:.2f}   "
+              f"chio / bubblewrap-all: {med['chio'] / med['bubblewrap-all']:.2f}")
         for c in COMMANDS:
             b = statistics.median(per_cmd[("bubblewrap", c)])
-            print(f"  {c!r}: chio / bubblewrap {statistics.median(per_cmd[('chio', c)]) / b:.2f}   "
-                  f"chio-daemon / bubblewrap {statistics.median(per_cmd[('chio-daemon', c)]) / b:.2f}")
+            ball = statistics.median(per_cmd[("bubblewrap-all", c)])
+            one, dmn = statistics.median(per_cmd[("chio", c)]), statistics.median(per_cmd[("chio-daemon", c)])
+            print(f"  {c!r}: chio / bubblewrap {one / b:.2f}   chio-daemon / bubblewrap {dmn / b:.2f}   "
+                  f"chio / bubblewrap-all {one / ball:.2f}   chio-daemon / bubblewrap-all {dmn / ball:.2f}")
         if a.compare:
             print(f"chio / chio-old: {med['chio'] / med['chio-old']:.3f}   "
                   f"chio-daemon / chio-daemon-old: {med['chio-daemon'] / med['chio-daemon-old']:.3f}")
