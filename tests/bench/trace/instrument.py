@@ -31,8 +31,9 @@ pub fn t(label: &str) {
 open('cage/src/trace.rs','w').write(TRACE)
 # close_from spares fd 1000 (the marks' file) in a traced build.
 s=open('cage/src/sys.rs').read()
-s=s.replace("check(unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) }).map(drop)",
- "if first < 1000 {\n        check(unsafe { libc::syscall(libc::SYS_close_range, first, 999u32, 0u32) })?;\n    }\n    check(unsafe { libc::syscall(libc::SYS_close_range, first.max(1001), u32::MAX, 0u32) }).map(drop)")
+CLOSE_FROM = "pub fn close_from(first: u32) -> io::Result<()> {\n    close_range(first, u32::MAX)\n}"
+assert CLOSE_FROM in s, "sys::close_from changed: update instrument.py (the target's marks would be lost)"
+s=s.replace(CLOSE_FROM, "pub fn close_from(first: u32) -> io::Result<()> {\n    if first < 1000 {\n        close_range(first, 999)?;\n    }\n    close_range(first.max(1001), u32::MAX)\n}")
 open('cage/src/sys.rs','w').write(s)
 s=open('cage/src/lib.rs').read(); s=s.replace("pub mod sys;","pub mod sys;\npub mod trace;",1); open('cage/src/lib.rs','w').write(s)
 def before(p, anchor, label, crate="chio_cage", last=False):
