@@ -21,6 +21,12 @@ the foreground on a private socket and state directory, and times, interleaved i
                 form is, timed inside it (clone to waitpid): the floor from a process already
                 running, as the daemon is, to compare with daemon-raw (c-floor adds the floor
                 program's own spawn and start-up)
+  - c-floor-daemon: the same program serving requests as chio's daemon does (`floor ROOT STAGING
+                serve SOCKET`): a request line and two descriptors read by a server, handed to a
+                worker forked ahead, which launches the floor's cage and answers the client
+                itself; timed as daemon-raw is. The floor of a daemon of chio's shape: the same
+                process hops (client, server, worker, client), none of the journal, admission,
+                observation or checks
 Each round takes the forms in a new order, each after --settle seconds idle (default 5 ms: a
 daemon's teardown and its spare's work ahead happen after the answer and must not be charged to
 whichever form is timed next; an agent's commands are seconds apart). It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
@@ -86,9 +92,9 @@ def line_for(sock_path, args, rid):
     return json.dumps({**template, "id": rid}).encode() + b"\n"
 
 
-def request(sock_path, args, rid):
+def request(sock_path, args, rid, line=None):
     """One launch on a fresh connection; returns (ms, answer)."""
-    line = line_for(sock_path, args, rid)
+    line = line or line_for(sock_path, args, rid)
     null = os.open("/dev/null", os.O_WRONLY)
     t = time.perf_counter()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -234,6 +240,16 @@ def c_floor(tmp):
     return [out]
 
 
+def floor_daemon(cmd, tmp):
+    """The floor program serving on a socket of its own in `tmp`; returns (process, socket)."""
+    sock = os.path.join(tmp, "floor.sock")
+    d = subprocess.Popen(cmd + ["serve", sock], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    if not d.stdout.readline().startswith(b"listening on"):
+        d.kill()
+        raise SystemExit("the floor daemon did not start")
+    return d, sock
+
+
 def floor_warm(cmd, settle):
     """The floor program's third launch in a row, each after `settle` seconds idle, as it timed
     it (ms)."""
@@ -267,7 +283,18 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
             marks.append(ans["record"]["timings_us"])
         return ms, ans["record"]["timings_us"]["exec_observed"] / 1000.0
 
+    served = floor_daemon(cmds["c-floor"], os.path.dirname(root)) if floor else None
+
+    def floor_raw():
+        # The same bytes as chio's request, so both servers read as much.
+        ms, ans = request(served[1], args, "", line=line_for(sock, args, f"floor-{n[0]}"))
+        if ans.get("exit_status") != 0:
+            raise SystemExit(f"the floor daemon's launch failed: {ans}")
+        return ms
+
     for _ in range(5):
+        if served:
+            floor_raw()
         raw()
         if old_sock:
             raw(old_sock)
@@ -295,6 +322,8 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     if floor:
         runs["c-floor-warm"] = lambda: floor_warm(cmds["c-floor"], a.settle)
         samples["c-floor-warm"] = []
+        runs["c-floor-daemon"] = floor_raw
+        samples["c-floor-daemon"] = []
     order = list(runs)
     for _ in range(a.runs):
         # A daemon answers before it tears the cage down and then its spare gets the next launch
@@ -304,9 +333,12 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
         for k in order:
             time.sleep(a.settle)
             samples[k].append(runs[k]())
+    if served:
+        served[0].kill()
+        served[0].wait()
     print(f"launch of a static /true, {a.runs} runs each, interleaved (median, p95 ms):")
     for k, v in samples.items():
-        print(f"  {k:11s} {statistics.median(v):7.2f}  {pct(v, 0.95):7.2f}")
+        print(f"  {k:14s} {statistics.median(v):7.2f}  {pct(v, 0.95):7.2f}")
     print(f"  daemon request to exec observed (record): {statistics.median(observed):.2f}  {pct(observed, 0.95):.2f}")
     print("  the record's marks through the daemon (median us since the launch began):")
     for k in marks[-1]:
@@ -323,6 +355,10 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     if "c-floor-warm" in samples:
         print(f"  ratio daemon-raw/c-floor-warm = "
               f"{statistics.median(samples['daemon-raw']) / statistics.median(samples['c-floor-warm']):.2f}")
+        print(f"  ratio daemon-raw/c-floor-daemon = "
+              f"{statistics.median(samples['daemon-raw']) / statistics.median(samples['c-floor-daemon']):.2f}  "
+              f"c-floor-daemon/c-floor-warm = "
+              f"{statistics.median(samples['c-floor-daemon']) / statistics.median(samples['c-floor-warm']):.2f}")
     kept.s.close()
     os.close(kept.null)
     if a.load > 0:
