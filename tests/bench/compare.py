@@ -8,8 +8,8 @@ revision.py), then runs, each with the other build interleaved as `--compare`:
   - launch.py   the one-shot `chio cage run` (cgroup v1 as the host has it, and v2 in a private
                 mount), with bubblewrap and a bare exec beside it
   - daemon.py   the daemon's raw round trip, a client process through the daemon, the one-shot
-                form, bubblewrap and the C floor (cold and warm); with --load S, the daemon's RSS
-                over S seconds of load
+                form, bubblewrap and the C floor (cold, warm, and serving as a daemon); with
+                --load S, the daemon's RSS over S seconds of load
   - agents.py   mini-swe-agent's environments, per command (with target/msa-venv/bin/python;
                 skipped when that is missing or with --no-agents)
 and prints one table: each figure for this build and REV, their ratio, and the ratios the
@@ -87,6 +87,9 @@ def main():
     pair("daemon raw round trip, ms", median("daemon-raw", daemon), median("daemon-raw-old", daemon))
     raw, warm = median("daemon-raw", daemon), median("c-floor-warm", daemon)
     ratio("daemon raw / warm C floor", raw / warm if raw and warm else None, "<= 1.3")
+    shape = median("c-floor-daemon", daemon)
+    ratio("daemon raw / C floor of the daemon's shape", raw / shape if raw and shape else None)
+    ratio("C floor of the daemon's shape / warm C floor", shape / warm if shape and warm else None)
     p95 = tail("daemon-raw", daemon)
     ratio("daemon raw p95 / median", p95 / raw if raw and p95 else None, "<= 2")
     cli, one = median("daemon-cli", daemon), median("one-shot", daemon)

@@ -532,23 +532,30 @@ async fn dispatch(
         s.refused(Some(uid), Some(&id), reason, &why);
         Turned { reason, why }
     };
-    let value = serde_json::to_value(&req).map_err(|e| turned(Reason::LaunchFailed, e.to_string()))?;
-    let digest = chio_kernel::canonical::to_canonical(&value)
-        .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
-        .map_err(|e| turned(Reason::LaunchFailed, e.to_string()))?;
     let key = format!("{JOURNAL_PREFIX}{uid}:{id}");
     let is_launch = matches!(req, Request::Launch { .. });
+    let mut daemon = s.daemon.clone();
+    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
+    let job = Job { role, uid, gid, pid, request: req, daemon };
+    // The job first, its journal entry after it: the entry is written while the launch process
+    // parses the job, which waits at its gate for it either way. Started first, the journal's
+    // thread ran ahead of this one on its CPU (or ahead of the launch process on the other)
+    // and held the job back by about its write.
+    let submitted = submit(s, &job, fds, &conn);
+    drop(conn);
+    let digest = match request_digest(&job.request) {
+        Ok(d) => d,
+        Err(why) => {
+            withdraw(submitted).await;
+            return Err(turned(Reason::LaunchFailed, why));
+        }
+    };
     let begin = {
         let (key, digest) = (key.clone(), digest.clone());
         journal_started(s.journal.clone(), s.metrics.clone(), "journal_begin", move |st| {
             st.op_begin_dispatched(&key, &digest)
         })
     };
-    let mut daemon = s.daemon.clone();
-    daemon.workspaces = s.config.workspaces.iter().filter(|w| w.uid == uid).cloned().collect();
-    let job = Job { role, uid, gid, pid, request: req, daemon };
-    let submitted = submit(s, &job, fds, &conn);
-    drop(conn);
     let begun = match begin.await.map_err(|e| e.to_string()).and_then(|r| r) {
         Ok(Begin::InProgress) => settled_meanwhile(s, &key, &digest).await,
         other => other,
@@ -716,6 +723,15 @@ fn journal_started<T: Send + 'static>(
         metrics.store_write(name, began.elapsed().as_secs_f64());
         done
     })
+}
+
+/// The journal's digest of a request: SHA-256 of its canonical JSON (a repeated id with another
+/// digest is another request).
+fn request_digest(req: &Request) -> Result<String, String> {
+    let value = serde_json::to_value(req).map_err(|e| e.to_string())?;
+    chio_kernel::canonical::to_canonical(&value)
+        .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
+        .map_err(|e| e.to_string())
 }
 
 /// A job handed to the launcher and held at its gate: the read end of its answer pipe and the
