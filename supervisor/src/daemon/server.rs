@@ -729,9 +729,7 @@ fn journal_started<T: Send + 'static>(
 /// digest is another request).
 fn request_digest(req: &Request) -> Result<String, String> {
     let value = serde_json::to_value(req).map_err(|e| e.to_string())?;
-    chio_kernel::canonical::to_canonical(&value)
-        .map(|c| chio_kernel::receipt::sha256_hex(c.as_bytes()))
-        .map_err(|e| e.to_string())
+    chio_kernel::documents::body_digest(&value).map_err(|e| e.to_string())
 }
 
 /// A job handed to the launcher and held at its gate: the read end of its answer pipe and the
