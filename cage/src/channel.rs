@@ -34,7 +34,13 @@ pub enum CageMsg {
         landlock_abi: u32,
         /// Whether the supervisor feeds the target's stdin (else the init drops that pipe).
         feed_stdin: bool,
+        /// For an init that pivoted into the root made ahead ([`CageMsg::Pivoted`]): the plan's
+        /// part of that root, whose trees the message's fds carry.
+        root: Option<Box<crate::mounts::PlanPart>>,
     },
+    /// An init cloned ahead with a root made ahead → its launch process: it has attached that
+    /// root and pivoted into it, and waits for the plan (see [`crate::mounts::RootAhead`]).
+    Pivoted,
     /// Supervisor → an init cloned ahead, which is in the launch cgroup already: its ceilings
     /// are written, the target may exist.
     Ceilings,
@@ -193,6 +199,7 @@ pub fn warm() {
         plan: Box::new(crate::plan::CagePlan::new(vec!["/bin/true".into()])),
         landlock_abi: 0,
         feed_stdin: false,
+        root: None,
     };
     if let Ok(body) = serde_json::to_vec(&msg) {
         let _ = serde_json::from_slice::<CageMsg>(&body);

@@ -347,6 +347,28 @@ fn build_root(ctx: &Ctx<'_>, supervisors: Origin) -> Result<Prepared, Failure> {
     Ok(prepared)
 }
 
+/// The root an init ahead pivoted into, finished with the plan's part (its trees attached, the
+/// masks, the sysctls, the seal), with the checks and test failures [`build_root`] has.
+fn finish_pivoted(
+    ctx: &Ctx<'_>,
+    origin: Origin,
+    mut pivoted: Pivoted,
+    part: crate::mounts::PlanPart,
+    trees: Vec<OwnedFd>,
+) -> Result<Prepared, Failure> {
+    if part.writes_net_sysctls() && Origin::now()?.net == origin.net {
+        return Err(FailCode::NamespaceFailed.at(
+            Stage::Namespaces,
+            "the init is still in the supervisor's network namespace: the cage's network sysctls are not written there",
+        ));
+    }
+    fault::fail_at(ctx.plan, Stage::Mounts)?;
+    let proc = pivoted.proc.as_fd();
+    pivoted.prepared.finish_ahead(part, trees, proc).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
+    fault::fail_at(ctx.plan, Stage::Pivot)?;
+    Ok(pivoted.prepared)
+}
+
 /// What an init cloned ahead of its request has before the plan comes (a [`Ctx`] less the
 /// plan and the landlock ABI; its stdin pipe always exists and is dropped if not fed).
 pub struct AheadCtx<'a> {
@@ -375,14 +397,21 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
     init_start(a.sock, a.supervisor_ends, false);
     // (Before the network namespace made ahead is entered.)
     let Ok(origin) = Origin::now() else { exit_now(1) };
-    let (plan, landlock_abi, feed_stdin) = match ahead_setup(a).map(|()| await_plan(a.sock)) {
-        Ok(Some(p)) => p,
-        Ok(None) => exit_now(0),
+    let setup = ahead_setup(a).and_then(|()| a.root_ahead.map(|ra| pivot_ahead(ra, origin)).transpose());
+    let pivoted = match setup {
+        Ok(pivoted) => pivoted,
         Err(f) => {
             let _ = channel::send(a.sock, &CageMsg::Failed(f), &[]);
             exit_now(1)
         }
     };
+    if pivoted.is_some() && channel::send(a.sock, &CageMsg::Pivoted, &[]).is_err() {
+        exit_now(1);
+    }
+    channel::warm();
+    // The plan stops it: what is not mapped yet faults in as it runs.
+    sys::populate_text(&|| !peer_quiet(a.sock));
+    let Some(Planned { plan, landlock_abi, feed_stdin, root, trees }) = await_plan(a.sock) else { exit_now(0) };
     let [stdout_w, stderr_w, result_w, stdin_r] = a.pipes;
     if !feed_stdin {
         // SAFETY: the read end of our own stdin pipe, which no OwnedFd here owns.
@@ -406,7 +435,16 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
         // (Cloned by a spare, which never narrows it.)
         cpus: None,
     };
-    match planned_setup(&ctx, origin) {
+    let root = match (pivoted, root) {
+        (Some(p), Some(part)) => Some((p, *part, trees)),
+        (None, None) => None,
+        _ => {
+            let f = FailCode::SetupFailed.at(Stage::Mounts, "the plan and the root pivoted into ahead do not match");
+            ctx.report(&f);
+            exit_now(1)
+        }
+    };
+    match planned_setup(&ctx, origin, root) {
         Ok((target, shed)) => reap(&ctx, target, shed),
         Err(f) => {
             ctx.report(&f);
@@ -418,7 +456,9 @@ pub fn init_ahead(a: &AheadCtx<'_>) -> ! {
 /// An init ahead, before its plan: every namespace but the mount namespace, the host name, the
 /// launch cgroup. (A mount namespace is a copy of the host's mount table when it is made; where
 /// the host's mounts do not propagate, one made before the request would miss a mount made
-/// since — and see what it covers, a directory the host has hidden under another mount.)
+/// since — and see what it covers, a directory the host has hidden under another mount. So it
+/// is made ahead only to pivot into the root made ahead ([`pivot_ahead`]), after which nothing
+/// of the host is resolved in it.)
 fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Failure> {
     hide_argv().map_err(|e| FailCode::ArgvHideFailed.at(Stage::Namespaces, e))?;
     enter_namespaces(UNSHARED & !libc::CLONE_NEWNS, a.netns)?;
@@ -431,33 +471,73 @@ fn ahead_setup(a: &AheadCtx<'_>) -> Result<(), Failure> {
     }
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
     let _ = nix::unistd::setsid();
-    channel::warm();
-    // The plan stops it: what is not mapped yet faults in as it runs.
-    sys::populate_text(&|| !peer_quiet(a.sock));
     Ok(())
+}
+
+/// An init ahead with the root made ahead, before its plan: its mount namespace, that root
+/// attached (not yet sealed) and pivoted into. Nothing of the host is resolved in this
+/// namespace after the pivot: the plan's own trees are opened by the launch process, in the
+/// host's namespace as it is at the request ([`crate::mounts::RootAhead::plan_part`]).
+fn pivot_ahead(ra: &crate::mounts::RootAhead, origin: Origin) -> Result<Pivoted, Failure> {
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
+    // (`origin` was read before any namespace was made: its mount namespace is the supervisor's.)
+    if Origin::now()?.mnt == origin.mnt {
+        return Err(FailCode::NamespaceFailed
+            .at(Stage::Namespaces, "the init is still in the supervisor's mount namespace: no mount is made there"));
+    }
+    let prepared = ra.prepared().map_err(|e| FailCode::ResolveFailed.at(Stage::Resolve, e))?;
+    let proc = prepared.attach_ahead(ra.staging()).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
+    prepared.pivot().map_err(|e| FailCode::PivotFailed.at(Stage::Pivot, e))?;
+    Ok(Pivoted { prepared, proc })
+}
+
+/// A root an init ahead pivoted into, and its procfs: both still writable until the plan's
+/// part is attached ([`Prepared::finish_ahead`]).
+struct Pivoted {
+    prepared: Prepared,
+    proc: OwnedFd,
+}
+
+/// What the plan message brings an init ahead.
+struct Planned {
+    plan: CagePlan,
+    landlock_abi: u32,
+    feed_stdin: bool,
+    root: Option<Box<crate::mounts::PlanPart>>,
+    trees: Vec<OwnedFd>,
 }
 
 /// Wait for the plan (`None`: the supervisor closed the channel, or sent something else).
 /// Every host path in a plan is absolute (`path::open_host` refuses others), so the working
 /// directory the init was cloned with does not matter.
-fn await_plan(sock: RawFd) -> Option<(CagePlan, u32, bool)> {
+fn await_plan(sock: RawFd) -> Option<Planned> {
     // SAFETY: the fd stays open for the whole call (the init's status channel).
     match channel::recv(unsafe { BorrowedFd::borrow_raw(sock) }) {
-        Ok(channel::Received { msg: Some(CageMsg::Plan { plan, landlock_abi, feed_stdin }), .. }) => {
-            Some((*plan, landlock_abi, feed_stdin))
+        Ok(channel::Received { msg: Some(CageMsg::Plan { plan, landlock_abi, feed_stdin, root }), fds, .. }) => {
+            Some(Planned { plan: *plan, landlock_abi, feed_stdin, root, trees: fds })
         }
         _ => None,
     }
 }
 
-/// An init ahead, once it has its plan: its mount namespace (the host's mounts as they are
-/// now), the root, the network, the ceilings, the target.
+/// An init ahead, once it has its plan: the root (the one it pivoted into, finished with the
+/// plan's part; or else its mount namespace, made now from the host's mounts as they are, and
+/// the root built in it), the network, the ceilings, the target.
 /// (Its bounding set was dropped before the plan came, [`ahead_setup`].)
-fn planned_setup(ctx: &Ctx<'_>, origin: Origin) -> Result<(libc::pid_t, bool), Failure> {
-    // (Its mount namespace is still the one it was cloned in.)
-    let supervisors = Origin { mnt: namespace(c"/proc/self/ns/mnt")?, ..origin };
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
-    let prepared = build_root(ctx, supervisors)?;
+fn planned_setup(
+    ctx: &Ctx<'_>,
+    origin: Origin,
+    root: Option<(Pivoted, crate::mounts::PlanPart, Vec<OwnedFd>)>,
+) -> Result<(libc::pid_t, bool), Failure> {
+    let prepared = match root {
+        Some((pivoted, part, trees)) => finish_pivoted(ctx, origin, pivoted, part, trees)?,
+        None => {
+            // (Its mount namespace is still the one it was cloned in.)
+            let supervisors = Origin { mnt: namespace(c"/proc/self/ns/mnt")?, ..origin };
+            unshare(CloneFlags::CLONE_NEWNS).map_err(|e| FailCode::NamespaceFailed.at(Stage::Namespaces, e))?;
+            build_root(ctx, supervisors)?
+        }
+    };
     fault::fail_at(ctx.plan, Stage::Network)?;
     if ctx.plan.net == NetMode::Loopback {
         loopback_up().map_err(|e| FailCode::LoopbackFailed.at(Stage::Network, e))?;

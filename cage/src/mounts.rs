@@ -5,7 +5,10 @@
 //! workspace, the binds, `/tmp`, `/dev` with individual device nodes and `/dev/shm`. Sources are
 //! opened as fds (never re-walked by path), so what is mounted is what was checked. The cage's
 //! init then attaches the trees inside its private mount namespace, mounts a fresh procfs,
-//! seals the skeleton read-only and pivots into it.
+//! seals the skeleton read-only and pivots into it. An init a daemon's spare cloned ahead with
+//! a root made ahead ([`RootAhead`]) attaches that root and pivots before its plan comes; its
+//! launch process makes the plan's trees at the request, and the init attaches them (by
+//! descriptor, inside the root it is in) and seals the root before its target exists.
 //!
 //! Mount points live in the skeleton we created, not in the image: an image whose `/proc`, `/dev`
 //! or `/tmp` is a symlink to a host path is simply not consulted for those names.
@@ -94,7 +97,7 @@ fn write_file(to: BorrowedFd<'_>, name: &CStr, bytes: &[u8], mode: u32) -> io::R
 }
 
 /// Where a detached tree is attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Parent {
     Root,
     Etc,
@@ -183,7 +186,8 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<(CString, u32)>> {
     Ok(typed)
 }
 
-/// What a root made ahead is made for: the root and the sizes of its `/tmp` and `/dev/shm`.
+/// What a root made ahead is made for: the root, the sizes of its `/tmp` and `/dev/shm`, and the
+/// staging directory it is attached at before the pivot into it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RootKey {
     /// The root filesystem.
@@ -192,6 +196,8 @@ pub struct RootKey {
     pub tmp_bytes: u64,
     /// Size of `/dev/shm`.
     pub shm_bytes: u64,
+    /// The plan's `staging_dir`.
+    pub staging: PathBuf,
 }
 
 impl RootKey {
@@ -203,6 +209,7 @@ impl RootKey {
             root: plan.root.clone(),
             tmp_bytes: plan.limits.tmp_bytes,
             shm_bytes: plan.limits.shm_bytes,
+            staging: plan.staging_dir.clone(),
         })
     }
 }
@@ -219,6 +226,11 @@ impl RootKey {
 /// source as they were: one made over `/usr/local` later, or one gone since, would otherwise
 /// not be what the cage sees). Otherwise that launch builds its own, as the one-shot form
 /// always does.
+///
+/// The init cloned ahead with it attaches it and pivots into it before its plan comes
+/// ([`Prepared::attach_ahead`]); its launch process adds the plan's part at the request, in the
+/// host's mount namespace as it is then ([`RootAhead::plan_part`]), and the init attaches that
+/// and seals the root ([`Prepared::finish_ahead`]).
 pub struct RootAhead {
     key: RootKey,
     prepared: Prepared,
@@ -243,9 +255,85 @@ impl RootAhead {
     }
 
     /// Whether it serves `key`: made for it, and its sources and the host's mounts are still
-    /// what it was made from.
-    fn serves(&self, key: Option<&RootKey>) -> bool {
+    /// what it was made from. (Asked once: the poll of the mount table consumes its event.)
+    pub fn serves(&self, key: Option<&RootKey>) -> bool {
         key == Some(&self.key) && !mounts_changed(&self.mounts) && sources_of(&self.key.root) == self.sources
+    }
+
+    /// Where an init attaches it before its pivot.
+    pub fn staging(&self) -> &Path {
+        &self.key.staging
+    }
+
+    /// The init's own handles on its trees, to attach ahead ([`Prepared::attach_ahead`]).
+    pub fn prepared(&self) -> io::Result<Prepared> {
+        self.prepared.try_clone(false)
+    }
+
+    /// Launch process, at the request, for a plan it serves (asked first): the plan's trees (the
+    /// workspace, the binds) opened and cloned here, in the host's mount namespace as it is now,
+    /// with their mount points made in the root's skeleton, which the init has attached but not
+    /// sealed. Returns what the init needs besides them, and their descriptors in the order
+    /// [`Prepared::finish_ahead`] takes them.
+    pub fn plan_part(&self, plan: &CagePlan) -> io::Result<(PlanPart, Vec<OwnedFd>)> {
+        let mut p = self.prepared.try_clone(plan.uid == 0 || plan.gid == 0)?;
+        let base = p.attach.len();
+        p.add_plan(plan)?;
+        let mut fds = Vec::with_capacity(p.attach.len() - base + p.nested.len());
+        let mut attach = Vec::with_capacity(p.attach.len() - base);
+        for a in p.attach.drain(base..) {
+            attach.push((a.parent, a.name.into_bytes()));
+            fds.push(a.tree);
+        }
+        let mut nested = Vec::with_capacity(p.nested.len());
+        for n in p.nested.drain(..) {
+            nested.push((n.dest, n.is_dir));
+            fds.push(n.tree);
+        }
+        let bytes = |v: Vec<CString>| v.into_iter().map(CString::into_bytes).collect();
+        let part = PlanPart {
+            attach,
+            nested,
+            read_exec: bytes(p.access.read_exec),
+            read_write_exec: bytes(p.access.read_write_exec),
+            described: p.described,
+            sources: p.sources,
+            mask_proc: p.mask_proc,
+            no_ephemeral_ports: p.no_ephemeral_ports,
+            masked: p.masked,
+            read_only: p.read_only,
+        };
+        Ok((part, fds))
+    }
+}
+
+/// The plan's part of a root an init ahead has pivoted into, as its launch process made it
+/// ([`RootAhead::plan_part`]); the trees' descriptors travel beside it, `attach`'s first, then
+/// `nested`'s. The lists of grants, mounts and sources are whole (the root's part included).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PlanPart {
+    attach: Vec<(Parent, Vec<u8>)>,
+    nested: Vec<(PathBuf, bool)>,
+    read_exec: Vec<Vec<u8>>,
+    read_write_exec: Vec<Vec<u8>>,
+    described: Vec<String>,
+    sources: Vec<SourceFact>,
+    mask_proc: bool,
+    no_ephemeral_ports: bool,
+    masked: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+}
+
+impl PlanPart {
+    /// How many descriptors come with it.
+    pub fn trees(&self) -> usize {
+        self.attach.len() + self.nested.len()
+    }
+
+    /// Whether finishing the root writes the cage's network sysctls (see
+    /// [`Prepared::writes_net_sysctls`]).
+    pub fn writes_net_sysctls(&self) -> bool {
+        self.no_ephemeral_ports
     }
 }
 
@@ -368,25 +456,31 @@ impl Prepared {
                 p
             }
         };
+        p.add_plan(plan)?;
+        Ok(p)
+    }
+
+    /// The plan's own part: the workspace, the binds, the masks and what they change.
+    fn add_plan(&mut self, plan: &CagePlan) -> io::Result<()> {
         // (Without its own network namespace — a test hook — the host's would be changed.)
-        p.no_ephemeral_ports = plan.tcp_bind.is_empty() && !fault::on(plan, &TestHook::Namespace("net"));
+        self.no_ephemeral_ports = plan.tcp_bind.is_empty() && !fault::on(plan, &TestHook::Namespace("net"));
         if let Some(ws) = &plan.workspace {
             let fd = path::open_host(ws, libc::O_DIRECTORY).map_err(|e| err_at("opening workspace", ws, e))?;
             let ro = plan.workspace_read_only;
-            p.note_source("/workspace", ws, fd.as_fd(), !ro)?;
+            self.note_source("/workspace", ws, fd.as_fd(), !ro)?;
             let tree =
                 clone_tree(fd.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if ro { MOUNT_ATTR_RDONLY } else { 0 })?;
-            sys::mkdirat(p.skeleton.as_fd(), c"workspace", 0o755)?;
+            sys::mkdirat(self.skeleton.as_fd(), c"workspace", 0o755)?;
             let kind = if ro { "ro" } else { "rw" };
-            p.push(Parent::Root, c"workspace".into(), tree, format!("/workspace {kind} bind of {}", ws.display()));
+            self.push(Parent::Root, c"workspace".into(), tree, format!("/workspace {kind} bind of {}", ws.display()));
             if ro {
-                p.access.read_exec.push(c"/workspace".into());
+                self.access.read_exec.push(c"/workspace".into());
             } else {
-                p.access.read_write_exec.push(c"/workspace".into());
+                self.access.read_write_exec.push(c"/workspace".into());
             }
         }
         for b in &plan.binds {
-            p.add_bind(b)?;
+            self.add_bind(b)?;
         }
         for (list, what) in [(&plan.masked, "masked"), (&plan.read_only, "read-only")] {
             for m in list {
@@ -396,12 +490,12 @@ impl Prepared {
                         format!("a {what} path must be absolute and below /, not {}", m.display()),
                     ));
                 }
-                p.described.push(format!("{} {what}", m.display()));
+                self.described.push(format!("{} {what}", m.display()));
             }
         }
-        p.masked = plan.masked.clone();
-        p.read_only = plan.read_only.clone();
-        Ok(p)
+        self.masked = plan.masked.clone();
+        self.read_only = plan.read_only.clone();
+        Ok(())
     }
 
     /// Record what an operator path resolved to.
@@ -691,6 +785,57 @@ impl Prepared {
     /// Cage side (inside the new mount and pid namespaces): attach everything at `staging`,
     /// mount procfs and seal the skeleton read-only.
     pub fn attach(&self, staging: &Path) -> io::Result<()> {
+        self.attach_skeleton(staging)?;
+        self.attach_trees(0)?;
+        let proc = self.mount_proc()?;
+        self.finish(proc.as_fd())
+    }
+
+    /// An init ahead, before its plan (see [`RootAhead`]): what [`Prepared::attach`] does with
+    /// the root's plan-independent part, less the masks and the seal. Returns the cage's procfs
+    /// (mounted, not sealed) for [`Prepared::finish_ahead`].
+    pub fn attach_ahead(&self, staging: &Path) -> io::Result<OwnedFd> {
+        self.attach_skeleton(staging)?;
+        self.attach_trees(0)?;
+        self.mount_proc()
+    }
+
+    /// An init ahead, pivoted, with its plan: take the plan's part its launch process made
+    /// ([`RootAhead::plan_part`]) with its trees' descriptors, attach them (inside the root, by
+    /// descriptor), then the masks and the seal, as [`Prepared::attach`] ends.
+    pub fn finish_ahead(&mut self, part: PlanPart, fds: Vec<OwnedFd>, proc: BorrowedFd<'_>) -> io::Result<()> {
+        if fds.len() != part.trees() {
+            return Err(io::Error::other(format!(
+                "the plan's part of the root came with {} descriptors for {} trees",
+                fds.len(),
+                part.trees()
+            )));
+        }
+        let base = self.attach.len();
+        let mut fds = fds.into_iter();
+        for ((parent, name), tree) in part.attach.into_iter().zip(fds.by_ref()) {
+            self.attach.push(Attach { parent, name: CString::new(name).map_err(io::Error::other)?, tree });
+        }
+        for ((dest, is_dir), tree) in part.nested.into_iter().zip(fds) {
+            self.nested.push(NestedBind { dest, tree, is_dir });
+        }
+        let cstrings = |v: Vec<Vec<u8>>| -> io::Result<Vec<CString>> {
+            v.into_iter().map(|b| CString::new(b).map_err(io::Error::other)).collect()
+        };
+        self.access = Access { read_exec: cstrings(part.read_exec)?, read_write_exec: cstrings(part.read_write_exec)? };
+        self.described = part.described;
+        self.sources = part.sources;
+        self.mask_proc = part.mask_proc;
+        self.no_ephemeral_ports = part.no_ephemeral_ports;
+        self.masked = part.masked;
+        self.read_only = part.read_only;
+        self.attach_trees(base)?;
+        self.finish(proc)
+    }
+
+    /// The skeleton attached at `staging` in a mount namespace made private, `/dev` and `/etc`
+    /// in it.
+    fn attach_skeleton(&self, staging: &Path) -> io::Result<()> {
         let private = nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE;
         nix::mount::mount(None::<&str>, "/", None::<&str>, private, None::<&str>)
             .map_err(|e| err_at("making private", "/", e.into()))?;
@@ -706,7 +851,13 @@ impl Prepared {
         if let Some(etc) = &self.etc {
             sys::move_mount_to(etc.as_fd(), sk, c"etc").map_err(|e| err_at("attaching", "/etc", e))?;
         }
-        for a in &self.attach {
+        Ok(())
+    }
+
+    /// The trees from the `from`th on, then the binds nested in them.
+    fn attach_trees(&self, from: usize) -> io::Result<()> {
+        let sk = self.skeleton.as_fd();
+        for a in self.attach.get(from..).unwrap_or_default() {
             let dir = match a.parent {
                 Parent::Root => sk,
                 Parent::Etc => self.etc.as_ref().map_or(sk, |f| f.as_fd()),
@@ -718,17 +869,29 @@ impl Prepared {
         for n in &self.nested {
             attach_nested(sk, n)?;
         }
+        Ok(())
+    }
+
+    /// A fresh procfs at `/proc`, its memfds sealed.
+    fn mount_proc(&self) -> io::Result<OwnedFd> {
         let proc = sys::fs_mount(c"proc", &[], MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)?;
         if nix::sys::statfs::fstatfs(proc.as_fd())?.filesystem_type().0 as i64 != PROC_SUPER_MAGIC {
             return Err(io::Error::other("the new /proc mount is not procfs"));
         }
         seal_memfds(proc.as_fd()).map_err(|e| err_at("writing", "/proc/sys/vm/memfd_noexec", e))?;
+        sys::move_mount_to(proc.as_fd(), self.skeleton.as_fd(), c"proc")
+            .map_err(|e| err_at("attaching", "/proc", e))?;
+        Ok(proc)
+    }
+
+    /// The network sysctls, the masks, the read-only paths, then everything sealed read-only.
+    fn finish(&self, proc: BorrowedFd<'_>) -> io::Result<()> {
+        let sk = self.skeleton.as_fd();
         if self.no_ephemeral_ports {
-            no_ephemeral_ports(proc.as_fd())?;
+            no_ephemeral_ports(proc)?;
         }
-        sys::move_mount_to(proc.as_fd(), sk, c"proc").map_err(|e| err_at("attaching", "/proc", e))?;
         if self.mask_proc {
-            mask_root_only(proc.as_fd(), self.dev.as_fd())?;
+            mask_root_only(proc, self.dev.as_fd())?;
         }
         for m in &self.masked {
             mask(sk, m, self.dev.as_fd()).map_err(|e| err_at("masking", m, e))?;
@@ -739,7 +902,7 @@ impl Prepared {
         // procfs read-only as a whole: its top-level files are one inode for every procfs on
         // the host, so a chmod or utimensat by uid 0 would change them everywhere; sysctls and
         // sysrq-trigger are written through it.
-        let sealed = [Some(sk), self.etc.as_ref().map(|f| f.as_fd()), Some(self.dev.as_fd()), Some(proc.as_fd())];
+        let sealed = [Some(sk), self.etc.as_ref().map(|f| f.as_fd()), Some(self.dev.as_fd()), Some(proc)];
         for fd in sealed.into_iter().flatten() {
             sys::mount_setattr_one(fd, MOUNT_ATTR_RDONLY)?;
         }

@@ -267,6 +267,9 @@ impl Stage {
     }
 }
 
+/// The staging directory a plan names unless the operator sets another (`CHIO_STAGING_DIR`).
+pub const DEFAULT_STAGING_DIR: &str = "/run/chio/cage-root";
+
 /// One launch, fully resolved. It crosses a process boundary once: a daemon's spare clones the
 /// cage's init before the request, and sends it the plan when the request comes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -382,7 +385,7 @@ impl CagePlan {
             tcp_bind: Vec::new(),
             limits: Limits::default(),
             expect_sha256: None,
-            staging_dir: PathBuf::from("/run/chio/cage-root"),
+            staging_dir: PathBuf::from(DEFAULT_STAGING_DIR),
             cgroup_v2_root: None,
             join: Vec::new(),
             syscall_profile: None,

@@ -48,6 +48,15 @@ impl Daemon {
         Daemon::start_with(dir, config, None)
     }
 
+    /// [`Daemon::start`], the daemon in a mount namespace of its own (a private copy of the
+    /// host's): what other tests mount and unmount on the host meanwhile, which makes a root
+    /// made ahead stale, does not reach it.
+    fn apart_from_host_mounts(dir: &Scratch, config: Value) -> Daemon {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "--propagation", "private"]).arg(chio());
+        Daemon::spawn(dir, config, cmd)
+    }
+
     /// [`Daemon::start`], the daemon in a mount namespace of its own where a fresh cgroup2
     /// mount at `v2.0` holds its launch cgroups under `v2.1` (`CHIO_CGROUP_V2_ROOT`).
     fn start_with(dir: &Scratch, config: Value, v2: Option<&V2Root>) -> Daemon {
@@ -2471,8 +2480,11 @@ fn mount_ids_held(pid: u32) -> Vec<String> {
 
 /// The spare clones the next launch's init ahead (into its namespaces and launch cgroup), and
 /// the launch takes it: the target runs in the pid, ipc and uts namespaces that init made
-/// before the request, and in a mount namespace it made at the request (the host's mounts as
-/// they are then: see the next test). Each launch takes a different one.
+/// before the request, and in the mount namespace it made and pivoted in before the request,
+/// into the root made ahead (the plan's own trees, here the workspace, are opened at the
+/// request, in the host's mounts as they are then: see
+/// `a_host_mount_changed_after_the_spare_got_ready_is_what_the_launch_sees`). Each launch takes
+/// a different one.
 #[test]
 fn a_launch_takes_the_init_its_spare_cloned_ahead() {
     if !privileged("daemon_init_ahead") {
@@ -2481,7 +2493,7 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
     let dir = Scratch::new("daemon-init-ahead");
     std::fs::create_dir(dir.join("ws")).unwrap();
     std::fs::write(dir.join("ws/marker"), "relative\n").unwrap();
-    let d = Daemon::start(&dir, config(json!({})));
+    let d = Daemon::apart_from_host_mounts(&dir, config(json!({})));
     const NS: [&str; 3] = ["pid", "ipc", "uts"];
     let mut seen = Vec::new();
     for _ in 0..2 {
@@ -2493,9 +2505,11 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
         }
         // Held open, so that no later namespace can take their numbers if that init is not used.
         let (_held, made): (Vec<_>, Vec<_>) = NS.iter().map(|n| held_ns(&init.to_string(), n)).unzip();
+        // (With its text mapped, it has pivoted: it maps its text only once it has.)
+        let (_held_mnt, pivoted) = held_ns(&init.to_string(), "mnt");
         let script = NS.map(|n| format!("readlink /proc/self/ns/{n};")).concat()
             + "readlink /proc/self/ns/mnt; cat /workspace/marker";
-        let host_mnt = held_ns(&init.to_string(), "mnt").1;
+        let host_mnt = held_ns("self", "mnt").1;
         let out = Command::new(chio())
             .args(["cage", "run", "--supervisor", s(&d.socket), "--workspace", "ws", "--", "/bin/sh", "-c", &script])
             .current_dir(&dir.0)
@@ -2505,11 +2519,92 @@ fn a_launch_takes_the_init_its_spare_cloned_ahead() {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let lines: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
         assert_eq!(lines[..3], made[..], "the target runs in the namespaces the init made ahead");
-        assert_ne!(lines[3], host_mnt, "the init made its mount namespace at the request");
+        assert_ne!(lines[3], host_mnt, "the target runs in a mount namespace of its own");
+        assert_eq!(lines[3], pivoted, "the init made its mount namespace, and pivoted, before the request");
         assert_eq!(lines[4], "relative", "--workspace ws resolved in the client's directory");
         seen.push(made);
     }
     assert_ne!(seen[0], seen[1], "each launch has an init of its own");
+}
+
+/// A root an init pivoted into before its request is the root a one-shot launch builds: the
+/// same mounts with the same options and file systems (among them the workspace the launch
+/// process opened at the request), the root, `/dev`, `/etc` and `/proc` sealed read-only, the
+/// root-only procfs files of a uid 0 target covered, no ephemeral port. The daemon's launch is
+/// checked to be the pivoted one (its mount namespace is the one its init pivoted in ahead); a
+/// mutation that left that root unsealed and unmasked passed every other test of this suite.
+#[test]
+fn a_root_pivoted_into_ahead_is_sealed_and_masked_as_a_one_shot_root() {
+    if !privileged("daemon_root_pivoted_ahead") {
+        return;
+    }
+    let dir = Scratch::new("daemon-pivoted-root");
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let d = Daemon::apart_from_host_mounts(&dir, config(json!({})));
+    let script = "readlink /proc/self/ns/mnt
+        awk '{for (i = 7; i <= NF; i++) if ($i == \"-\") { print $5, $6, $(i + 1); break }}' /proc/self/mountinfo | sort
+        touch /planted 2>/dev/null && echo root-writable || echo root-sealed
+        touch /proc/planted 2>/dev/null && echo proc-writable || echo proc-sealed
+        touch /workspace/made && echo workspace-writable
+        [ -c /proc/timer_list ] && echo timer_list-covered || echo timer_list-open
+        cat /proc/sys/net/ipv4/ip_local_port_range";
+    let args = ["--uid", "0", "--gid", "0", "--workspace", s(&ws), "--", "/bin/sh", "-c", script];
+    // A launch first, so that the spare makes this root ahead.
+    assert_eq!(d.run(None, &args, None).status.code(), Some(0));
+    let init = d.init_ahead();
+    wait_text_mapped(init);
+    let (_held, pivoted) = held_ns(&init.to_string(), "mnt");
+    let daemon = d.run(None, &args, None);
+    assert_eq!(daemon.status.code(), Some(0), "{}", text(&daemon.stderr));
+    let daemon = text(&daemon.stdout);
+    let (mnt, daemon) = daemon.split_once('\n').unwrap();
+    assert_eq!(mnt, pivoted, "the launch ran in the root its init pivoted into ahead");
+    let one_shot = Command::new(chio()).args(["cage", "run"]).args(args).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(one_shot.status.code(), Some(0), "{}", text(&one_shot.stderr));
+    let one_shot = text(&one_shot.stdout);
+    let one_shot = one_shot.split_once('\n').unwrap().1;
+    assert_eq!(daemon, one_shot, "the root pivoted into ahead differs from a one-shot launch's");
+    for line in ["/ ro,", "/proc ro,", "/dev ro,", "/etc ro,", "/workspace rw,"] {
+        assert!(daemon.lines().any(|l| l.starts_with(line)), "no {line:?} mount in:\n{daemon}");
+    }
+    let probes = "root-sealed\nproc-sealed\nworkspace-writable\ntimer_list-covered\n65534\t65535\n";
+    assert!(daemon.ends_with(probes), "{daemon}");
+}
+
+/// A spare whose root made ahead went stale — something was mounted on the host after it was
+/// made — makes it again, with a new init pivoted into it, before the request comes; the next
+/// launch takes that init rather than cloning its own (on a host whose mounts change now and
+/// then, every launch would otherwise lose the init made ahead).
+#[test]
+fn a_spare_makes_its_root_again_after_the_hosts_mounts_change() {
+    if !privileged("daemon_root_renewed") {
+        return;
+    }
+    let dir = Scratch::new("daemon-root-renewed");
+    let d = Daemon::start(&dir, config(json!({})));
+    let args = ["--", "/bin/sh", "-c", "readlink /proc/self/ns/pid"];
+    // A launch first, so that the spare makes its root ahead.
+    assert_eq!(d.run(None, &args, None).status.code(), Some(0));
+    let first = d.init_ahead();
+    wait_text_mapped(first);
+    let at = HostDir::new(dir.join("mnt"));
+    let mounted = TestMount::new(&at.0, "x");
+    let until = Instant::now() + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{first}")).exists() {
+        assert!(Instant::now() < until, "the spare kept the init pivoted into a root gone stale");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (_held, made, ran) = with_steady_mounts(|_| {
+        let init = d.init_ahead();
+        wait_text_mapped(init);
+        let (held, made) = held_ns(&init.to_string(), "pid");
+        let out = d.run(None, &args, None);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        (held, made, text(&out.stdout).trim().to_string())
+    });
+    assert_eq!(ran, made, "the launch did not take the init made again");
+    drop(mounted);
 }
 
 /// An init cloned ahead that its launch cannot use — here the plan, with 70 KiB of arguments,

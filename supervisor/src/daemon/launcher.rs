@@ -41,6 +41,9 @@ const LAUNCH: &[u8] = b"launch";
 const KILL: &[u8] = b"kill";
 /// To a spare: make the work ahead of the job now.
 const PREPARE: &[u8] = b"prepare";
+/// How often at most a spare makes its root ahead again after the host's mounts changed (see
+/// `Ahead::watch`).
+const RENEW_EVERY: Duration = Duration::from_millis(100);
 /// A spare's answer once it holds its job.
 const TAKEN: &[u8] = b"taken";
 /// A launch's word once its client has the answer (it is only winding its cage down now),
@@ -194,6 +197,7 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
         root: chio_cage::RootSpec::HostSystem,
         tmp_bytes: limits.tmp_bytes,
         shm_bytes: limits.shm_bytes,
+        staging: chio_cage::plan::DEFAULT_STAGING_DIR.into(),
     });
     let mut live = 0;
     loop {
@@ -387,13 +391,35 @@ fn fork_spare(digests: Option<Digests>, launcher: &Ours) -> Option<Spare> {
             job::keep_only_chio_settings();
             let jobs = launcher.jobs;
             let mut ahead = Ahead::sharing(digests);
+            // The root it was told to make ahead, and when it last made it again.
+            let (mut wanted, mut renewed) = (None::<RootKey>, None::<Instant>);
             let fds = loop {
+                // A host whose mounts keep changing has the root made again at most every
+                // RENEW_EVERY, not at each change.
+                let since = renewed.map_or(RENEW_EVERY, |t| t.elapsed());
+                let watch = ahead.watch().filter(|_| since >= RENEW_EVERY);
                 let mut p =
-                    [PollFd::new(jobs.as_fd(), PollFlags::POLLIN), PollFd::new(theirs.as_fd(), PollFlags::POLLIN)];
-                if poll(&mut p, PollTimeout::NONE).is_err() {
+                    vec![PollFd::new(jobs.as_fd(), PollFlags::POLLIN), PollFd::new(theirs.as_fd(), PollFlags::POLLIN)];
+                p.extend(watch.map(|w| PollFd::new(w, PollFlags::POLLPRI)));
+                let timeout = match ahead.watch() {
+                    Some(_) if since < RENEW_EVERY => {
+                        PollTimeout::try_from(RENEW_EVERY - since).unwrap_or(PollTimeout::MAX)
+                    }
+                    _ => PollTimeout::NONE,
+                };
+                if poll(&mut p, timeout).is_err() {
                     continue;
                 }
                 let (job, word) = (p[0].any().unwrap_or(false), p[1].any().unwrap_or(false));
+                let changed = p.get(2).and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
+                drop(p);
+                if changed && !job && !word {
+                    if let Some(key) = &wanted {
+                        ahead.renew(&|| pending(jobs), key);
+                        renewed = Some(Instant::now());
+                    }
+                    continue;
+                }
                 // A job first; it may have been taken meanwhile by a spare forked in our place
                 // (we were late), which leaves us waiting.
                 let message = if job {
@@ -410,6 +436,7 @@ fn fork_spare(digests: Option<Digests>, launcher: &Ours) -> Option<Spare> {
                         // meanwhile makes the rest itself, as the one-shot form does.
                         let waiting = || pending(jobs);
                         ahead = Ahead::make(digests, &waiting, root.as_ref(), &super::hierarchy());
+                        wanted = root;
                         if !waiting() {
                             job::warm();
                             // (The launcher says 0 again once this spare has taken a job.)

@@ -59,7 +59,7 @@ fn container_ceilings() -> Limits {
 }
 
 fn default_staging() -> PathBuf {
-    PathBuf::from("/run/chio/cage-root")
+    PathBuf::from(chio_cage::plan::DEFAULT_STAGING_DIR)
 }
 
 impl Default for NodeConfig {
