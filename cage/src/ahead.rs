@@ -216,24 +216,25 @@ impl AheadInit {
         self.ends.as_ref().map(|e| e.sock.as_raw_fd()).ok_or_else(|| io::Error::other("the init was started"))
     }
 
-    /// Send it the plan. Returns its pid and the supervisor's ends of its wiring; on an error
-    /// (among them a root made ahead that does not serve this plan) it is killed, and the
-    /// launch clones its own.
+    /// Send it the plan. Returns its pid and the supervisor's ends of its wiring; on an error it
+    /// is killed, and the launch clones its own.
     pub(crate) fn start(mut self, plan: &CagePlan, abi: u32, feed_stdin: bool) -> io::Result<(libc::pid_t, SupEnds)> {
         let sock = self.sock()?;
         let (root, trees) = match &self.root {
             Some(ahead) => {
-                // (Asked before anything is added to it.)
-                if !ahead.serves(RootKey::of(plan).as_ref()) {
-                    return Err(io::Error::other("the root made ahead does not serve this plan"));
-                }
                 // Normally said long before the request.
                 // SAFETY: the channel's descriptor, open for the whole call.
                 match channel::recv(unsafe { std::os::fd::BorrowedFd::borrow_raw(sock) })?.msg {
                     Some(CageMsg::Pivoted) => {}
                     _ => return Err(io::Error::other("the init ahead did not pivot into the root made ahead")),
                 }
-                let (part, trees) = ahead.plan_part(plan)?;
+                // (Asked before anything is added to it.) A root that no longer serves (another
+                // root, a source or a host mount changed since) is replaced whole: the init
+                // pivots again, into the plan's root built now.
+                let (part, trees) = match ahead.serves(RootKey::of(plan).as_ref()) {
+                    true => ahead.plan_part(plan)?,
+                    false => crate::mounts::Prepared::whole_part(plan)?,
+                };
                 (Some(Box::new(part)), trees)
             }
             None => (None, Vec::new()),

@@ -348,7 +348,9 @@ fn build_root(ctx: &Ctx<'_>, supervisors: Origin) -> Result<Prepared, Failure> {
 }
 
 /// The root an init ahead pivoted into, finished with the plan's part (its trees attached, the
-/// masks, the sysctls, the seal), with the checks and test failures [`build_root`] has.
+/// masks, the sysctls, the seal); or, when that root did not serve the plan, the plan's whole
+/// root its launch process built instead, attached inside the stale one and pivoted into, which
+/// detaches the stale one. With the checks and test failures [`build_root`] has.
 fn finish_pivoted(
     ctx: &Ctx<'_>,
     origin: Origin,
@@ -363,10 +365,20 @@ fn finish_pivoted(
         ));
     }
     fault::fail_at(ctx.plan, Stage::Mounts)?;
-    let proc = pivoted.proc.as_fd();
-    pivoted.prepared.finish_ahead(part, trees, proc).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
+    if !part.is_whole() {
+        let proc = pivoted.proc.as_fd();
+        pivoted.prepared.finish_ahead(part, trees, proc).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
+        fault::fail_at(ctx.plan, Stage::Pivot)?;
+        return Ok(pivoted.prepared);
+    }
+    let prepared = Prepared::from_part(part, trees).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
+    // Attached at a directory made in the stale root, the init's root and working directory
+    // now (still writable, and detached by the pivot below).
+    sys::mkdirat(cwd_fd(), c"chio-root", 0o700).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
+    prepared.attach(Path::new("/chio-root")).map_err(|e| FailCode::MountFailed.at(Stage::Mounts, e))?;
     fault::fail_at(ctx.plan, Stage::Pivot)?;
-    Ok(pivoted.prepared)
+    prepared.pivot().map_err(|e| FailCode::PivotFailed.at(Stage::Pivot, e))?;
+    Ok(prepared)
 }
 
 /// What an init cloned ahead of its request has before the plan comes (a [`Ctx`] less the

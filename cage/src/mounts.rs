@@ -279,39 +279,19 @@ impl RootAhead {
         let mut p = self.prepared.try_clone(plan.uid == 0 || plan.gid == 0)?;
         let base = p.attach.len();
         p.add_plan(plan)?;
-        let mut fds = Vec::with_capacity(p.attach.len() - base + p.nested.len());
-        let mut attach = Vec::with_capacity(p.attach.len() - base);
-        for a in p.attach.drain(base..) {
-            attach.push((a.parent, a.name.into_bytes()));
-            fds.push(a.tree);
-        }
-        let mut nested = Vec::with_capacity(p.nested.len());
-        for n in p.nested.drain(..) {
-            nested.push((n.dest, n.is_dir));
-            fds.push(n.tree);
-        }
-        let bytes = |v: Vec<CString>| v.into_iter().map(CString::into_bytes).collect();
-        let part = PlanPart {
-            attach,
-            nested,
-            read_exec: bytes(p.access.read_exec),
-            read_write_exec: bytes(p.access.read_write_exec),
-            described: p.described,
-            sources: p.sources,
-            mask_proc: p.mask_proc,
-            no_ephemeral_ports: p.no_ephemeral_ports,
-            masked: p.masked,
-            read_only: p.read_only,
-        };
-        Ok((part, fds))
+        Ok(p.into_part(base, false))
     }
 }
 
 /// The plan's part of a root an init ahead has pivoted into, as its launch process made it
-/// ([`RootAhead::plan_part`]); the trees' descriptors travel beside it, `attach`'s first, then
-/// `nested`'s. The lists of grants, mounts and sources are whole (the root's part included).
+/// ([`RootAhead::plan_part`]), or the plan's whole root when the one made ahead does not serve
+/// the plan ([`Prepared::whole_part`]). The trees' descriptors travel beside it: for a whole
+/// root the skeleton, `/dev` and `/etc` (if any) first, then `attach`'s, then `nested`'s. The
+/// lists of grants, mounts and sources are whole (the root's part included).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PlanPart {
+    /// A whole root (`Some`), whether it has an `/etc` of its own.
+    whole: Option<bool>,
     attach: Vec<(Parent, Vec<u8>)>,
     nested: Vec<(PathBuf, bool)>,
     read_exec: Vec<Vec<u8>>,
@@ -325,9 +305,9 @@ pub struct PlanPart {
 }
 
 impl PlanPart {
-    /// How many descriptors come with it.
-    pub fn trees(&self) -> usize {
-        self.attach.len() + self.nested.len()
+    /// Whether it is a whole root, to pivot into again ([`Prepared::from_part`]).
+    pub fn is_whole(&self) -> bool {
+        self.whole.is_some()
     }
 
     /// Whether finishing the root writes the cage's network sysctls (see
@@ -804,14 +784,69 @@ impl Prepared {
     /// ([`RootAhead::plan_part`]) with its trees' descriptors, attach them (inside the root, by
     /// descriptor), then the masks and the seal, as [`Prepared::attach`] ends.
     pub fn finish_ahead(&mut self, part: PlanPart, fds: Vec<OwnedFd>, proc: BorrowedFd<'_>) -> io::Result<()> {
-        if fds.len() != part.trees() {
-            return Err(io::Error::other(format!(
-                "the plan's part of the root came with {} descriptors for {} trees",
-                fds.len(),
-                part.trees()
-            )));
+        if part.is_whole() {
+            return Err(io::Error::other("a whole root came where the plan's part of one was due"));
         }
         let base = self.attach.len();
+        self.take(part, fds)?;
+        self.attach_trees(base)?;
+        self.finish(proc)
+    }
+
+    /// Launch process, at the request, when the root made ahead does not serve the plan: the
+    /// plan's whole root, built here in the host's mounts as they are now, for the init that
+    /// pivoted into the stale one to attach and pivot into instead ([`Prepared::from_part`]).
+    pub fn whole_part(plan: &CagePlan) -> io::Result<(PlanPart, Vec<OwnedFd>)> {
+        Ok(Prepared::build(plan, None)?.into_part(0, true))
+    }
+
+    /// An init ahead, pivoted into a root made ahead that did not serve its plan: the whole root
+    /// its launch process built instead ([`Prepared::whole_part`]), ready for
+    /// [`Prepared::attach`] and [`Prepared::pivot`].
+    pub fn from_part(part: PlanPart, fds: Vec<OwnedFd>) -> io::Result<Prepared> {
+        let Some(has_etc) = part.whole else {
+            return Err(io::Error::other("the plan's part of a root came where a whole root was due"));
+        };
+        let mut fds = fds.into_iter();
+        let mut next = || fds.next().ok_or_else(|| io::Error::other("a whole root came without its skeleton"));
+        let (skeleton, dev) = (next()?, next()?);
+        let etc = if has_etc { Some(next()?) } else { None };
+        let mut p = Prepared { etc, ..Prepared::empty_with(skeleton, dev) };
+        p.take(part, fds.collect())?;
+        Ok(p)
+    }
+
+    /// A prepared root holding `skeleton` and `dev` and nothing else yet.
+    fn empty_with(skeleton: OwnedFd, dev: OwnedFd) -> Prepared {
+        Prepared {
+            skeleton,
+            etc: None,
+            dev,
+            attach: Vec::new(),
+            nested: Vec::new(),
+            skeleton_binds: Vec::new(),
+            access: Access::default(),
+            described: Vec::new(),
+            sources: Vec::new(),
+            mask_proc: false,
+            no_ephemeral_ports: false,
+            strip: 0,
+            own_tmpfs: Vec::new(),
+            masked: Vec::new(),
+            read_only: Vec::new(),
+        }
+    }
+
+    /// The trees of `part` (its descriptors `fds`, those of a whole root's base taken already)
+    /// added, and its grants, mounts, sources and masks taken.
+    fn take(&mut self, part: PlanPart, fds: Vec<OwnedFd>) -> io::Result<()> {
+        let wanted = part.attach.len() + part.nested.len();
+        if fds.len() != wanted {
+            return Err(io::Error::other(format!(
+                "the plan's part of the root came with {} descriptors for {wanted} trees",
+                fds.len()
+            )));
+        }
         let mut fds = fds.into_iter();
         for ((parent, name), tree) in part.attach.into_iter().zip(fds.by_ref()) {
             self.attach.push(Attach { parent, name: CString::new(name).map_err(io::Error::other)?, tree });
@@ -829,8 +864,44 @@ impl Prepared {
         self.no_ephemeral_ports = part.no_ephemeral_ports;
         self.masked = part.masked;
         self.read_only = part.read_only;
-        self.attach_trees(base)?;
-        self.finish(proc)
+        Ok(())
+    }
+
+    /// What crosses to the init: the trees from the `from`th on and the nested binds, with the
+    /// skeleton, `/dev` and `/etc` first for a `whole` root.
+    fn into_part(self, from: usize, whole: bool) -> (PlanPart, Vec<OwnedFd>) {
+        let mut fds = Vec::with_capacity(3 + self.attach.len() + self.nested.len());
+        let has_etc = self.etc.is_some();
+        if whole {
+            fds.push(self.skeleton);
+            fds.push(self.dev);
+            fds.extend(self.etc);
+        }
+        let mut attach = Vec::with_capacity(self.attach.len());
+        for a in self.attach.into_iter().skip(from) {
+            attach.push((a.parent, a.name.into_bytes()));
+            fds.push(a.tree);
+        }
+        let mut nested = Vec::with_capacity(self.nested.len());
+        for n in self.nested {
+            nested.push((n.dest, n.is_dir));
+            fds.push(n.tree);
+        }
+        let bytes = |v: Vec<CString>| v.into_iter().map(CString::into_bytes).collect();
+        let part = PlanPart {
+            whole: whole.then_some(has_etc),
+            attach,
+            nested,
+            read_exec: bytes(self.access.read_exec),
+            read_write_exec: bytes(self.access.read_write_exec),
+            described: self.described,
+            sources: self.sources,
+            mask_proc: self.mask_proc,
+            no_ephemeral_ports: self.no_ephemeral_ports,
+            masked: self.masked,
+            read_only: self.read_only,
+        };
+        (part, fds)
     }
 
     /// The skeleton attached at `staging` in a mount namespace made private, `/dev` and `/etc`

@@ -2452,6 +2452,37 @@ fn a_root_made_ahead_for_an_image_is_never_stale() {
     assert!(!sees("/swapped"), "an entry removed after the root was made ahead is still there");
 }
 
+/// An init that pivoted into a root made ahead which then went stale (an entry added at the
+/// image's top level after it was made) is still the one its launch takes: its launch process
+/// builds the plan's whole root at the request, and the init pivots again, into that, leaving
+/// the stale one behind. The launch sees the entry, and runs in the namespaces of the init made
+/// ahead, not in a fresh one's (the daemon in a mount namespace of its own, so that no test
+/// beside this one makes its spare make the root and init again meanwhile).
+#[test]
+fn an_init_whose_root_made_ahead_went_stale_pivots_into_the_plans_root() {
+    if !privileged("daemon_root_ahead_replaced") {
+        return;
+    }
+    let dir = Scratch::new("daemon-root-ahead-replaced");
+    let rootfs = dir.join("rootfs");
+    chio_tests::build_rootfs(&rootfs, Path::new(PROBE));
+    let d = Daemon::apart_from_host_mounts(&dir, config(json!({})));
+    let sees = |path: &str| {
+        let out = d.run(None, &["--json", "--rootfs", s(&rootfs), "--", "/probe", "read", path], None);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out.stderr));
+        let rec = record(&out);
+        (out.status.code() == Some(0), rec["observed"]["namespaces"]["pid"]["cage"].as_str().unwrap_or("").to_string())
+    };
+    assert!(!sees("/added").0);
+    let init = d.init_ahead();
+    wait_text_mapped(init);
+    let (_held, made) = held_ns(&init.to_string(), "pid");
+    std::fs::write(rootfs.join("added"), "").unwrap();
+    let (seen, ran_in) = sees("/added");
+    assert!(seen, "an entry added after the root was made ahead is missing");
+    assert_eq!(ran_in, made, "the launch did not take the init made ahead");
+}
+
 /// The mount ids of the files process `pid` holds open (its fdinfo's `mnt_id`).
 /// `f` run until a run sees nothing mounted or unmounted on the host from its start to its end
 /// (20 runs at most): a root made ahead serves only while the host's mounts stay as they were
