@@ -23,10 +23,11 @@
 //!   workspace, the binds) are opened and cloned by the launch process then, in the host's
 //!   mounts as they are at the request, not as they were when the spare got ready, and sent
 //!   with the plan; the init attaches them, seals its root, starts the target only once the
-//!   request's ceilings are written, and from there the launch is the same. A plan that would
-//!   withhold a namespace or the cgroup (test hooks), that the cgroup or the root made ahead
-//!   does not serve (another root, or a host mount or source changed since), gets an init of
-//!   its own and this one is killed.
+//!   request's ceilings are written, and from there the launch is the same. A plan the root
+//!   made ahead does not serve (another root, or a host mount or source changed since) has its
+//!   whole root built by the launch process, and the init pivots again, into that. A plan that
+//!   would withhold a namespace or the cgroup (test hooks), or that the cgroup does not fit,
+//!   gets an init of its own and this one is killed.
 //!
 //! The launcher also shares, with every launch it forks, the table of digests earlier launches
 //! computed ([`crate::digests`]), so that an unchanged tool is not hashed again.
