@@ -362,23 +362,7 @@ impl Prepared {
         let skeleton = tmpfs(1 << 20, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
         // Not nodev: it holds the cage's own device nodes (and is sealed read-only once built).
         let dev = tmpfs(64 << 10, "0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
-        Ok(Prepared {
-            skeleton,
-            etc: None,
-            dev,
-            attach: Vec::new(),
-            nested: Vec::new(),
-            skeleton_binds: Vec::new(),
-            access: Access::default(),
-            described: Vec::new(),
-            sources: Vec::new(),
-            mask_proc,
-            no_ephemeral_ports: false,
-            strip,
-            own_tmpfs: Vec::new(),
-            masked: Vec::new(),
-            read_only: Vec::new(),
-        })
+        Ok(Prepared { mask_proc, strip, ..Prepared::empty_with(skeleton, dev) })
     }
 
     /// This process's own handles on the same trees (a base made ahead stays the spare's).
