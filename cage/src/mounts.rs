@@ -749,9 +749,7 @@ impl Prepared {
     /// Cage side (inside the new mount and pid namespaces): attach everything at `staging`,
     /// mount procfs and seal the skeleton read-only.
     pub fn attach(&self, staging: &Path) -> io::Result<()> {
-        self.attach_skeleton(staging)?;
-        self.attach_trees(0)?;
-        let proc = self.mount_proc()?;
+        let proc = self.attach_ahead(staging)?;
         self.finish(proc.as_fd())
     }
 
