@@ -30,8 +30,9 @@ the foreground on a private socket and state directory, and times, interleaved i
 Each round takes the forms in a new order, each after --settle seconds idle (default 5 ms: a
 daemon's teardown and its spare's work ahead happen after the answer and must not be charged to
 whichever form is timed next; an agent's commands are seconds apart). It prints median and p95 of each and the record's request-to-exec-observed time (timings_us).
-With --compare, a second daemon from OLD_CHIO (an earlier build) serves daemon-raw-old, timed
-interleaved with the rest, for a before/after ratio from one run.
+With --compare, a second daemon from OLD_CHIO (an earlier build) serves daemon-raw-old and
+daemon-cli-old (OLD_CHIO's own client), timed interleaved with the rest, for before/after ratios
+from one run.
 The load test then runs N clients (default 2 x cores) launching back to back for SECONDS and
 reports launches, failures, the daemon's RSS and descriptors before and after, and what is left
 (processes, launch cgroups).
@@ -263,6 +264,9 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
         "daemon-cli": [chio, "cage", "run", "--supervisor", sock] + args,
         "one-shot": [chio, "cage", "run"] + args,
     }
+    if old_sock:
+        # The earlier build's own client through its own daemon: a change to the client's path shows.
+        cmds["daemon-cli-old"] = [CHIO_OF[old_sock], "cage", "run", "--supervisor", old_sock] + args
     # The same /true spawned from this script: what c-floor, one-shot and bwrap pay beyond their cage.
     cmds["bare"] = [os.path.join(root, "true")]
     floor = c_floor(os.path.dirname(root))
@@ -346,6 +350,8 @@ def bench(a, chio, bwrap, root, sock, dpid, old_sock=None):
     if old_sock:
         print(f"  ratio daemon-raw/daemon-raw-old = "
               f"{statistics.median(samples['daemon-raw']) / statistics.median(samples['daemon-raw-old']):.2f}")
+        print(f"  ratio daemon-cli/daemon-cli-old = "
+              f"{statistics.median(samples['daemon-cli']) / statistics.median(samples['daemon-cli-old']):.2f}")
     if "bwrap" in samples:
         b = statistics.median(samples["bwrap"])
         print(f"  ratio daemon-raw/bwrap = {statistics.median(samples['daemon-raw']) / b:.2f}  "

@@ -73,6 +73,12 @@ before('supervisor/src/launch/mod.rs', "let status = if unrecorded", "C_reported
 before('cli/src/lib.rs', "refuse_test_switches();\n    let args: Vec<OsString> = std::env::args_os().collect();", "M_main")
 before('cli/src/lib.rs', "exit_with(cage_cmd::run(&run), 125);", "M_parsed")
 before('cli/src/lib.rs', "match code {\n        Ok(c) => std::process::exit(c),", "M_exit")
+# A `--supervisor` client (timeline.py with CLIENT=1): its request built, connected, sent, answered.
+before('cli/src/daemon/client.rs', "    let cwd = open_cwd()?;\n    let passed = Passed::ours(cwd.as_fd(), interactive)?;", "Q_built", "chio_cage")
+before('cli/src/daemon/client.rs', "    let mut line = serde_json::to_vec(request)?;", "Q_connected", "chio_cage")
+before('cli/src/daemon/client.rs', "    let mut reply = String::new();", "Q_sent", "chio_cage")
+before('cli/src/daemon/client.rs', "    if reply.is_empty() {\n        sent.with_context", "Q_answer", "chio_cage")
+before('cli/src/cage_cmd.rs', "    Ok(status as i32)\n}", "Q_reported", "chio_cage")
 # The target's setup, step by step (inside.rs, target_setup).
 for lab, anc in [("T_hello", "    reset_signals();\n    // A fixed"),
                  ("T_rlimits", "    let last = identity::last_cap();\n    fault::fail_at(ctx.plan, Stage::Capabilities)?;"),

@@ -6,6 +6,7 @@
   sudo python3 tests/bench/trace/timeline.py [RUNS]          # a rootfs with a static /true
   sudo HOSTROOT=1 python3 tests/bench/trace/timeline.py      # the agents' shape: host root, bash
   sudo ONESHOT=1 python3 tests/bench/trace/timeline.py       # `chio cage run` itself, no daemon
+  sudo CLIENT=1 python3 tests/bench/trace/timeline.py        # a `chio cage run --supervisor` client process
   sudo OFFSETS=1 python3 tests/bench/trace/timeline.py       # also each mark's median time from K_start
   git checkout -- . && rm cage/src/trace.rs
 
@@ -35,13 +36,13 @@ import launch as lb  # noqa: E402
 
 CHIO = os.path.join(REPO, "target/x86_64-unknown-linux-gnu/release/chio")
 TRACE = "/tmp/chio-trace"
-CHAIN = ["client_start", "M_main", "M_parsed", "S_read", "S_submit", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
+CHAIN = ["client_start", "M_main", "M_parsed", "Q_built", "Q_connected", "Q_sent", "S_read", "S_submit", "P_recv", "L_handed", "P_parsed", "S_begun", "P_go",
          "C_planned", "K_start", "m_resolve", "I_start", "A_plan", "m_cgroup", "I_unshared", "I_built",
          "I_attached", "I_pivoted", "A_built", "I_net", "I_joined", "A_ceilings", "I_spawn", "A_spawn", "C_janitor", "C_ownfacts", "C_hello", "C_seized", "C_gosent", "T_start", "T_hello", "T_rlimits", "T_ids",
          "T_cleared", "T_landlock", "T_readysent", "C_warmed", "m_cage_ready", "C_verified", "T_seccomp", "T_go", "m_exec_stop",
          "C_obsread", "C_checked", "m_exec_observed",
          "R_result", "m_target_ended", "C_launched", "C_reported", "M_exit", "P_answered", "S_answer", "S_replied",
-         "client_end"]
+         "Q_answer", "Q_reported", "client_end"]
 
 
 def main():
@@ -77,10 +78,15 @@ def main():
         try:
             for i in range(10):
                 db.request(sock, args, f"warm-{i}-{time.time_ns()}")
+            client = [CHIO, "cage", "run", "--supervisor", sock, "--json", *args]
             for i in range(n):
                 t0 = time.monotonic_ns()
-                _, ans = db.request(sock, args, f"trace-{i}-{time.time_ns()}")
-                runs.append((t0, time.monotonic_ns(), ans["record"]["timings_us"]))
+                if os.environ.get("CLIENT"):
+                    out = subprocess.run(client, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
+                    marks = json.loads(out.stderr.decode().strip().splitlines()[-1])["timings_us"]
+                else:
+                    marks = db.request(sock, args, f"trace-{i}-{time.time_ns()}")[1]["record"]["timings_us"]
+                runs.append((t0, time.monotonic_ns(), marks))
                 time.sleep(0.01)
         finally:
             d.terminate()
