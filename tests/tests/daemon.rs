@@ -2285,6 +2285,48 @@ fn a_job_reaches_the_spare_without_the_launcher() {
     assert!(paths[0].as_str().unwrap().contains(&format!("/chio-{next}-")), "{paths}");
 }
 
+/// The next launch's work ahead waits until the last launch has wound its cage down (its
+/// process reaped): made beside that teardown, right after the answer, it took the CPUs from
+/// the client, which goes on then (a client process exits and its parent wakes). Each launch
+/// process is watched from its answer to its end; the spare after it must have made nothing
+/// ahead meanwhile, and has made it once that launch is gone.
+#[test]
+fn the_next_spare_works_ahead_only_once_the_last_launch_has_wound_down() {
+    if !privileged("daemon_ahead_after_teardown") {
+        return;
+    }
+    let dir = Scratch::new("daemon-ahead-after");
+    let d = Daemon::start(&dir, config(json!({})));
+    let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
+    let children = |pid: u32| -> Vec<u32> {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+    };
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let mut watched = 0;
+    for round in 0..20 {
+        // The spare, ready: the process that takes the next job and answers it.
+        let launch = d.spare_prepared();
+        let launcher = parent_of(launch);
+        let line = launch_line(&format!("wound-{round}"), json!(["--", "/bin/true"]));
+        let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
+        assert_eq!(answer["exit_status"], 0, "{answer}");
+        while Path::new(&format!("/proc/{launch}")).exists() {
+            for next in children(launcher).into_iter().filter(|p| *p != launch && comm(*p).trim() == "chio-spare") {
+                let made = launch_cgroups_of(next);
+                // (Read again: the launch may have been reaped, and the spare told, in between.)
+                if !made.is_empty() && Path::new(&format!("/proc/{launch}")).exists() {
+                    panic!("round {round}: spare {next} made {made:?} ahead while launch {launch} wound its cage down");
+                }
+            }
+            watched += 1;
+        }
+    }
+    assert!(watched > 0, "no launch process was seen winding its cage down after its answer");
+    // And it is made once the launch is gone.
+    d.spare_prepared();
+}
+
 /// A spare that leaves a job queued (stopped here; one stuck in a step of its work ahead
 /// alike) is killed once the hand-off time is up, and the next spare runs the job, once: the
 /// stopped one never took it. Nothing of the killed spare is left.

@@ -1,9 +1,10 @@
 //! The launcher: a single-threaded process forked before the daemon starts its runtime. The
 //! cage's `launch` forks and must not run in a threaded process, so every launch is a child
 //! forked by this process — one child per launch, so launches run side by side. The next
-//! launch's child is forked before its job arrives (a spare); while no launch runs it makes its
-//! cage's network namespace, launch cgroup, the root the last launch had and the cage's init
-//! ahead (`chio_cage::ahead`), then waits.
+//! launch's child is forked before its job arrives (a spare); once no launch process is left
+//! (none running, none tearing its cage down) it makes its cage's network namespace, launch
+//! cgroup, the root the last launch had and the cage's init ahead (`chio_cage::ahead`), then
+//! waits.
 //!
 //! A job does not pass through the launcher: the daemon sends it (with its answer pipe, its
 //! gate, the client's connection and descriptors) on a queue, a SOCK_SEQPACKET pair whose
@@ -549,11 +550,13 @@ fn pending(sock: &OwnedFd) -> bool {
 /// Launch children by pid, each with its socket until it says its client has the answer.
 type Running = HashMap<Pid, Option<OwnedFd>>;
 
-/// Tell the spare to make its work ahead, once, when no launch is on its way to an answer (one
-/// winding its cage down does not count): on a small host that work would otherwise take CPU
-/// from a running launch's critical path.
+/// Tell the spare to make its work ahead, once, when no launch process is left: none on its way
+/// to an answer, none winding its cage down. On a small host that work would otherwise take CPU
+/// from a running launch's critical path, and, right after an answer, from its client, which
+/// goes on (a client process exits and its parent wakes) while the last launch tears its cage
+/// down.
 fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, root: Option<&RootKey>) {
-    if let Some(s) = spare.as_mut().filter(|s| !s.told && running.values().all(Option::is_none)) {
+    if let Some(s) = spare.as_mut().filter(|s| !s.told && running.is_empty()) {
         let word = root_word(PREPARE, root);
         let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(&word)], &[], MsgFlags::MSG_NOSIGNAL, None);
         s.told = sent.is_ok();
