@@ -92,6 +92,7 @@ def main():
     ratio("C floor of the daemon's shape / warm C floor", shape / warm if shape and warm else None)
     p95 = tail("daemon-raw", daemon)
     ratio("daemon raw p95 / median", p95 / raw if raw and p95 else None, "<= 2")
+    pair("a client process through the daemon, ms", median("daemon-cli", daemon), median("daemon-cli-old", daemon))
     cli, one = median("daemon-cli", daemon), median("one-shot", daemon)
     ratio("client through the daemon / one-shot", cli / one if cli and one else None, "<= 0.6")
     rss = re.search(r"daemon RSS ([0-9]+) -> ([0-9]+) KiB", daemon)
