@@ -6,7 +6,8 @@
   sudo python3 tests/bench/trace/timeline.py [RUNS]          # a rootfs with a static /true
   sudo HOSTROOT=1 python3 tests/bench/trace/timeline.py      # the agents' shape: host root, bash
   sudo ONESHOT=1 python3 tests/bench/trace/timeline.py       # `chio cage run` itself, no daemon
-  sudo CLIENT=1 python3 tests/bench/trace/timeline.py        # a `chio cage run --supervisor` client process
+  sudo CLIENT=1 OFFSETS=1 python3 tests/bench/trace/timeline.py  # a `--supervisor` client process (read
+                                                             # its offsets: its exit comes after the answer)
   sudo OFFSETS=1 python3 tests/bench/trace/timeline.py       # also each mark's median time from K_start
   git checkout -- . && rm cage/src/trace.rs
 
