@@ -1193,32 +1193,42 @@ fn a_source_that_would_hold_git_ends_at_its_deadline() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let waiting = || {
+    // chio's gits for this state: `(blocked on a FIFO, any)`. Blocked means asleep opening a
+    // FIFO, as the git that reads the planted tree is. The gits before it (the scratch
+    // reader's `git init`, the commit's `rev-parse`) come and go: matching any git let a
+    // passing one stand for the git that waits, and the check after it then found none.
+    let gits = || {
         let mine = s(&state).to_string();
-        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let (mut blocked, mut any) = (false, false);
+        for p in std::fs::read_dir("/proc").unwrap().flatten() {
             let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd);
-            cmd.starts_with("git\0") && cmd.contains(&mine)
-        })
+            if cmd.starts_with("git\0") && cmd.contains(&mine) {
+                any = true;
+                let read = |f: &str| std::fs::read_to_string(p.path().join(f)).unwrap_or_default();
+                blocked |= read("stack").contains("fifo_open") || read("wchan") == "wait_for_partner";
+            }
+        }
+        (blocked, any)
     };
-    // 60 s: in fresh-clone CI runs init had not reached its git after 20 s (chio runnable, a
-    // child just ended). Likely the state's store, whose fsyncs wait behind the writeback of a
-    // fresh build; seen only after the whole workspace had run.
+    let waiting = || gits().0;
+    // 60 s: a bound for a loaded machine; init reaches the git that waits within a second.
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !waiting() && std::time::Instant::now() < until {
+    let mut started = waiting();
+    while !started && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(20));
+        started = waiting();
     }
-    let started = waiting();
     let ended_first = child.try_wait().unwrap();
     // What chio and its children were doing, should none of them be the git waited for.
     let doing = if started { String::new() } else { process_tree(child.id()) };
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while waiting() && std::time::Instant::now() < until {
+    while gits().1 && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let left = waiting();
+    let left = gits().1;
     let _ = std::fs::remove_dir_all(&state);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(started, "no git waited on the source (chio ended first: {ended_first:?}): {err}\n{doing}");
