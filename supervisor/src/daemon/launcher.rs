@@ -2,9 +2,9 @@
 //! cage's `launch` forks and must not run in a threaded process, so every launch is a child
 //! forked by this process — one child per launch, so launches run side by side. The next
 //! launch's child is forked before its job arrives (a spare); once no launch process is left
-//! (none running, none tearing its cage down) it makes its cage's network namespace, launch
-//! cgroup, the root the last launch had and the cage's init ahead (`chio_cage::ahead`), then
-//! waits.
+//! (none running, none tearing its cage down, or none but teardowns older than
+//! [`WIND_DOWN_WAIT`]) it makes its cage's network namespace, launch cgroup, the root the last
+//! launch had and the cage's init ahead (`chio_cage::ahead`), then waits.
 //!
 //! A job does not pass through the launcher: the daemon sends it (with its answer pipe, its
 //! gate, the client's connection and descriptors) on a queue, a SOCK_SEQPACKET pair whose
@@ -53,6 +53,9 @@ const ANSWERED: &[u8] = b"answered";
 /// The longest word on a launcher's socket: a word and a root ([`RootKey`] as JSON). A root
 /// whose JSON is longer is not made ahead.
 const WORD_MAX: usize = 8192;
+/// How long the spare's work ahead waits for a launch winding its cage down (about 1.5 ms
+/// here): a teardown stuck longer (an init whose exit blocks) no longer holds it back.
+const WIND_DOWN_WAIT: Duration = Duration::from_millis(50);
 /// How long a spare may leave a job queued (it may be finishing a step of its work ahead)
 /// before it is killed, and the job left to the next spare.
 const HAND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -211,7 +214,7 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
             live = running.len();
             gauges.set(LIVE_AT, live as u64);
         }
-        prepare_when_idle(&mut spare, &running, wants.as_ref());
+        let recheck = prepare_when_idle(&mut spare, &running, wants.as_ref());
         // The queue is watched once per spare, for a job it leaves there (see `HAND_TIMEOUT`),
         // and for every job while no spare could be forked (each is turned away).
         let (had_spare, due) = (spare.is_some(), spare.as_ref().and_then(|s| s.due));
@@ -223,10 +226,16 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
             fds.push(PollFd::new(jobs.as_fd(), PollFlags::POLLIN));
         }
         let first_running = fds.len();
-        let answering: Vec<Pid> = running.iter().filter_map(|(pid, s)| s.as_ref().map(|_| *pid)).collect();
-        fds.extend(running.values().flatten().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
+        let answering: Vec<(Pid, &OwnedFd)> = running
+            .iter()
+            .filter_map(|(pid, l)| match l {
+                Launch::Answering(s) => Some((*pid, s)),
+                Launch::WindingDown(_) => None,
+            })
+            .collect();
+        fds.extend(answering.iter().map(|(_, s)| PollFd::new(s.as_fd(), PollFlags::POLLIN)));
         // (Rounded up: a deadline less than a millisecond away is not polled for 0 ms in a loop.)
-        let timeout = due.map_or(PollTimeout::NONE, |d| {
+        let timeout = due.into_iter().chain(recheck).min().map_or(PollTimeout::NONE, |d| {
             let left = d.saturating_duration_since(Instant::now()) + Duration::from_millis(1);
             PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)
         });
@@ -238,7 +247,7 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
         let spare_said = spare.is_some() && heard(2);
         let queued = due.is_none() && heard(first_running - 1);
         let said: Vec<Pid> =
-            answering.iter().enumerate().filter(|(i, _)| heard(first_running + i)).map(|(_, p)| *p).collect();
+            answering.iter().enumerate().filter(|(i, _)| heard(first_running + i)).map(|(_, (p, _))| *p).collect();
         drop(fds);
         if spare_said {
             heard_from_spare(&mut spare, &mut running, &gauges);
@@ -260,7 +269,7 @@ fn serve(sock: OwnedFd, jobs: OwnedFd, gauges: Gauges) -> ! {
         }
         for pid in said {
             // "answered", or EOF (it died): either way no longer on a client's critical path.
-            if let Some(Some(s)) = running.insert(pid, None) {
+            if let Some(Launch::Answering(s)) = running.insert(pid, Launch::WindingDown(Instant::now())) {
                 let mut b = vec![0u8; WORD_MAX];
                 // A launch whose root no root made ahead could serve (or an answer that is not
                 // a launch's: a repository status, a refusal) leaves the guess as it was.
@@ -477,7 +486,7 @@ fn heard_from_spare(spare: &mut Option<Spare>, running: &mut Running, gauges: &G
     match nix::sys::socket::recv(s.sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT) {
         Ok(n) if &b[..n] == TAKEN => {
             if let Some(s) = spare.take() {
-                running.insert(s.pid, Some(s.sock));
+                running.insert(s.pid, Launch::Answering(s.sock));
             }
             gauges.set(SPARE_READY_AT, 0);
             // Let the launch start before the next spare is forked (on this CPU the fork would
@@ -547,20 +556,40 @@ fn pending(sock: &OwnedFd) -> bool {
     poll(&mut p, PollTimeout::ZERO).is_ok_and(|n| n > 0)
 }
 
-/// Launch children by pid, each with its socket until it says its client has the answer.
-type Running = HashMap<Pid, Option<OwnedFd>>;
+/// A launch child.
+enum Launch {
+    /// On its way to an answer: its socket, on which it says when its client has the answer.
+    Answering(OwnedFd),
+    /// Winding its cage down since its client had the answer (then).
+    WindingDown(Instant),
+}
+
+/// Launch children by pid.
+type Running = HashMap<Pid, Launch>;
 
 /// Tell the spare to make its work ahead, once, when no launch process is left: none on its way
-/// to an answer, none winding its cage down. On a small host that work would otherwise take CPU
-/// from a running launch's critical path, and, right after an answer, from its client, which
-/// goes on (a client process exits and its parent wakes) while the last launch tears its cage
-/// down.
-fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, root: Option<&RootKey>) {
-    if let Some(s) = spare.as_mut().filter(|s| !s.told && running.is_empty()) {
-        let word = root_word(PREPARE, root);
-        let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(&word)], &[], MsgFlags::MSG_NOSIGNAL, None);
-        s.told = sent.is_ok();
+/// to an answer, none winding its cage down — or only teardowns that have taken longer than
+/// [`WIND_DOWN_WAIT`], which would otherwise hold every later launch's work ahead for as long as
+/// they last. On a small host that work would otherwise take CPU from a running launch's
+/// critical path, and, right after an answer, from its client, which goes on (a client process
+/// exits and its parent wakes) while the last launch tears its cage down. Returns when to look
+/// again, while only a teardown younger than that holds the work back.
+fn prepare_when_idle(spare: &mut Option<Spare>, running: &Running, root: Option<&RootKey>) -> Option<Instant> {
+    let s = spare.as_mut().filter(|s| !s.told)?;
+    let mut until = None;
+    for launch in running.values() {
+        match launch {
+            Launch::Answering(_) => return None,
+            Launch::WindingDown(since) => until = until.max(Some(*since + WIND_DOWN_WAIT)),
+        }
     }
+    if until.is_some_and(|u| Instant::now() < u) {
+        return until;
+    }
+    let word = root_word(PREPARE, root);
+    let sent = sendmsg::<UnixAddr>(s.sock.as_raw_fd(), &[IoSlice::new(&word)], &[], MsgFlags::MSG_NOSIGNAL, None);
+    s.told = sent.is_ok();
+    None
 }
 
 fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
@@ -602,6 +631,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     drop(out);
     let _ = nix::unistd::write(&launcher, &root_word(ANSWERED, answered.root.as_ref()));
     drop(launcher);
+    hold_teardown();
     // The client has its answer: let go of its stdin, then wind the cage down.
     let to_log = match (log, std::fs::File::open("/dev/null")) {
         (Some(log), Ok(null)) => nix::unistd::dup2_stdin(&null)
@@ -629,13 +659,22 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     unsafe { libc::_exit(0) }
 }
 
+/// Test switch (test builds only): `CHIO_TEST_HOLD_TEARDOWN_MS` holds each launch process that
+/// long after its answer, before it winds its cage down, as an init whose exit blocks would.
+fn hold_teardown() {
+    let held = std::env::var("CHIO_TEST_HOLD_TEARDOWN_MS").ok().and_then(|v| v.parse().ok());
+    if let Some(ms) = held.filter(|_| crate::TEST_HOOKS) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+}
+
 /// Kill the launches still on their way to an answer (their cages die with them). Those that
 /// answered are only winding their cages down — reaping the init, removing the cgroup, a
 /// moment's work that killing would hand to the janitor — and are left to finish.
 fn kill(running: &Running) {
     // (A word on its socket not read yet is "answered", or EOF: dead already.)
-    let answering = |s: &Option<OwnedFd>| s.as_ref().is_some_and(|s| !pending(s));
-    for (&pid, _) in running.iter().filter(|(_, s)| answering(s)) {
+    let answering = |l: &Launch| matches!(l, Launch::Answering(s) if !pending(s));
+    for (&pid, _) in running.iter().filter(|(_, l)| answering(l)) {
         // The pid is ours and not reaped yet, so it cannot name another process.
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     }
