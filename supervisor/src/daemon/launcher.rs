@@ -662,8 +662,10 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
 /// Test switch (test builds only): `CHIO_TEST_HOLD_TEARDOWN_MS` holds each launch process that
 /// long after its answer, before it winds its cage down, as an init whose exit blocks would.
 fn hold_teardown() {
-    let held = std::env::var("CHIO_TEST_HOLD_TEARDOWN_MS").ok().and_then(|v| v.parse().ok());
-    if let Some(ms) = held.filter(|_| crate::TEST_HOOKS) {
+    if !crate::TEST_HOOKS {
+        return;
+    }
+    if let Some(ms) = std::env::var("CHIO_TEST_HOLD_TEARDOWN_MS").ok().and_then(|v| v.parse().ok()) {
         std::thread::sleep(Duration::from_millis(ms));
     }
 }
