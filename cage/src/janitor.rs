@@ -1,6 +1,5 @@
-//! A small process that outlives a killed supervisor: it waits (at the lowest priority) for EOF
-//! on a socket only the supervisor holds, then kills whatever is left in the launch cgroup and
-//! removes it. The
+//! A small process that outlives a killed supervisor: it waits for EOF on a socket only the
+//! supervisor holds, then kills whatever is left in the launch cgroup and removes it. The
 //! cage's processes already die with the supervisor (PDEATHSIG on the init, EXITKILL on the
 //! traced target); cgroup directories do not, which is what this is for.
 //!
@@ -54,6 +53,13 @@ impl Janitor {
         reap_released();
     }
 
+    /// Lower its priority for the rest of its life (see [`Teardown::lower_priority`]).
+    ///
+    /// [`Teardown::lower_priority`]: crate::launch::Teardown::lower_priority
+    pub(crate) fn lower_priority(&self) {
+        let _ = sys::lowest_priority(self.pid.as_raw());
+    }
+
     /// Not wanted after all (a detached cage's cgroup outlives its supervisor): killed and
     /// reaped, leaving the cgroup as it is.
     pub fn dismiss(self) {
@@ -96,27 +102,21 @@ pub fn spawn(cg: &LaunchCgroup) -> io::Result<Janitor> {
 }
 
 fn watch(sock: OwnedFd, cg: &LaunchCgroup) -> ! {
+    let _ = nix::sys::prctl::set_name(c"chio-janitor");
     for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGPIPE] {
         // SAFETY: SIG_IGN installs no handler.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
     }
-    // The socket and the cgroup's descriptors kept, nothing else of the supervisor's: a copy
-    // held here of a write end (the cage's stdin, the caller's stdout) would keep its reader
-    // from EOF. Those are the supervisor's own open directories, so their locks are too (see
-    // cgroup::Dir): the cgroup stays held as a live launch's while this process watches it,
-    // whenever its supervisor dies.
-    let mut keep = cg.descriptors();
-    keep.push(sock.as_raw_fd());
-    let _ = sys::close_all_but(&keep);
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         let _ = dup2_stdin(&null).and_then(|_| dup2_stdout(&null)).and_then(|_| dup2_stderr(&null));
     }
-    // From here nothing is on anyone's path: the janitor waits, and its exit would otherwise
-    // take a CPU from the launch's caller (a one-shot's, as its supervisor exits) or from the
-    // client a daemon's launch has just answered. Its work after a killed supervisor is
-    // cleanup, which a busy host still gives a share to.
-    let _ = sys::lowest_priority(0);
-    let _ = nix::sys::prctl::set_name(c"chio-janitor");
+    // The socket and the cgroup's descriptors kept, nothing else of the supervisor's. Those
+    // are the supervisor's own open directories, so their locks are too (see cgroup::Dir): the
+    // cgroup stays held as a live launch's while this process watches it, whenever its
+    // supervisor dies.
+    let mut keep = cg.descriptors();
+    keep.push(sock.as_raw_fd());
+    let _ = sys::close_all_but(&keep);
     let mut b = [0u8];
     let done = loop {
         match read(sock.as_fd(), &mut b) {

@@ -107,16 +107,20 @@ impl Teardown {
         self.0.take().map_or(Ok(()), Held::tear_down)
     }
 
-    /// Lower the priority of the teardown still to come: this process's and the cage's init's if
-    /// it is not reaped yet (its exit ends the cage's namespaces), to [`sys::NICE_LOWEST`], as
-    /// the janitor's always is. For a long-lived supervisor that has answered: the teardown is
-    /// then on no one's path, and at a normal priority it would take a CPU from the client that
-    /// has just had its answer (its exit, its parent's wake) and from the next launch. A one-shot
-    /// launch tears down before it exits, on its caller's path: not there.
+    /// Lower the priority of the teardown still to come: this process's, the cage's init if it
+    /// is not reaped yet (its exit ends the cage's namespaces), and the cgroup's janitor (its
+    /// exit), all to [`sys::NICE_LOWEST`]. For a long-lived supervisor that has answered: the
+    /// teardown is then on no one's path, and at a normal priority it would take a CPU from the
+    /// client that has just had its answer (its exit, its parent's wake) and from the next
+    /// launch. A one-shot launch tears down before it exits, on its caller's path: not there.
     pub fn lower_priority(&self) {
         let _ = sys::lowest_priority(0);
-        if let Some(init) = self.0.as_ref().and_then(|held| held.init) {
+        let Some(held) = &self.0 else { return };
+        if let Some(init) = held.init {
             let _ = sys::lowest_priority(init.as_raw());
+        }
+        for janitor in [&held.janitor, &held.ahead_janitor].into_iter().flatten() {
+            janitor.lower_priority();
         }
     }
 
