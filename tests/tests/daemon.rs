@@ -2396,24 +2396,12 @@ fn a_launch_winds_its_cage_down_at_the_lowest_priority_once_answered() {
     let dir = Scratch::new("daemon-teardown-nice");
     let d = Daemon::start_with_env(&dir, config(json!({})), None, &[("CHIO_TEST_HOLD_TEARDOWN_MS", "1000")]);
     let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
-    // (The daemon's own: a test run under `nice` starts everything at its value.)
-    let normal = nice_of(d.child.id()).unwrap();
-    if normal == 19 {
-        eprintln!("skipped: the daemon already runs at nice 19, the value a teardown is given");
-        return;
-    }
     let launch = d.spare_prepared();
     let launcher = parent_of(launch);
-    // (Forked right after the cgroup it watches is made.)
-    let until = Instant::now() + Duration::from_secs(5);
-    let janitor = loop {
-        match children_named(launch, "chio-janitor")[..] {
-            [j] => break j,
-            ref other => assert!(Instant::now() < until, "the spare's janitor, forked with its cgroup: {other:?}"),
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    assert_eq!((nice_of(launch), nice_of(janitor)), (Some(normal), Some(normal)), "before its job");
+    let janitor = children_named(launch, "chio-janitor");
+    assert_eq!(janitor.len(), 1, "the spare's janitor, forked with its cgroup: {janitor:?}");
+    let janitor = janitor[0];
+    assert_eq!((nice_of(launch), nice_of(janitor)), (Some(0), Some(0)), "before its job");
     let line = launch_line("nice", json!(["--", "/bin/true"]));
     let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
     assert_eq!(answer["exit_status"], 0, "{answer}");
@@ -2428,10 +2416,10 @@ fn a_launch_winds_its_cage_down_at_the_lowest_priority_once_answered() {
         );
         std::thread::sleep(Duration::from_millis(2));
     }
-    assert_eq!(nice_of(launcher), Some(normal), "the launcher must keep its priority");
+    assert_eq!(nice_of(launcher), Some(0), "the launcher must keep its priority");
     let next = d.spare_prepared();
     assert_ne!(next, launch);
-    assert_eq!(nice_of(next), Some(normal), "the next spare must keep its priority");
+    assert_eq!(nice_of(next), Some(0), "the next spare must keep its priority");
 }
 
 /// A spare that leaves a job queued (stopped here; one stuck in a step of its work ahead
