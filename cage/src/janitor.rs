@@ -53,13 +53,6 @@ impl Janitor {
         reap_released();
     }
 
-    /// Lower its priority for the rest of its life (see [`Teardown::lower_priority`]).
-    ///
-    /// [`Teardown::lower_priority`]: crate::launch::Teardown::lower_priority
-    pub(crate) fn lower_priority(&self) {
-        let _ = sys::lowest_priority(self.pid.as_raw());
-    }
-
     /// Not wanted after all (a detached cage's cgroup outlives its supervisor): killed and
     /// reaped, leaving the cgroup as it is.
     pub fn dismiss(self) {

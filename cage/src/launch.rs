@@ -107,23 +107,6 @@ impl Teardown {
         self.0.take().map_or(Ok(()), Held::tear_down)
     }
 
-    /// Lower the priority of the teardown still to come: this process's, the cage's init if it
-    /// is not reaped yet (its exit ends the cage's namespaces), and the cgroup's janitor (its
-    /// exit), all to [`sys::NICE_LOWEST`]. For a long-lived supervisor that has answered: the
-    /// teardown is then on no one's path, and at a normal priority it would take a CPU from the
-    /// client that has just had its answer (its exit, its parent's wake) and from the next
-    /// launch. A one-shot launch tears down before it exits, on its caller's path: not there.
-    pub fn lower_priority(&self) {
-        let _ = sys::lowest_priority(0);
-        let Some(held) = &self.0 else { return };
-        if let Some(init) = held.init {
-            let _ = sys::lowest_priority(init.as_raw());
-        }
-        for janitor in [&held.janitor, &held.ahead_janitor].into_iter().flatten() {
-            janitor.lower_priority();
-        }
-    }
-
     /// Finish, and say in `rec` when the cgroup could not be removed.
     pub fn finish_into(self, rec: &mut LaunchRecord) {
         if let Err(e) = self.finish() {

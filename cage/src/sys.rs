@@ -506,21 +506,6 @@ pub fn set_own_affinity(mask: &CpuSet) {
     let _ = sched_setaffinity(Pid::from_raw(0), mask);
 }
 
-/// The nice value of work on no one's path: the lowest priority short of `SCHED_IDLE`.
-pub const NICE_LOWEST: i32 = 19;
-
-/// Give process `pid` (0: this one) the lowest priority, [`NICE_LOWEST`]: a task woken at a
-/// normal priority then takes its CPU at once, and it still gets a share on a busy host (a
-/// `SCHED_IDLE` task gets a fifth of that). Raw: nix has no setpriority.
-pub fn lowest_priority(pid: libc::pid_t) -> io::Result<()> {
-    let who = libc::id_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: a plain syscall with integer arguments.
-    match unsafe { libc::setpriority(libc::PRIO_PROCESS, who, NICE_LOWEST) } {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
-    }
-}
-
 /// Map this process's program text into its page tables now (`MADV_POPULATE_READ`, Linux
 /// 5.14+), so that code run for the first time later takes no page fault: a process forked
 /// from the daemon's launcher starts with none of it mapped (fork copies no page-table entry

@@ -2262,19 +2262,6 @@ fn parent_of(pid: u32) -> u32 {
     stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// The children of `parent` whose name is `comm` (none once it is gone).
-fn children_named(parent: u32, comm: &str) -> Vec<u32> {
-    let list = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap_or_default();
-    let name = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    list.split_whitespace().filter_map(|p| p.parse().ok()).filter(|p| name(*p).trim() == comm).collect()
-}
-
-/// A process's nice value (field 19 of its stat), or None once it is gone.
-fn nice_of(pid: u32) -> Option<i64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')').next()?.split_whitespace().nth(16)?.parse().ok()
-}
-
 /// A job goes from the daemon straight to the spare, which takes it off the queue itself: with
 /// the launcher stopped, a launch still runs and answers. The launcher forks the next spare
 /// once it is continued, and the next launch runs in that one.
@@ -2312,6 +2299,11 @@ fn the_next_spare_works_ahead_only_once_the_last_launch_has_wound_down() {
     let dir = Scratch::new("daemon-ahead-after");
     let d = Daemon::start(&dir, config(json!({})));
     let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
+    let children = |pid: u32| -> Vec<u32> {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+    };
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     let mut watched = 0;
     for round in 0..20 {
         // The spare, ready: the process that takes the next job and answers it.
@@ -2322,7 +2314,7 @@ fn the_next_spare_works_ahead_only_once_the_last_launch_has_wound_down() {
         let answered = Instant::now();
         assert_eq!(answer["exit_status"], 0, "{answer}");
         while Path::new(&format!("/proc/{launch}")).exists() && answered.elapsed() < HELD_AT_LEAST {
-            for next in children_named(launcher, "chio-spare").into_iter().filter(|p| *p != launch) {
+            for next in children(launcher).into_iter().filter(|p| *p != launch && comm(*p).trim() == "chio-spare") {
                 let made = launch_cgroups_of(next);
                 // (Read again: the launch may have been reaped, and the spare told, in between.)
                 if !made.is_empty()
@@ -2363,12 +2355,14 @@ fn a_teardown_that_does_not_end_holds_the_next_spares_work_only_so_long() {
     let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
     let answered = Instant::now();
     assert_eq!(answer["exit_status"], 0, "{answer}");
+    let spares = || {
+        let list = std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).unwrap_or_default();
+        let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let kids: Vec<u32> = list.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        kids.into_iter().filter(|p| *p != launch && comm(*p).trim() == "chio-spare").collect::<Vec<u32>>()
+    };
     let made = loop {
-        let made: Vec<PathBuf> = children_named(launcher, "chio-spare")
-            .into_iter()
-            .filter(|p| *p != launch)
-            .flat_map(launch_cgroups_of)
-            .collect();
+        let made: Vec<PathBuf> = spares().into_iter().flat_map(launch_cgroups_of).collect();
         if !made.is_empty() {
             break made;
         }
@@ -2381,45 +2375,6 @@ fn a_teardown_that_does_not_end_holds_the_next_spares_work_only_so_long() {
     let after = answered.elapsed();
     assert!(Path::new(&format!("/proc/{launch}")).exists(), "launch {launch} ended before the check: {after:?}");
     assert!(after >= HELD_AT_LEAST, "the spare made {made:?} ahead {after:?} after the answer, within the wait");
-}
-
-/// Once its client has the answer, a launch process winds its cage down at the lowest
-/// priority, and so does the cgroup's janitor: the teardown yields to the client and to the
-/// next launch. Until then both run at the normal priority (the control: a launch at nice 19
-/// would lose its CPU to anything else on the host), and the launcher and the next spare stay
-/// at it.
-#[test]
-fn a_launch_winds_its_cage_down_at_the_lowest_priority_once_answered() {
-    if !privileged("daemon_teardown_priority") {
-        return;
-    }
-    let dir = Scratch::new("daemon-teardown-nice");
-    let d = Daemon::start_with_env(&dir, config(json!({})), None, &[("CHIO_TEST_HOLD_TEARDOWN_MS", "1000")]);
-    let files = [std::fs::File::create(dir.join("out")).unwrap(), std::fs::File::create(dir.join("err")).unwrap()];
-    let launch = d.spare_prepared();
-    let launcher = parent_of(launch);
-    let janitor = children_named(launch, "chio-janitor");
-    assert_eq!(janitor.len(), 1, "the spare's janitor, forked with its cgroup: {janitor:?}");
-    let janitor = janitor[0];
-    assert_eq!((nice_of(launch), nice_of(janitor)), (Some(0), Some(0)), "before its job");
-    let line = launch_line("nice", json!(["--", "/bin/true"]));
-    let answer = raw_with_fds(&d.socket, line.as_bytes(), &[&files[0], &files[1]]);
-    assert_eq!(answer["exit_status"], 0, "{answer}");
-    // (It lowers them right after the answer, then holds its teardown for a second.)
-    let until = Instant::now() + Duration::from_millis(800);
-    while nice_of(launch) != Some(19) || nice_of(janitor) != Some(19) {
-        assert!(
-            Instant::now() < until,
-            "after its answer, launch {launch} is at nice {:?} and its janitor {janitor} at {:?}",
-            nice_of(launch),
-            nice_of(janitor)
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert_eq!(nice_of(launcher), Some(0), "the launcher must keep its priority");
-    let next = d.spare_prepared();
-    assert_ne!(next, launch);
-    assert_eq!(nice_of(next), Some(0), "the next spare must keep its priority");
 }
 
 /// A spare that leaves a job queued (stopped here; one stuck in a step of its work ahead

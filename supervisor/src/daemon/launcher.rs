@@ -15,7 +15,7 @@
 //! daemon talks to the launcher on another pair: `kill` (stop every launch still on its way to
 //! an answer); EOF means the daemon is gone: those launches are killed, and those winding their
 //! cages down finish. Each launch says `answered` (with its root) on its own pair once its
-//! client has the answer, then winds its cage down at the lowest priority.
+//! client has the answer.
 //!
 //! Each launch child dies with the launcher (PDEATHSIG), and each cage with its launch child
 //! (the cage's own PDEATHSIG, PTRACE_O_EXITKILL and janitor): killing this process ends them all.
@@ -631,6 +631,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
     drop(out);
     let _ = nix::unistd::write(&launcher, &root_word(ANSWERED, answered.root.as_ref()));
     drop(launcher);
+    hold_teardown();
     // The client has its answer: let go of its stdin, then wind the cage down.
     let to_log = match (log, std::fs::File::open("/dev/null")) {
         (Some(log), Ok(null)) => nix::unistd::dup2_stdin(&null)
@@ -639,16 +640,6 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
             .is_ok(),
         _ => false,
     };
-    // What is left (this process's, the init's and the janitor's ends, the cgroup removed) is
-    // on no one's path: it yields to the client that has just had its answer, and to the next
-    // launch (see `Teardown::lower_priority`).
-    match &answered.teardown {
-        Some(t) => t.lower_priority(),
-        None => {
-            let _ = chio_cage::sys::lowest_priority(0);
-        }
-    }
-    hold_teardown();
     if dropped > 0 && to_log {
         tracing::warn!(
             "launch process {}: its client took {} of the {said} bytes chio said to it within {} s; the rest was \
@@ -669,8 +660,7 @@ fn launch_child(mut fds: Vec<OwnedFd>, ahead: Ahead, launcher: OwnedFd) -> ! {
 }
 
 /// Test switch (test builds only): `CHIO_TEST_HOLD_TEARDOWN_MS` holds each launch process that
-/// long after its answer (its client's descriptors let go, its priority lowered), before it
-/// winds its cage down, as an init whose exit blocks would.
+/// long after its answer, before it winds its cage down, as an init whose exit blocks would.
 fn hold_teardown() {
     if !crate::TEST_HOOKS {
         return;
